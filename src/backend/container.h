@@ -1,0 +1,81 @@
+/* Container backend: namespaces, cgroups, overlay root, seccomp (docs/containers.md).
+ * The daemon owns one wr_runtime; each sandbox one wr_container. */
+#ifndef WR_CONTAINER_H
+#define WR_CONTAINER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "../common/err.h"
+
+struct wr_runtime; /* opaque: cgroup layout, uid range, seccomp program, agent binary fd */
+
+struct wr_runtime_config
+{
+  const char *root;       /* daemon state root (absolute) */
+  const char *agent_path; /* static warren-agent binary on the host */
+  uid_t uid_base;         /* host uid/gid that is root in every sandbox (shared range) */
+  uint32_t uid_count;     /* size of the range (65536) */
+};
+
+int wr_runtime_new (const struct wr_runtime_config *cfg, struct wr_runtime **ret, wr_err_t *err);
+void wr_runtime_free (struct wr_runtime *rt);
+/* Human-readable description of detected features (cgroup layout, idmap, ...) as JSON text. */
+const char *wr_runtime_describe (struct wr_runtime *rt);
+/* fd of the user namespace whose mapping sandboxes use; for idmapped layer mounts. */
+int wr_runtime_userns_fd (struct wr_runtime *rt);
+
+struct wr_container_spec
+{
+  const char *id;         /* sandbox id: [a-z0-9-]{1,64} */
+  const char *state_dir;  /* absolute host dir (0700) owned by the daemon for this sandbox */
+  const char **lowerdirs; /* read-only layer dirs, top-most first (already idmapped) */
+  size_t n_lowerdirs;
+  uint64_t memory_mb;     /* 0 = unlimited */
+  uint64_t disk_mb;       /* size of the writable upper (tmpfs); 0 = default */
+  double cpus;            /* CPU quota in cores; 0 = unlimited */
+  uint64_t pids_max;      /* 0 = default */
+  bool net_host;          /* false: own netns with loopback only */
+  const char *hostname;   /* NULL = id */
+};
+
+struct wr_container
+{
+  pid_t pid;              /* host pid of the agent (PID 1 inside) */
+  int pidfd;              /* pidfd of the agent, -1 if unavailable */
+  uint64_t start_time;    /* /proc/pid/stat starttime, to recognise the pid after a restart */
+  int agent_fd;           /* connected socket to the agent (daemon side), O_CLOEXEC|O_NONBLOCK */
+  char id[65];
+};
+
+/* Create and start a sandbox whose PID 1 is warren-agent. On success the
+ * agent is running and ret->agent_fd is a connected channel to it. */
+int wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec,
+                         struct wr_container *ret, wr_err_t *err);
+
+/* Kill every process of the sandbox, remove its cgroups and state; idempotent,
+ * also used to reap a sandbox found after a daemon restart (pid may be 0). */
+int wr_container_destroy (struct wr_runtime *rt, struct wr_container *c, const char *state_dir,
+                          wr_err_t *err);
+
+/* Re-attach to a sandbox that survived a daemon restart: checks pid+start_time,
+ * reconnects to state_dir/agent.sock. Fails (and the caller destroys) otherwise. */
+int wr_container_adopt (struct wr_runtime *rt, const char *id, pid_t pid, uint64_t start_time,
+                        const char *state_dir, struct wr_container *ret, wr_err_t *err);
+
+/* Freeze / thaw every process (pause / resume). */
+int wr_container_freeze (struct wr_runtime *rt, struct wr_container *c, bool frozen, wr_err_t *err);
+
+struct wr_container_stats
+{
+  uint64_t memory_bytes;
+  uint64_t memory_peak_bytes;
+  uint64_t oom_kills; /* cumulative OOM kills in the sandbox */
+  uint64_t pids;
+  uint64_t cpu_usage_ns;
+};
+int wr_container_stats (struct wr_runtime *rt, struct wr_container *c,
+                        struct wr_container_stats *ret, wr_err_t *err);
+
+#endif
