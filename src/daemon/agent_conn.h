@@ -1,0 +1,49 @@
+/* Daemon side of the agent protocol (src/common/proto.h): one connection per
+ * sandbox on the daemon's event loop, many concurrent requests multiplexed
+ * by stream id. Backends hand over a connected fd; this code is the same for
+ * containers, fncall zygotes and VMs. */
+#ifndef WRD_AGENT_CONN_H
+#define WRD_AGENT_CONN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <event2/event.h>
+#include <jansson.h>
+
+struct agent_conn;
+
+/* Callbacks of one request. Exactly one of on_done / on_error is called,
+ * once, unless the request is cancelled with agent_cancel. */
+struct agent_ops
+{
+  /* STDOUT/STDERR (exec) or DATA (file read) bytes */
+  void (*on_data) (void *ud, uint8_t type, const uint8_t *data, size_t len);
+  /* EXIT (exec) or RESULT (file) JSON; borrowed */
+  void (*on_done) (void *ud, json_t *result);
+  /* ERROR from the agent, or connection loss (code "gone") */
+  void (*on_error) (void *ud, const char *code, const char *message);
+};
+
+/* Called when the connection is lost (agent died or closed it). */
+typedef void (*agent_lost_cb) (void *ud);
+
+struct agent_conn *agent_conn_new (struct event_base *base, int fd, agent_lost_cb lost, void *ud);
+/* Fails every pending request with "gone" (without calling lost) and frees. */
+void agent_conn_free (struct agent_conn *c);
+bool agent_conn_alive (struct agent_conn *c);
+bool agent_conn_ready (struct agent_conn *c); /* HELLO received */
+
+/* Start a request (EXEC or FILE) with a JSON body; returns the stream id (>0)
+ * or 0 when the connection is down. */
+uint32_t agent_request (struct agent_conn *c, uint8_t type, json_t *body,
+                        const struct agent_ops *ops, void *ud);
+/* Send raw frames on a stream (STDIN, DATA, SIGNAL payloads). Large data is
+ * split into frames. An empty payload is sent as one empty frame. */
+int agent_send (struct agent_conn *c, uint32_t stream, uint8_t type, const void *data, size_t len);
+/* Forget a request: its callbacks are never called again. */
+void agent_cancel (struct agent_conn *c, uint32_t stream);
+/* Bytes queued towards the agent (for backpressure on uploads). */
+size_t agent_outq (struct agent_conn *c);
+
+#endif
