@@ -13,7 +13,7 @@ OPT := -O2 -g
 endif
 
 CSTD := -std=gnu11
-WARN := -Wall -Wextra -Werror -Wno-unused-parameter -Wshadow=local -Wformat=2
+WARN := -Wall -Wextra -Werror -Wno-unused-parameter -Wno-format-truncation -Wshadow=local -Wformat=2
 CPPFLAGS += -D_GNU_SOURCE -Iinclude -Isrc
 CFLAGS += $(CSTD) $(OPT) $(WARN) -fPIC -MMD -MP
 DAEMON_LIBS := -levent -levent_pthreads -lsqlite3 -ljansson -lseccomp -larchive -lzstd -lz -lpthread -lm

@@ -1,0 +1,127 @@
+/* warrend internals: one event loop, a sandbox table, the registry. */
+#ifndef WRD_DAEMON_H
+#define WRD_DAEMON_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sqlite3.h>
+#include <jansson.h>
+#include <event2/event.h>
+#include <event2/http.h>
+
+#include "common/err.h"
+#include "backend/container.h"
+#include "image/store.h"
+#include "daemon/agent_conn.h"
+
+enum sb_state
+{
+  SB_CREATING,
+  SB_RUNNING,
+  SB_PAUSED,
+  SB_DEAD, /* agent gone: only DELETE (or the TTL) is left to do */
+  SB_POOLED,
+};
+const char *sb_state_name (enum sb_state s);
+
+struct pool;
+
+struct sandbox
+{
+  char id[33];
+  enum sb_state state;
+  char backend[16];
+  char image[256];
+  char image_digest[72];
+  json_t *spec;     /* normalised create request */
+  json_t *img_conf; /* image config (env, workdir) */
+  struct wr_container c;
+  bool has_container;
+  char (*layers)[72]; /* acquired layer digests */
+  size_t n_layers;
+  struct agent_conn *conn;
+  struct event *ttl_ev;
+  double created_at, expires_at; /* unix seconds; expires_at 0 = none */
+  struct pool *pool;             /* set while waiting in a warm pool */
+  struct sandbox *pool_next;
+  struct sandbox *hnext; /* hash chain */
+  uint64_t oom_seen;
+  unsigned busy; /* requests in flight */
+  struct wrd *d;
+};
+
+struct pool
+{
+  char key[512];
+  char image[256];
+  json_t *spec;
+  unsigned target;
+  unsigned ready;
+  struct sandbox *head;
+  struct pool *next;
+};
+
+#define WRD_EXEC_BUCKETS 14
+struct wrd_metrics
+{
+  uint64_t creations, creations_pooled, create_failures, destroys, execs, exec_failures;
+  uint64_t exec_hist[WRD_EXEC_BUCKETS + 1];
+  double exec_sum_s;
+  uint64_t http_requests, files;
+  double create_sum_s;
+};
+
+struct wrd
+{
+  struct event_base *base;
+  struct evhttp *http_unix, *http_tcp;
+  sqlite3 *db;
+  struct wr_runtime *rt;
+  struct wr_store *store;
+  char root[1024];
+  char default_image[256];
+  char token[256];
+  char node[5]; /* 4 hex chars at the start of every sandbox id */
+  struct sandbox **table;
+  size_t table_size, count;
+  struct pool *pools;
+  struct event *pool_ev;
+  struct wrd_metrics m;
+  bool stopping;
+};
+
+/* sandbox.c */
+int wrd_sandbox_create (struct wrd *d, json_t *req, struct sandbox **ret, wr_err_t *err);
+int wrd_sandbox_destroy (struct wrd *d, struct sandbox *sb, wr_err_t *err);
+struct sandbox *wrd_sandbox_find (struct wrd *d, const char *id);
+json_t *wrd_sandbox_json (struct wrd *d, struct sandbox *sb, bool detail);
+int wrd_sandbox_pause (struct wrd *d, struct sandbox *sb, bool pause, wr_err_t *err);
+int wrd_recover (struct wrd *d, wr_err_t *err);
+void wrd_shutdown (struct wrd *d);
+int wrd_pool_set (struct wrd *d, const char *image, unsigned size, wr_err_t *err);
+json_t *wrd_pools_json (struct wrd *d);
+int wrd_pools_load (struct wrd *d, wr_err_t *err);
+/* Validate a create request and fill defaults; returns a new normalised object. */
+int wrd_parse_create (struct wrd *d, json_t *req, json_t **ret, wr_err_t *err);
+
+/* registry.c */
+int wrd_db_open (struct wrd *d, wr_err_t *err);
+int wrd_db_put (struct wrd *d, struct sandbox *sb, wr_err_t *err);
+int wrd_db_delete (struct wrd *d, const char *id, wr_err_t *err);
+typedef int (*wrd_db_row_cb) (struct wrd *d, json_t *row, void *ud);
+int wrd_db_each (struct wrd *d, wrd_db_row_cb cb, void *ud, wr_err_t *err);
+int wrd_db_pool_put (struct wrd *d, const char *image, unsigned size, wr_err_t *err);
+
+/* http.c */
+int wrd_http_listen (struct wrd *d, const char *spec, wr_err_t *err);
+void wrd_http_free (struct wrd *d);
+
+/* metrics */
+void wrd_metrics_exec (struct wrd *d, double seconds, bool ok);
+char *wrd_metrics_text (struct wrd *d);
+
+/* worker thread jobs: run fn off the loop, then done on the loop */
+typedef void (*wrd_job_fn) (void *arg);
+int wrd_job_run (struct wrd *d, wrd_job_fn fn, wrd_job_fn done, void *arg);
+
+#endif

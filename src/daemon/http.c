@@ -1,0 +1,1084 @@
+/* The HTTP/JSON API (docs/api.md) on libevent's evhttp: routing, request
+ * validation, exec (buffered or streamed NDJSON), files, images, pools. */
+#include "daemon/daemon.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/queue.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <event2/buffer.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <event2/listener.h>
+
+#include "common/b64.h"
+#include "common/proto.h"
+#include "common/util.h"
+
+#define JSON_BODY_MAX (1u << 20)
+#define FILE_BODY_MAX (64u << 20)
+#define DEFAULT_TIMEOUT_S 600
+#define DEFAULT_CAP (1u << 20)
+#define MAX_CAP (64u << 20)
+
+/* ---- replies ---- */
+
+static void
+reply_json (struct evhttp_request *req, int status, json_t *j)
+{
+  struct evbuffer *b = evbuffer_new ();
+  char *text = json_dumps (j, JSON_COMPACT);
+  if (text)
+    {
+      evbuffer_add (b, text, strlen (text));
+      evbuffer_add (b, "\n", 1);
+      free (text);
+    }
+  evhttp_add_header (evhttp_request_get_output_headers (req), "Content-Type",
+                     "application/json");
+  evhttp_send_reply (req, status, NULL, b);
+  evbuffer_free (b);
+  json_decref (j);
+}
+
+static void
+reply_error_code (struct evhttp_request *req, const char *code, const char *msg)
+{
+  reply_json (req, wr_code_http_status (code),
+              json_pack ("{s:{s:s,s:s}}", "error", "code", code, "message", msg));
+}
+
+static void
+reply_error (struct evhttp_request *req, const wr_err_t *err)
+{
+  reply_error_code (req, err->code ? err->code : WR_E_INTERNAL, err->msg);
+}
+
+static void
+reply_empty (struct evhttp_request *req, int status)
+{
+  evhttp_send_reply (req, status, NULL, NULL);
+}
+
+/* Put bytes into a JSON object as text, or base64 with "<field>_encoding". */
+static void
+json_set_bytes (json_t *o, const char *field, const void *data, size_t len)
+{
+  if (wr_utf8_valid (data, len))
+    {
+      json_object_set_new (o, field, json_stringn (data, len));
+      return;
+    }
+  char *enc = malloc (wr_b64_encoded_len (len) + 1);
+  if (enc == NULL)
+    return;
+  wr_b64_encode (data, len, enc);
+  json_object_set_new (o, field, json_string (enc));
+  free (enc);
+  char key[64];
+  snprintf (key, sizeof key, "%s_encoding", field);
+  json_object_set_new (o, key, json_string ("base64"));
+}
+
+static int
+read_json_body (struct evhttp_request *req, bool required, json_t **ret, wr_err_t *err)
+{
+  struct evbuffer *in = evhttp_request_get_input_buffer (req);
+  size_t len = evbuffer_get_length (in);
+  if (len > JSON_BODY_MAX)
+    return wr_error (err, 0, WR_E_TOO_LARGE, "JSON body of %zu bytes is over the %u byte limit",
+                     len, JSON_BODY_MAX);
+  if (len == 0)
+    {
+      if (required)
+        return wr_error (err, 0, WR_E_INVALID, "a JSON body is required");
+      *ret = json_object ();
+      return 0;
+    }
+  json_error_t jerr;
+  json_t *j = json_loadb ((const char *) evbuffer_pullup (in, -1), len, JSON_REJECT_DUPLICATES,
+                          &jerr);
+  if (j == NULL)
+    return wr_error (err, 0, WR_E_INVALID, "malformed JSON at line %d column %d: %s", jerr.line,
+                     jerr.column, jerr.text);
+  if (!json_is_object (j))
+    {
+      json_decref (j);
+      return wr_error (err, 0, WR_E_INVALID, "the JSON body must be an object");
+    }
+  *ret = j;
+  return 0;
+}
+
+static const char *
+query_get (struct evkeyvalq *q, const char *key)
+{
+  return evhttp_find_header (q, key);
+}
+
+static bool
+query_flag (struct evkeyvalq *q, const char *key)
+{
+  const char *v = query_get (q, key);
+  return v && (strcmp (v, "1") == 0 || strcmp (v, "true") == 0);
+}
+
+/* ---- exec ---- */
+
+struct exec_ctx
+{
+  struct wrd *d;
+  struct sandbox *sb;
+  struct evhttp_request *req;
+  struct evhttp_connection *evcon;
+  bool stream;
+  bool client_gone;
+  struct evbuffer *out, *errb;
+  uint32_t sid;
+  uint64_t t0;
+};
+
+static void
+exec_ctx_free (struct exec_ctx *x)
+{
+  if (x->evcon)
+    evhttp_connection_set_closecb (x->evcon, NULL, NULL);
+  if (x->sb)
+    x->sb->busy--;
+  if (x->out)
+    evbuffer_free (x->out);
+  if (x->errb)
+    evbuffer_free (x->errb);
+  free (x);
+}
+
+static void
+stream_line (struct exec_ctx *x, json_t *j)
+{
+  char *text = json_dumps (j, JSON_COMPACT);
+  json_decref (j);
+  if (text == NULL)
+    return;
+  struct evbuffer *b = evbuffer_new ();
+  evbuffer_add (b, text, strlen (text));
+  evbuffer_add (b, "\n", 1);
+  free (text);
+  evhttp_send_reply_chunk (x->req, b);
+  evbuffer_free (b);
+}
+
+static void
+exec_on_data (void *ud, uint8_t type, const uint8_t *data, size_t len)
+{
+  struct exec_ctx *x = ud;
+  if (x->client_gone)
+    return;
+  if (x->stream)
+    {
+      json_t *j = json_pack ("{s:s}", "stream", type == WR_MSG_STDERR ? "stderr" : "stdout");
+      json_set_bytes (j, "data", data, len);
+      stream_line (x, j);
+      return;
+    }
+  evbuffer_add (type == WR_MSG_STDERR ? x->errb : x->out, data, len);
+}
+
+static void
+exec_on_done (void *ud, json_t *res)
+{
+  struct exec_ctx *x = ud;
+  json_t *r = json_deep_copy (res);
+  bool trunc = json_is_true (json_object_get (r, "stdout_truncated"))
+               || json_is_true (json_object_get (r, "stderr_truncated"));
+  json_object_set_new (r, "truncated", json_boolean (trunc));
+  json_t *usage = json_object_get (r, "usage");
+  if (!json_is_object (usage))
+    {
+      usage = json_object ();
+      json_object_set_new (r, "usage", usage);
+    }
+  bool oom = false;
+  json_int_t code = json_integer_value (json_object_get (r, "exit_code"));
+  json_int_t sig = json_integer_value (json_object_get (r, "signal"));
+  if (x->sb && x->sb->has_container && (sig == 9 || code == 137))
+    {
+      struct wr_container_stats st;
+      if (wr_container_stats (x->d->rt, &x->sb->c, &st, NULL) == 0 && st.oom_kills > x->sb->oom_seen)
+        {
+          oom = true;
+          x->sb->oom_seen = st.oom_kills;
+        }
+    }
+  json_object_set_new (usage, "oom_killed", json_boolean (oom));
+  double secs = (double) (wr_now_ns () - x->t0) / 1e9;
+  wrd_metrics_exec (x->d, secs, true);
+  if (x->stream)
+    stream_line (x, r);
+  else
+    {
+      size_t n = evbuffer_get_length (x->out);
+      json_set_bytes (r, "stdout", evbuffer_pullup (x->out, -1), n);
+      n = evbuffer_get_length (x->errb);
+      json_set_bytes (r, "stderr", evbuffer_pullup (x->errb, -1), n);
+    }
+  if (x->stream)
+    evhttp_send_reply_end (x->req);
+  else
+    reply_json (x->req, 200, r);
+  exec_ctx_free (x);
+}
+
+static void
+exec_on_error (void *ud, const char *code, const char *message)
+{
+  struct exec_ctx *x = ud;
+  wrd_metrics_exec (x->d, (double) (wr_now_ns () - x->t0) / 1e9, false);
+  if (x->stream)
+    {
+      stream_line (x, json_pack ("{s:{s:s,s:s}}", "error", "code", code, "message", message));
+      evhttp_send_reply_end (x->req);
+    }
+  else
+    reply_error_code (x->req, code, message);
+  exec_ctx_free (x);
+}
+
+static void
+exec_client_closed (struct evhttp_connection *evcon WR_UNUSED, void *arg)
+{
+  struct exec_ctx *x = arg;
+  x->client_gone = true;
+  x->evcon = NULL;
+  /* Nobody will read the output: stop the command. */
+  if (x->sb && x->sb->conn && x->sid)
+    agent_send (x->sb->conn, x->sid, WR_MSG_SIGNAL, "{\"signal\":9}", 12);
+}
+
+static int
+build_env (struct sandbox *sb, json_t *req_env, json_t **ret, wr_err_t *err)
+{
+  json_t *env = json_array ();
+  json_t *merged = json_object ();
+  json_t *ienv = json_object_get (sb->img_conf, "env");
+  size_t i;
+  json_t *v;
+  json_array_foreach (ienv, i, v)
+  {
+    const char *kv = json_string_value (v);
+    const char *eq = kv ? strchr (kv, '=') : NULL;
+    if (eq)
+      {
+        char key[257];
+        snprintf (key, sizeof key, "%.*s", (int) (eq - kv), kv);
+        json_object_set_new (merged, key, json_string (eq + 1));
+      }
+  }
+  json_object_update (merged, json_object_get (sb->spec, "env"));
+  if (req_env && !json_is_null (req_env))
+    {
+      if (!json_is_object (req_env))
+        {
+          json_decref (env);
+          json_decref (merged);
+          return wr_error (err, 0, WR_E_INVALID, "field \"env\" must be an object of strings");
+        }
+      const char *k;
+      json_object_foreach (req_env, k, v)
+      {
+        if (!json_is_string (v) || k[0] == '\0' || strchr (k, '=') || strlen (k) > 256)
+          {
+            json_decref (env);
+            json_decref (merged);
+            return wr_error (err, 0, WR_E_INVALID, "field \"env\": bad entry \"%.64s\"", k);
+          }
+        json_object_set (merged, k, v);
+      }
+    }
+  if (json_object_get (merged, "PATH") == NULL)
+    json_object_set_new (merged, "PATH",
+                         json_string ("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"));
+  if (json_object_get (merged, "HOME") == NULL)
+    json_object_set_new (merged, "HOME", json_string ("/root"));
+  const char *k;
+  json_object_foreach (merged, k, v)
+  {
+    char *kv;
+    if (asprintf (&kv, "%s=%s", k, json_string_value (v)) >= 0)
+      {
+        json_array_append_new (env, json_string (kv));
+        free (kv);
+      }
+  }
+  json_decref (merged);
+  *ret = env;
+  return 0;
+}
+
+/* Validate an exec request and turn it into the agent's EXEC body. Also
+ * returns the decoded stdin (malloc'd) when there is one. */
+static int
+parse_exec (struct sandbox *sb, json_t *req, json_t **ret, char **ret_stdin, size_t *ret_stdin_len,
+            wr_err_t *err)
+{
+  json_t *cmd = json_object_get (req, "cmd"), *shell = json_object_get (req, "shell");
+  if (cmd && json_is_null (cmd))
+    cmd = NULL;
+  if (shell && json_is_null (shell))
+    shell = NULL;
+  if ((cmd == NULL) == (shell == NULL))
+    return wr_error (err, 0, WR_E_INVALID, "exactly one of \"cmd\" or \"shell\" is required");
+  json_t *a = json_object ();
+  if (cmd)
+    {
+      if (!json_is_array (cmd) || json_array_size (cmd) == 0 || json_array_size (cmd) > 65536)
+        {
+          json_decref (a);
+          return wr_error (err, 0, WR_E_INVALID,
+                           "field \"cmd\" must be a non-empty array of strings");
+        }
+      size_t i;
+      json_t *v;
+      json_array_foreach (cmd, i, v) if (!json_is_string (v) || json_string_length (v) != strlen (json_string_value (v)))
+      {
+        json_decref (a);
+        return wr_error (err, 0, WR_E_INVALID, "field \"cmd\"[%zu] must be a string without NUL",
+                         i);
+      }
+      json_object_set (a, "cmd", cmd);
+    }
+  else
+    {
+      if (!json_is_string (shell) || json_string_length (shell) != strlen (json_string_value (shell)))
+        {
+          json_decref (a);
+          return wr_error (err, 0, WR_E_INVALID, "field \"shell\" must be a string without NUL");
+        }
+      json_object_set (a, "shell", shell);
+    }
+  json_t *env = NULL;
+  if (build_env (sb, json_object_get (req, "env"), &env, err) < 0)
+    {
+      json_decref (a);
+      return -EINVAL;
+    }
+  json_object_set_new (a, "env", env);
+  json_t *cwd = json_object_get (req, "cwd");
+  const char *wd = json_string_value (json_object_get (sb->img_conf, "workdir"));
+  if (cwd && !json_is_null (cwd))
+    {
+      if (!json_is_string (cwd) || json_string_value (cwd)[0] != '/'
+          || json_string_length (cwd) > 4096)
+        {
+          json_decref (a);
+          return wr_error (err, 0, WR_E_INVALID, "field \"cwd\" must be an absolute path");
+        }
+      wd = json_string_value (cwd);
+    }
+  json_object_set_new (a, "cwd", json_string (wd && wd[0] == '/' ? wd : "/"));
+  double timeout = DEFAULT_TIMEOUT_S;
+  json_t *t = json_object_get (req, "timeout_s");
+  if (t && !json_is_null (t))
+    {
+      if (!json_is_number (t) || json_number_value (t) <= 0 || json_number_value (t) > 86400)
+        {
+          json_decref (a);
+          return wr_error (err, 0, WR_E_INVALID, "field \"timeout_s\" must be in (0, 86400]");
+        }
+      timeout = json_number_value (t);
+    }
+  json_object_set_new (a, "timeout_ms", json_integer ((json_int_t) (timeout * 1000)));
+  static const char *caps[] = { "stdout_cap", "stderr_cap" };
+  for (size_t i = 0; i < 2; i++)
+    {
+      json_t *c = json_object_get (req, caps[i]);
+      json_int_t v = DEFAULT_CAP;
+      if (c && !json_is_null (c))
+        {
+          if (!json_is_integer (c) || json_integer_value (c) < 0
+              || json_integer_value (c) > MAX_CAP)
+            {
+              json_decref (a);
+              return wr_error (err, 0, WR_E_INVALID, "field \"%s\" must be in [0, %u]", caps[i],
+                               MAX_CAP);
+            }
+          v = json_integer_value (c);
+        }
+      json_object_set_new (a, caps[i], json_integer (v));
+    }
+  json_t *in = json_object_get (req, "stdin");
+  *ret_stdin = NULL;
+  *ret_stdin_len = 0;
+  if (in && !json_is_null (in))
+    {
+      if (!json_is_string (in))
+        {
+          json_decref (a);
+          return wr_error (err, 0, WR_E_INVALID, "field \"stdin\" must be a string");
+        }
+      const char *enc = json_string_value (json_object_get (req, "stdin_encoding"));
+      size_t n = json_string_length (in);
+      char *buf = malloc (n + 4);
+      if (enc && strcmp (enc, "base64") == 0)
+        {
+          long m = wr_b64_decode (json_string_value (in), n, buf);
+          if (m < 0)
+            {
+              free (buf);
+              json_decref (a);
+              return wr_error (err, 0, WR_E_INVALID, "field \"stdin\" is not valid base64");
+            }
+          n = (size_t) m;
+        }
+      else
+        memcpy (buf, json_string_value (in), n);
+      *ret_stdin = buf;
+      *ret_stdin_len = n;
+      json_object_set_new (a, "stdin", json_true ());
+    }
+  *ret = a;
+  return 0;
+}
+
+static int
+sandbox_usable (struct sandbox *sb, wr_err_t *err)
+{
+  if (sb->state == SB_DEAD || !agent_conn_alive (sb->conn))
+    return wr_error (err, 0, WR_E_GONE, "sandbox %s is dead (its agent exited); delete it",
+                     sb->id);
+  if (sb->state == SB_PAUSED)
+    return wr_error (err, 0, WR_E_CONFLICT, "sandbox %s is paused; resume it first", sb->id);
+  return 0;
+}
+
+static void
+handle_exec (struct wrd *d, struct evhttp_request *req, struct sandbox *sb, struct evkeyvalq *q)
+{
+  wr_err_t err;
+  json_t *body = NULL, *areq = NULL;
+  if (sandbox_usable (sb, &err) < 0 || read_json_body (req, true, &body, &err) < 0)
+    {
+      reply_error (req, &err);
+      return;
+    }
+  char *in = NULL;
+  size_t in_len = 0;
+  if (parse_exec (sb, body, &areq, &in, &in_len, &err) < 0)
+    {
+      json_decref (body);
+      reply_error (req, &err);
+      return;
+    }
+  json_t *sv = json_object_get (body, "stream");
+  if (sv && !json_is_null (sv) && !json_is_boolean (sv))
+    {
+      json_decref (body);
+      json_decref (areq);
+      free (in);
+      reply_error_code (req, WR_E_INVALID, "field \"stream\" must be a boolean");
+      return;
+    }
+  struct exec_ctx *x = calloc (1, sizeof *x);
+  x->d = d;
+  x->sb = sb;
+  x->req = req;
+  x->stream = json_is_true (sv) || query_flag (q, "stream");
+  x->out = evbuffer_new ();
+  x->errb = evbuffer_new ();
+  x->t0 = wr_now_ns ();
+  json_decref (body);
+  sb->busy++;
+  d->m.execs++;
+  static const struct agent_ops ops = { exec_on_data, exec_on_done, exec_on_error };
+  x->sid = agent_request (sb->conn, WR_MSG_EXEC, areq, &ops, x);
+  json_decref (areq);
+  if (x->sid == 0)
+    {
+      free (in);
+      exec_on_error (x, WR_E_GONE, "the sandbox agent is gone");
+      return;
+    }
+  if (in)
+    {
+      agent_send (sb->conn, x->sid, WR_MSG_STDIN, in, in_len);
+      agent_send (sb->conn, x->sid, WR_MSG_STDIN, "", 0);
+      free (in);
+    }
+  x->evcon = evhttp_request_get_connection (req);
+  evhttp_connection_set_closecb (x->evcon, exec_client_closed, x);
+  if (x->stream)
+    {
+      evhttp_add_header (evhttp_request_get_output_headers (req), "Content-Type",
+                         "application/x-ndjson");
+      evhttp_send_reply_start (req, 200, "OK");
+    }
+}
+
+/* ---- files ---- */
+
+struct file_ctx
+{
+  struct wrd *d;
+  struct sandbox *sb;
+  struct evhttp_request *req;
+  struct evbuffer *data;
+  int op_status; /* HTTP status on success */
+  bool raw;      /* reply with the bytes instead of the JSON result */
+  char path[4100];
+};
+
+static void
+file_ctx_free (struct file_ctx *f)
+{
+  if (f->sb)
+    f->sb->busy--;
+  if (f->data)
+    evbuffer_free (f->data);
+  free (f);
+}
+
+static void
+file_on_data (void *ud, uint8_t type WR_UNUSED, const uint8_t *data, size_t len)
+{
+  struct file_ctx *f = ud;
+  evbuffer_add (f->data, data, len);
+}
+
+static void
+file_on_done (void *ud, json_t *res)
+{
+  struct file_ctx *f = ud;
+  if (f->raw)
+    {
+      evhttp_add_header (evhttp_request_get_output_headers (f->req), "Content-Type",
+                         "application/octet-stream");
+      evhttp_send_reply (f->req, 200, "OK", f->data);
+    }
+  else if (f->op_status == 204)
+    reply_empty (f->req, 204);
+  else
+    {
+      json_t *r = json_deep_copy (res);
+      if (f->op_status == 201)
+        json_object_set_new (r, "path", json_string (f->path));
+      reply_json (f->req, f->op_status, r);
+    }
+  file_ctx_free (f);
+}
+
+static void
+file_on_error (void *ud, const char *code, const char *message)
+{
+  struct file_ctx *f = ud;
+  char msg[600];
+  snprintf (msg, sizeof msg, "%s: %s", f->path, message);
+  reply_error_code (f->req, code, msg);
+  file_ctx_free (f);
+}
+
+static void
+handle_files (struct wrd *d, struct evhttp_request *req, struct sandbox *sb, struct evkeyvalq *q)
+{
+  wr_err_t err;
+  if (sandbox_usable (sb, &err) < 0)
+    {
+      reply_error (req, &err);
+      return;
+    }
+  const char *path = query_get (q, "path");
+  if (path == NULL || path[0] != '/' || strlen (path) > 4096)
+    {
+      reply_error_code (req, WR_E_INVALID, "query parameter \"path\" must be an absolute path");
+      return;
+    }
+  const char *op = query_get (q, "op");
+  enum evhttp_cmd_type m = evhttp_request_get_command (req);
+  json_t *body = json_pack ("{s:s}", "path", path);
+  struct file_ctx *f = calloc (1, sizeof *f);
+  f->d = d;
+  f->sb = sb;
+  f->req = req;
+  f->data = evbuffer_new ();
+  f->op_status = 200;
+  snprintf (f->path, sizeof f->path, "%s", path);
+  struct evbuffer *upload = NULL;
+  if (m == EVHTTP_REQ_GET && (op == NULL || strcmp (op, "read") == 0))
+    {
+      json_object_set_new (body, "op", json_string ("read"));
+      json_object_set_new (body, "max_bytes", json_integer (FILE_BODY_MAX));
+      f->raw = true;
+    }
+  else if (m == EVHTTP_REQ_GET && (strcmp (op, "stat") == 0 || strcmp (op, "list") == 0))
+    json_object_set_new (body, "op", json_string (op));
+  else if (m == EVHTTP_REQ_PUT)
+    {
+      long mode = 0644;
+      const char *ms = query_get (q, "mode");
+      if (ms)
+        {
+          char *end;
+          mode = strtol (ms, &end, 8);
+          if (*end || mode < 0 || mode > 07777)
+            {
+              json_decref (body);
+              file_ctx_free (f);
+              reply_error_code (req, WR_E_INVALID, "query parameter \"mode\" must be octal");
+              return;
+            }
+        }
+      json_object_set_new (body, "op", json_string ("write"));
+      json_object_set_new (body, "mode", json_integer (mode));
+      json_object_set_new (body, "append", json_boolean (query_flag (q, "append")));
+      upload = evhttp_request_get_input_buffer (req);
+      f->op_status = 201;
+    }
+  else if (m == EVHTTP_REQ_POST && op && strcmp (op, "mkdir") == 0)
+    {
+      json_object_set_new (body, "op", json_string ("mkdir"));
+      json_object_set_new (body, "parents", json_boolean (query_flag (q, "parents")));
+      json_object_set_new (body, "mode", json_integer (0755));
+      f->op_status = 201;
+    }
+  else if (m == EVHTTP_REQ_DELETE)
+    {
+      json_object_set_new (body, "op", json_string ("remove"));
+      json_object_set_new (body, "recursive", json_boolean (query_flag (q, "recursive")));
+      f->op_status = 204;
+    }
+  else
+    {
+      json_decref (body);
+      file_ctx_free (f);
+      reply_error_code (req, WR_E_INVALID, "unsupported file operation");
+      return;
+    }
+  sb->busy++;
+  d->m.files++;
+  static const struct agent_ops ops = { file_on_data, file_on_done, file_on_error };
+  uint32_t sid = agent_request (sb->conn, WR_MSG_FILE, body, &ops, f);
+  json_decref (body);
+  if (sid == 0)
+    {
+      file_on_error (f, WR_E_GONE, "the sandbox agent is gone");
+      return;
+    }
+  if (upload)
+    {
+      size_t n = evbuffer_get_length (upload);
+      agent_send (sb->conn, sid, WR_MSG_DATA, n ? evbuffer_pullup (upload, -1) : (const void *) "",
+                  n);
+      if (n)
+        agent_send (sb->conn, sid, WR_MSG_DATA, "", 0);
+    }
+}
+
+/* ---- images (imports run on a worker thread) ---- */
+
+struct import_job
+{
+  struct wrd *d;
+  struct evhttp_request *req;
+  char ref[256];
+  char path[4096];
+  struct wr_image *img;
+  wr_err_t err;
+  int r;
+};
+
+static json_t *
+image_json (struct wr_image *img)
+{
+  json_t *layers = json_array ();
+  for (size_t i = 0; i < img->n_layers; i++)
+    json_array_append_new (layers, json_string (img->layers[i]));
+  return json_pack ("{s:s,s:s,s:o,s:O}", "name", img->name, "digest", img->digest, "layers",
+                    layers, "config", img->config ? img->config : json_null ());
+}
+
+static void
+import_work (void *arg)
+{
+  struct import_job *j = arg;
+  j->r = wr_image_import (j->d->store, j->ref, j->path, &j->img, &j->err);
+}
+
+static void
+import_done (void *arg)
+{
+  struct import_job *j = arg;
+  if (j->r < 0)
+    reply_error (j->req, &j->err);
+  else
+    {
+      reply_json (j->req, 201, image_json (j->img));
+      wr_image_free (j->img);
+    }
+  free (j);
+}
+
+static void
+handle_images (struct wrd *d, struct evhttp_request *req, const char *rest)
+{
+  wr_err_t err;
+  enum evhttp_cmd_type m = evhttp_request_get_command (req);
+  if (rest == NULL && m == EVHTTP_REQ_GET)
+    {
+      json_t *list;
+      if (wr_image_list (d->store, &list, &err) < 0)
+        reply_error (req, &err);
+      else
+        reply_json (req, 200, json_pack ("{s:o}", "images", list));
+      return;
+    }
+  if (rest && strcmp (rest, "import") == 0 && m == EVHTTP_REQ_POST)
+    {
+      json_t *body;
+      if (read_json_body (req, true, &body, &err) < 0)
+        {
+          reply_error (req, &err);
+          return;
+        }
+      const char *name = json_string_value (json_object_get (body, "name"));
+      const char *path = json_string_value (json_object_get (body, "path"));
+      if (name == NULL || !wr_ref_valid (name) || path == NULL || path[0] != '/'
+          || strlen (path) >= 4096)
+        {
+          json_decref (body);
+          reply_error_code (req, WR_E_INVALID,
+                            "fields \"name\" (an image reference) and \"path\" (an absolute "
+                            "path on the daemon's host) are required");
+          return;
+        }
+      struct import_job *j = calloc (1, sizeof *j);
+      j->d = d;
+      j->req = req;
+      snprintf (j->ref, sizeof j->ref, "%s", name);
+      snprintf (j->path, sizeof j->path, "%s", path);
+      json_decref (body);
+      if (wrd_job_run (d, import_work, import_done, j) < 0)
+        {
+          free (j);
+          reply_error_code (req, WR_E_INTERNAL, "cannot start the import worker");
+        }
+      return;
+    }
+  if (rest && (m == EVHTTP_REQ_GET || m == EVHTTP_REQ_DELETE))
+    {
+      char *ref = evhttp_uridecode (rest, 0, NULL);
+      struct wr_image *img = NULL;
+      int r = m == EVHTTP_REQ_GET ? wr_image_resolve (d->store, ref, &img, &err)
+                                  : wr_image_remove (d->store, ref, &err);
+      free (ref);
+      if (r < 0)
+        reply_error (req, &err);
+      else if (img)
+        {
+          reply_json (req, 200, image_json (img));
+          wr_image_free (img);
+        }
+      else
+        reply_empty (req, 204);
+      return;
+    }
+  reply_error_code (req, WR_E_NOT_FOUND, "no such route");
+}
+
+/* ---- routing ---- */
+
+static bool
+token_ok (struct wrd *d, struct evhttp_request *req)
+{
+  const char *h = evhttp_find_header (evhttp_request_get_input_headers (req), "Authorization");
+  if (h == NULL || strncmp (h, "Bearer ", 7) != 0)
+    return false;
+  h += 7;
+  size_t a = strlen (h), b = strlen (d->token);
+  unsigned char diff = a != b;
+  for (size_t i = 0; i < a && i < b; i++)
+    diff |= (unsigned char) (h[i] ^ d->token[i]);
+  return diff == 0 && b > 0;
+}
+
+static bool
+valid_id (const char *s, size_t n)
+{
+  if (n == 0 || n > 64)
+    return false;
+  for (size_t i = 0; i < n; i++)
+    if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '-'))
+      return false;
+  return true;
+}
+
+static void
+handle_sandboxes (struct wrd *d, struct evhttp_request *req, const char *rest,
+                  struct evkeyvalq *q)
+{
+  wr_err_t err;
+  enum evhttp_cmd_type m = evhttp_request_get_command (req);
+  if (rest == NULL)
+    {
+      if (m == EVHTTP_REQ_POST)
+        {
+          json_t *body;
+          struct sandbox *sb;
+          if (read_json_body (req, false, &body, &err) < 0)
+            {
+              reply_error (req, &err);
+              return;
+            }
+          int r = wrd_sandbox_create (d, body, &sb, &err);
+          json_decref (body);
+          if (r < 0)
+            reply_error (req, &err);
+          else
+            reply_json (req, 201, wrd_sandbox_json (d, sb, false));
+          return;
+        }
+      if (m == EVHTTP_REQ_GET)
+        {
+          json_t *a = json_array ();
+          for (size_t i = 0; i < d->table_size; i++)
+            for (struct sandbox *s = d->table[i]; s; s = s->hnext)
+              if (s->state != SB_POOLED)
+                json_array_append_new (a, wrd_sandbox_json (d, s, false));
+          reply_json (req, 200, json_pack ("{s:o}", "sandboxes", a));
+          return;
+        }
+      reply_error_code (req, WR_E_INVALID, "method not allowed");
+      return;
+    }
+  const char *slash = strchr (rest, '/');
+  size_t idlen = slash ? (size_t) (slash - rest) : strlen (rest);
+  char id[65];
+  if (!valid_id (rest, idlen))
+    {
+      reply_error_code (req, WR_E_NOT_FOUND, "malformed sandbox id");
+      return;
+    }
+  memcpy (id, rest, idlen);
+  id[idlen] = '\0';
+  struct sandbox *sb = wrd_sandbox_find (d, id);
+  if (sb == NULL || sb->state == SB_POOLED)
+    {
+      char msg[128];
+      snprintf (msg, sizeof msg, "sandbox %s: no such sandbox", id);
+      reply_error_code (req, WR_E_NOT_FOUND, msg);
+      return;
+    }
+  const char *sub = slash ? slash + 1 : "";
+  if (*sub == '\0')
+    {
+      if (m == EVHTTP_REQ_GET)
+        reply_json (req, 200, wrd_sandbox_json (d, sb, true));
+      else if (m == EVHTTP_REQ_DELETE)
+        {
+          if (wrd_sandbox_destroy (d, sb, &err) < 0)
+            reply_error (req, &err);
+          else
+            reply_empty (req, 204);
+        }
+      else
+        reply_error_code (req, WR_E_INVALID, "method not allowed");
+      return;
+    }
+  if (strcmp (sub, "exec") == 0 && m == EVHTTP_REQ_POST)
+    handle_exec (d, req, sb, q);
+  else if (strcmp (sub, "files") == 0)
+    handle_files (d, req, sb, q);
+  else if ((strcmp (sub, "pause") == 0 || strcmp (sub, "resume") == 0) && m == EVHTTP_REQ_POST)
+    {
+      if (wrd_sandbox_pause (d, sb, strcmp (sub, "pause") == 0, &err) < 0)
+        reply_error (req, &err);
+      else
+        reply_json (req, 200, wrd_sandbox_json (d, sb, false));
+    }
+  else
+    reply_error_code (req, WR_E_NOT_FOUND, "no such route");
+}
+
+static void
+handle_pools (struct wrd *d, struct evhttp_request *req, const char *rest)
+{
+  wr_err_t err;
+  enum evhttp_cmd_type m = evhttp_request_get_command (req);
+  if (rest == NULL && m == EVHTTP_REQ_GET)
+    {
+      reply_json (req, 200, wrd_pools_json (d));
+      return;
+    }
+  if (rest && m == EVHTTP_REQ_PUT)
+    {
+      json_t *body;
+      if (read_json_body (req, true, &body, &err) < 0)
+        {
+          reply_error (req, &err);
+          return;
+        }
+      json_t *size = json_object_get (body, "size");
+      char *ref = evhttp_uridecode (rest, 0, NULL);
+      if (!json_is_integer (size) || json_integer_value (size) < 0)
+        reply_error_code (req, WR_E_INVALID, "field \"size\" must be a non-negative integer");
+      else if (!wr_ref_valid (ref))
+        reply_error_code (req, WR_E_INVALID, "malformed image reference");
+      else if (wrd_pool_set (d, ref, (unsigned) json_integer_value (size), &err) < 0)
+        reply_error (req, &err);
+      else
+        reply_json (req, 200, wrd_pools_json (d));
+      free (ref);
+      json_decref (body);
+      return;
+    }
+  reply_error_code (req, WR_E_NOT_FOUND, "no such route");
+}
+
+static void
+route (struct evhttp_request *req, void *arg, bool tcp)
+{
+  struct wrd *d = arg;
+  d->m.http_requests++;
+  if (tcp && !token_ok (d, req))
+    {
+      reply_error_code (req, WR_E_UNAUTHORIZED, "a valid bearer token is required");
+      return;
+    }
+  if (d->stopping)
+    {
+      reply_error_code (req, WR_E_UNAVAILABLE, "warrend is shutting down");
+      return;
+    }
+  const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri (req);
+  const char *path = evhttp_uri_get_path (uri);
+  struct evkeyvalq q = { 0 };
+  TAILQ_INIT (&q);
+  const char *qs = evhttp_uri_get_query (uri);
+  if (qs && evhttp_parse_query_str (qs, &q) < 0)
+    {
+      reply_error_code (req, WR_E_INVALID, "malformed query string");
+      return;
+    }
+  if (path == NULL)
+    path = "/";
+  if (strcmp (path, "/healthz") == 0)
+    reply_json (req, 200,
+                json_pack ("{s:s,s:I,s:s}", "status", "ok", "sandboxes", (json_int_t) d->count,
+                           "version", "0.1.0"));
+  else if (strcmp (path, "/metrics") == 0)
+    {
+      char *text = wrd_metrics_text (d);
+      struct evbuffer *b = evbuffer_new ();
+      evbuffer_add (b, text, strlen (text));
+      free (text);
+      evhttp_add_header (evhttp_request_get_output_headers (req), "Content-Type",
+                         "text/plain; version=0.0.4");
+      evhttp_send_reply (req, 200, "OK", b);
+      evbuffer_free (b);
+    }
+  else if (strcmp (path, "/v1/sandboxes") == 0)
+    handle_sandboxes (d, req, NULL, &q);
+  else if (strncmp (path, "/v1/sandboxes/", 14) == 0)
+    handle_sandboxes (d, req, path + 14, &q);
+  else if (strcmp (path, "/v1/images") == 0)
+    handle_images (d, req, NULL);
+  else if (strncmp (path, "/v1/images/", 11) == 0)
+    handle_images (d, req, path + 11);
+  else if (strcmp (path, "/v1/pools") == 0)
+    handle_pools (d, req, NULL);
+  else if (strncmp (path, "/v1/pools/", 10) == 0)
+    handle_pools (d, req, path + 10);
+  else
+    reply_error_code (req, WR_E_NOT_FOUND, "no such route");
+  evhttp_clear_headers (&q);
+}
+
+static void
+route_unix (struct evhttp_request *req, void *arg)
+{
+  route (req, arg, false);
+}
+
+static void
+route_tcp (struct evhttp_request *req, void *arg)
+{
+  route (req, arg, true);
+}
+
+static struct evhttp *
+http_new (struct wrd *d, bool tcp)
+{
+  struct evhttp *h = evhttp_new (d->base);
+  evhttp_set_gencb (h, tcp ? route_tcp : route_unix, d);
+  evhttp_set_max_body_size (h, FILE_BODY_MAX + 4096);
+  evhttp_set_max_headers_size (h, 64 * 1024);
+  evhttp_set_allowed_methods (h, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_PUT
+                                     | EVHTTP_REQ_DELETE | EVHTTP_REQ_HEAD);
+  evhttp_set_timeout (h, 3600);
+  return h;
+}
+
+int
+wrd_http_listen (struct wrd *d, const char *spec, wr_err_t *err)
+{
+  if (strncmp (spec, "unix:", 5) == 0)
+    {
+      const char *path = spec + 5;
+      struct sockaddr_un sa = { .sun_family = AF_UNIX };
+      if (strlen (path) >= sizeof sa.sun_path)
+        return wr_error (err, ENAMETOOLONG, WR_E_INVALID, "socket path %s", path);
+      strcpy (sa.sun_path, path);
+      int fd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+      if (fd < 0)
+        return wr_sys_error (err, "socket");
+      unlink (path);
+      mode_t old = umask (0077); /* owner-only from the start: no window */
+      int r = bind (fd, (struct sockaddr *) &sa, sizeof sa);
+      umask (old);
+      if (r < 0 || chmod (path, 0600) < 0 || listen (fd, 4096) < 0)
+        {
+          r = wr_sys_error (err, "listen on %s", path);
+          close (fd);
+          return r;
+        }
+      if (d->http_unix == NULL)
+        d->http_unix = http_new (d, false);
+      if (evhttp_accept_socket_with_handle (d->http_unix, fd) == NULL)
+        {
+          close (fd);
+          return wr_error (err, 0, WR_E_INTERNAL, "cannot serve %s", path);
+        }
+      return 0;
+    }
+  if (strncmp (spec, "tcp:", 4) == 0)
+    {
+      if (d->token[0] == '\0')
+        return wr_error (err, 0, WR_E_INVALID, "tcp listeners require --token-file");
+      char host[256];
+      snprintf (host, sizeof host, "%s", spec + 4);
+      char *colon = strrchr (host, ':');
+      if (colon == NULL)
+        return wr_error (err, 0, WR_E_INVALID, "expected tcp:ADDR:PORT, got %s", spec);
+      *colon = '\0';
+      int port = atoi (colon + 1);
+      if (port <= 0 || port > 65535)
+        return wr_error (err, 0, WR_E_INVALID, "bad port in %s", spec);
+      if (d->http_tcp == NULL)
+        d->http_tcp = http_new (d, true);
+      if (evhttp_bind_socket (d->http_tcp, host, (ev_uint16_t) port) < 0)
+        return wr_error (err, errno, WR_E_INTERNAL, "bind %s", spec);
+      return 0;
+    }
+  return wr_error (err, 0, WR_E_INVALID, "listen spec must be unix:PATH or tcp:ADDR:PORT, got %s",
+                   spec);
+}
+
+void
+wrd_http_free (struct wrd *d)
+{
+  if (d->http_unix)
+    evhttp_free (d->http_unix);
+  if (d->http_tcp)
+    evhttp_free (d->http_tcp);
+  d->http_unix = d->http_tcp = NULL;
+}

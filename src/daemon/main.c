@@ -1,0 +1,218 @@
+/* warrend: the Warren node daemon (docs/operations.md). */
+#include "daemon/daemon.h"
+
+#include <getopt.h>
+#include <limits.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <event2/thread.h>
+
+#include "common/util.h"
+
+static void
+usage (FILE *f)
+{
+  fprintf (f,
+           "usage: warrend --root DIR [--listen unix:PATH]... [--listen tcp:ADDR:PORT --token-file F]\n"
+           "               [--default-image REF] [--pool REF=N]... [--uid-base UID]\n"
+           "Runs the Warren node daemon in the foreground; all state lives under DIR.\n"
+           "Default listener: unix:DIR/warrend.sock (owner-only).\n");
+}
+
+static void
+on_signal (evutil_socket_t sig, short what WR_UNUSED, void *arg)
+{
+  struct wrd *d = arg;
+  fprintf (stderr, "warrend: signal %d, shutting down\n", (int) sig);
+  event_base_loopbreak (d->base);
+}
+
+static char *
+exe_dir_agent (void)
+{
+  char self[PATH_MAX];
+  ssize_t n = readlink ("/proc/self/exe", self, sizeof self - 32);
+  if (n < 0)
+    return NULL;
+  self[n] = '\0';
+  char *slash = strrchr (self, '/');
+  if (slash == NULL)
+    return NULL;
+  strcpy (slash + 1, "warren-agent");
+  return strdup (self);
+}
+
+int
+main (int argc, char **argv)
+{
+  static struct wrd d;
+  const char *listens[16];
+  size_t n_listen = 0;
+  const char *pools[64];
+  size_t n_pools = 0;
+  const char *root = NULL, *token_file = NULL, *agent = NULL;
+  unsigned long uid_base = 100000;
+  snprintf (d.default_image, sizeof d.default_image, "busybox:latest");
+  static const struct option opts[] = {
+    { "root", required_argument, NULL, 'r' },     { "listen", required_argument, NULL, 'l' },
+    { "token-file", required_argument, NULL, 't' }, { "default-image", required_argument, NULL, 'i' },
+    { "pool", required_argument, NULL, 'p' },     { "uid-base", required_argument, NULL, 'u' },
+    { "agent", required_argument, NULL, 'a' },    { "help", no_argument, NULL, 'h' },
+    { NULL, 0, NULL, 0 },
+  };
+  int c;
+  while ((c = getopt_long (argc, argv, "h", opts, NULL)) != -1)
+    switch (c)
+      {
+      case 'r':
+        root = optarg;
+        break;
+      case 'l':
+        if (n_listen < WR_ARRAY_SIZE (listens))
+          listens[n_listen++] = optarg;
+        break;
+      case 't':
+        token_file = optarg;
+        break;
+      case 'i':
+        snprintf (d.default_image, sizeof d.default_image, "%s", optarg);
+        break;
+      case 'p':
+        if (n_pools < WR_ARRAY_SIZE (pools))
+          pools[n_pools++] = optarg;
+        break;
+      case 'u':
+        uid_base = strtoul (optarg, NULL, 10);
+        break;
+      case 'a':
+        agent = optarg;
+        break;
+      case 'h':
+        usage (stdout);
+        return 0;
+      default:
+        usage (stderr);
+        return 2;
+      }
+  if (root == NULL)
+    root = getenv ("WARREN_ROOT");
+  if (root == NULL || root[0] != '/')
+    {
+      fprintf (stderr, "warrend: --root must be an absolute directory\n");
+      usage (stderr);
+      return 2;
+    }
+  snprintf (d.root, sizeof d.root, "%s", root);
+  if (wr_mkdir_p (d.root, 0700) < 0 || chmod (d.root, 0700) < 0)
+    {
+      fprintf (stderr, "warrend: cannot create %s: %m\n", d.root);
+      return 1;
+    }
+  char sub[1200];
+  snprintf (sub, sizeof sub, "%s/sandboxes", d.root);
+  mkdir (sub, 0700);
+  if (token_file)
+    {
+      char *tok = NULL;
+      size_t len;
+      if (wr_read_file_at (AT_FDCWD, token_file, &tok, &len, 4096) < 0)
+        {
+          fprintf (stderr, "warrend: cannot read token file %s: %m\n", token_file);
+          return 1;
+        }
+      while (len && (tok[len - 1] == '\n' || tok[len - 1] == '\r' || tok[len - 1] == ' '))
+        tok[--len] = '\0';
+      if (len < 16 || len >= sizeof d.token)
+        {
+          fprintf (stderr, "warrend: token in %s must be 16..255 characters\n", token_file);
+          free (tok);
+          return 1;
+        }
+      snprintf (d.token, sizeof d.token, "%s", tok);
+      free (tok);
+    }
+  /* Many sandboxes and many client connections: raise the fd limit. */
+  struct rlimit rl;
+  if (getrlimit (RLIMIT_NOFILE, &rl) == 0)
+    {
+      rl.rlim_cur = rl.rlim_max;
+      setrlimit (RLIMIT_NOFILE, &rl);
+    }
+  signal (SIGPIPE, SIG_IGN);
+  /* A private mount namespace: layer mounts stay out of the host's table and
+   * every clone copies a short mount list. */
+  if (unshare (CLONE_NEWNS) < 0 || mount (NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+    {
+      fprintf (stderr, "warrend: private mount namespace: %m\n");
+      return 1;
+    }
+  evthread_use_pthreads ();
+  d.base = event_base_new ();
+  wr_random_hex (d.node, 4);
+  wr_err_t err;
+  _cleanup_free_ char *agent_default = exe_dir_agent ();
+  struct wr_runtime_config rc = {
+    .root = d.root,
+    .agent_path = agent ? agent : agent_default,
+    .uid_base = (uid_t) uid_base,
+    .uid_count = 65536,
+  };
+  if (wrd_db_open (&d, &err) < 0 || wr_runtime_new (&rc, &d.rt, &err) < 0
+      || wr_store_open (d.root, d.db, wr_runtime_userns_fd (d.rt), &d.store, &err) < 0
+      || wrd_recover (&d, &err) < 0)
+    {
+      fprintf (stderr, "warrend: %s\n", err.msg);
+      return 1;
+    }
+  char defsock[1200];
+  snprintf (defsock, sizeof defsock, "unix:%s/warrend.sock", d.root);
+  if (n_listen == 0)
+    listens[n_listen++] = defsock;
+  for (size_t i = 0; i < n_listen; i++)
+    if (wrd_http_listen (&d, listens[i], &err) < 0)
+      {
+        fprintf (stderr, "warrend: %s\n", err.msg);
+        return 1;
+      }
+  wrd_pools_load (&d, NULL);
+  for (size_t i = 0; i < n_pools; i++)
+    {
+      char ref[256];
+      snprintf (ref, sizeof ref, "%s", pools[i]);
+      char *eq = strrchr (ref, '=');
+      if (eq == NULL)
+        {
+          fprintf (stderr, "warrend: --pool wants REF=N\n");
+          return 2;
+        }
+      *eq = '\0';
+      if (wrd_pool_set (&d, ref, (unsigned) atoi (eq + 1), &err) < 0)
+        fprintf (stderr, "warrend: pool %s: %s\n", ref, err.msg);
+    }
+  struct event *sigint = evsignal_new (d.base, SIGINT, on_signal, &d);
+  struct event *sigterm = evsignal_new (d.base, SIGTERM, on_signal, &d);
+  evsignal_add (sigint, NULL);
+  evsignal_add (sigterm, NULL);
+  fprintf (stderr, "warrend: serving %s (root %s, node %s)\n", listens[0], d.root, d.node);
+  event_base_dispatch (d.base);
+  d.stopping = true;
+  wrd_http_free (&d);
+  wrd_shutdown (&d);
+  wr_store_close (d.store);
+  wr_runtime_free (d.rt);
+  sqlite3_close (d.db);
+  event_free (sigint);
+  event_free (sigterm);
+  event_base_free (d.base);
+  free (d.table);
+  for (size_t i = 0; i < n_listen; i++)
+    if (strncmp (listens[i], "unix:", 5) == 0)
+      unlink (listens[i] + 5);
+  return 0;
+}

@@ -1,0 +1,141 @@
+/* Prometheus text metrics and the worker-thread job runner. */
+#include "daemon/daemon.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const double exec_bounds[WRD_EXEC_BUCKETS] = { 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025,
+                                                      0.05,   0.1,   0.25,  0.5,   1,    2.5,
+                                                      10,     60 };
+
+void
+wrd_metrics_exec (struct wrd *d, double seconds, bool ok)
+{
+  if (!ok)
+    d->m.exec_failures++;
+  size_t i = 0;
+  while (i < WRD_EXEC_BUCKETS && seconds > exec_bounds[i])
+    i++;
+  d->m.exec_hist[i]++;
+  d->m.exec_sum_s += seconds;
+}
+
+char *
+wrd_metrics_text (struct wrd *d)
+{
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream (&buf, &len);
+  if (f == NULL)
+    return strdup ("");
+  unsigned by_state[SB_POOLED + 1] = { 0 };
+  for (size_t i = 0; i < d->table_size; i++)
+    for (struct sandbox *s = d->table[i]; s; s = s->hnext)
+      by_state[s->state]++;
+  fprintf (f, "# HELP warren_sandboxes Sandboxes on this node by state.\n"
+              "# TYPE warren_sandboxes gauge\n");
+  for (int s = 0; s <= SB_POOLED; s++)
+    fprintf (f, "warren_sandboxes{state=\"%s\"} %u\n", sb_state_name ((enum sb_state) s),
+             by_state[s]);
+  fprintf (f,
+           "# HELP warren_sandbox_creations_total Sandboxes handed out by create requests.\n"
+           "# TYPE warren_sandbox_creations_total counter\n"
+           "warren_sandbox_creations_total %llu\n"
+           "# HELP warren_sandbox_creations_pooled_total Creates served from a warm pool.\n"
+           "# TYPE warren_sandbox_creations_pooled_total counter\n"
+           "warren_sandbox_creations_pooled_total %llu\n"
+           "# TYPE warren_sandbox_create_failures_total counter\n"
+           "warren_sandbox_create_failures_total %llu\n"
+           "# TYPE warren_sandbox_destroys_total counter\n"
+           "warren_sandbox_destroys_total %llu\n"
+           "# TYPE warren_exec_total counter\n"
+           "warren_exec_total %llu\n"
+           "# TYPE warren_exec_failures_total counter\n"
+           "warren_exec_failures_total %llu\n"
+           "# TYPE warren_file_ops_total counter\n"
+           "warren_file_ops_total %llu\n"
+           "# TYPE warren_http_requests_total counter\n"
+           "warren_http_requests_total %llu\n",
+           (unsigned long long) d->m.creations, (unsigned long long) d->m.creations_pooled,
+           (unsigned long long) d->m.create_failures, (unsigned long long) d->m.destroys,
+           (unsigned long long) d->m.execs, (unsigned long long) d->m.exec_failures,
+           (unsigned long long) d->m.files, (unsigned long long) d->m.http_requests);
+  fprintf (f, "# HELP warren_exec_duration_seconds Exec round trip inside the daemon.\n"
+              "# TYPE warren_exec_duration_seconds histogram\n");
+  unsigned long long cum = 0;
+  for (int i = 0; i < WRD_EXEC_BUCKETS; i++)
+    {
+      cum += d->m.exec_hist[i];
+      fprintf (f, "warren_exec_duration_seconds_bucket{le=\"%g\"} %llu\n", exec_bounds[i], cum);
+    }
+  cum += d->m.exec_hist[WRD_EXEC_BUCKETS];
+  fprintf (f,
+           "warren_exec_duration_seconds_bucket{le=\"+Inf\"} %llu\n"
+           "warren_exec_duration_seconds_sum %.6f\n"
+           "warren_exec_duration_seconds_count %llu\n",
+           cum, d->m.exec_sum_s, cum);
+  fprintf (f, "# TYPE warren_pool_ready gauge\n");
+  for (struct pool *p = d->pools; p; p = p->next)
+    fprintf (f, "warren_pool_ready{image=\"%s\"} %u\nwarren_pool_target{image=\"%s\"} %u\n",
+             p->image, p->ready, p->image, p->target);
+  fclose (f);
+  return buf;
+}
+
+/* ---- worker jobs: slow blocking work (imports) off the event loop ---- */
+
+struct job
+{
+  struct wrd *d;
+  wrd_job_fn fn, done;
+  void *arg;
+  struct event *ev;
+};
+
+static void
+job_done_cb (evutil_socket_t fd, short what, void *arg)
+{
+  (void) fd;
+  (void) what;
+  struct job *j = arg;
+  j->done (j->arg);
+  event_free (j->ev);
+  free (j);
+}
+
+static void *
+job_thread (void *arg)
+{
+  struct job *j = arg;
+  j->fn (j->arg);
+  event_active (j->ev, EV_TIMEOUT, 0); /* thread-safe: evthread_use_pthreads() at startup */
+  return NULL;
+}
+
+int
+wrd_job_run (struct wrd *d, wrd_job_fn fn, wrd_job_fn done, void *arg)
+{
+  struct job *j = calloc (1, sizeof *j);
+  if (j == NULL)
+    return -ENOMEM;
+  j->d = d;
+  j->fn = fn;
+  j->done = done;
+  j->arg = arg;
+  j->ev = event_new (d->base, -1, 0, job_done_cb, j);
+  pthread_t t;
+  pthread_attr_t attr;
+  pthread_attr_init (&attr);
+  pthread_attr_setdetachstate (&attr, PTHREAD_CREATE_DETACHED);
+  int r = pthread_create (&t, &attr, job_thread, j);
+  pthread_attr_destroy (&attr);
+  if (r != 0)
+    {
+      event_free (j->ev);
+      free (j);
+      return -r;
+    }
+  return 0;
+}

@@ -1,0 +1,813 @@
+/* Sandbox lifecycle: create (from a warm pool or from scratch), TTL,
+ * pause/resume, destroy, recovery after a daemon restart. */
+#include "daemon/daemon.h"
+
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+
+#include "common/util.h"
+
+#define DEFAULT_MEMORY_MB 1024
+#define DEFAULT_DISK_MB 1024
+#define DEFAULT_PIDS 1024
+#define DEFAULT_CPUS 1.0
+#define MAX_TTL_S (30 * 86400)
+
+const char *
+sb_state_name (enum sb_state s)
+{
+  static const char *names[] = { "creating", "running", "paused", "dead", "pooled" };
+  return s <= SB_POOLED ? names[s] : "?";
+}
+
+static double
+now_s (void)
+{
+  struct timeval tv;
+  gettimeofday (&tv, NULL);
+  return (double) tv.tv_sec + (double) tv.tv_usec / 1e6;
+}
+
+/* ---- the sandbox table: chained hash on the id ---- */
+
+static size_t
+hash_id (const char *id)
+{
+  size_t h = 1469598103934665603ull;
+  for (; *id; id++)
+    h = (h ^ (unsigned char) *id) * 1099511628211ull;
+  return h;
+}
+
+static void
+table_insert (struct wrd *d, struct sandbox *sb)
+{
+  if (d->count + 1 > d->table_size)
+    {
+      size_t nsize = d->table_size ? d->table_size * 2 : 1024;
+      struct sandbox **nt = calloc (nsize, sizeof *nt);
+      if (nt == NULL)
+        abort ();
+      for (size_t i = 0; i < d->table_size; i++)
+        for (struct sandbox *s = d->table[i], *next; s; s = next)
+          {
+            next = s->hnext;
+            size_t b = hash_id (s->id) & (nsize - 1);
+            s->hnext = nt[b];
+            nt[b] = s;
+          }
+      free (d->table);
+      d->table = nt;
+      d->table_size = nsize;
+    }
+  size_t b = hash_id (sb->id) & (d->table_size - 1);
+  sb->hnext = d->table[b];
+  d->table[b] = sb;
+  d->count++;
+}
+
+static void
+table_remove (struct wrd *d, struct sandbox *sb)
+{
+  if (d->table_size == 0)
+    return;
+  for (struct sandbox **l = &d->table[hash_id (sb->id) & (d->table_size - 1)]; *l;
+       l = &(*l)->hnext)
+    if (*l == sb)
+      {
+        *l = sb->hnext;
+        d->count--;
+        return;
+      }
+}
+
+struct sandbox *
+wrd_sandbox_find (struct wrd *d, const char *id)
+{
+  if (d->table_size == 0)
+    return NULL;
+  for (struct sandbox *s = d->table[hash_id (id) & (d->table_size - 1)]; s; s = s->hnext)
+    if (strcmp (s->id, id) == 0)
+      return s;
+  return NULL;
+}
+
+/* ---- request validation ---- */
+
+static int
+get_uint (json_t *req, const char *field, uint64_t def, uint64_t min, uint64_t max,
+          uint64_t *ret, wr_err_t *err)
+{
+  json_t *v = json_object_get (req, field);
+  if (v == NULL || json_is_null (v))
+    {
+      *ret = def;
+      return 0;
+    }
+  if (!json_is_integer (v) || json_integer_value (v) < (json_int_t) min
+      || (uint64_t) json_integer_value (v) > max)
+    return wr_error (err, 0, WR_E_INVALID, "field \"%s\" must be an integer in [%llu, %llu]",
+                     field, (unsigned long long) min, (unsigned long long) max);
+  *ret = (uint64_t) json_integer_value (v);
+  return 0;
+}
+
+static int
+check_string_map (json_t *v, const char *field, wr_err_t *err)
+{
+  if (v == NULL || json_is_null (v))
+    return 0;
+  if (!json_is_object (v))
+    return wr_error (err, 0, WR_E_INVALID, "field \"%s\" must be an object of strings", field);
+  const char *k;
+  json_t *x;
+  json_object_foreach (v, k, x)
+  {
+    if (!json_is_string (x) || strlen (k) == 0 || strchr (k, '=') || strlen (k) > 256
+        || json_string_length (x) > 65536)
+      return wr_error (err, 0, WR_E_INVALID, "field \"%s\": entry \"%.64s\" is not a valid string",
+                       field, k);
+  }
+  return 0;
+}
+
+int
+wrd_parse_create (struct wrd *d, json_t *req, json_t **ret, wr_err_t *err)
+{
+  if (!json_is_object (req))
+    return wr_error (err, 0, WR_E_INVALID, "request body must be a JSON object");
+  const char *backend = "container";
+  json_t *v = json_object_get (req, "backend");
+  if (v && !json_is_null (v))
+    {
+      if (!json_is_string (v))
+        return wr_error (err, 0, WR_E_INVALID, "field \"backend\" must be a string");
+      backend = json_string_value (v);
+      if (strcmp (backend, "container") != 0)
+        {
+          if (strcmp (backend, "fncall") == 0 || strcmp (backend, "microvm") == 0
+              || strcmp (backend, "vm") == 0)
+            return wr_error (err, 0, WR_E_UNSUPPORTED,
+                             "backend \"%s\" is not available on this node", backend);
+          return wr_error (err, 0, WR_E_INVALID,
+                           "unknown backend \"%.32s\" (container, fncall, microvm, vm)", backend);
+        }
+    }
+  const char *image = d->default_image;
+  v = json_object_get (req, "image");
+  if (v && !json_is_null (v))
+    {
+      if (!json_is_string (v) || !wr_ref_valid (json_string_value (v)))
+        return wr_error (err, 0, WR_E_INVALID, "field \"image\" must be an image reference");
+      image = json_string_value (v);
+    }
+  json_t *layers = json_object_get (req, "layers");
+  if (layers && !json_is_null (layers))
+    {
+      if (!json_is_array (layers) || json_array_size (layers) > 32)
+        return wr_error (err, 0, WR_E_INVALID,
+                         "field \"layers\" must be an array of at most 32 image references");
+      size_t i;
+      json_t *l;
+      json_array_foreach (layers, i, l) if (!json_is_string (l)
+                                            || !wr_ref_valid (json_string_value (l))) return
+          wr_error (err, 0, WR_E_INVALID, "field \"layers\"[%zu] is not an image reference", i);
+    }
+  else
+    layers = NULL;
+  uint64_t mem, disk, pids, ttl;
+  if (get_uint (req, "memory_mb", DEFAULT_MEMORY_MB, 16, 1 << 20, &mem, err) < 0
+      || get_uint (req, "disk_mb", DEFAULT_DISK_MB, 1, 1 << 20, &disk, err) < 0
+      || get_uint (req, "pids_max", DEFAULT_PIDS, 8, 1 << 22, &pids, err) < 0
+      || get_uint (req, "ttl_s", 0, 0, MAX_TTL_S, &ttl, err) < 0)
+    return -EINVAL;
+  double cpus = DEFAULT_CPUS;
+  v = json_object_get (req, "cpus");
+  if (v && !json_is_null (v))
+    {
+      if (!json_is_number (v) || !(json_number_value (v) >= 0.01)
+          || json_number_value (v) > 1024)
+        return wr_error (err, 0, WR_E_INVALID, "field \"cpus\" must be a number in [0.01, 1024]");
+      cpus = json_number_value (v);
+    }
+  const char *net = "none";
+  v = json_object_get (req, "network");
+  if (v && !json_is_null (v))
+    {
+      if (!json_is_string (v)
+          || (strcmp (json_string_value (v), "none") != 0
+              && strcmp (json_string_value (v), "host") != 0))
+        return wr_error (err, 0, WR_E_INVALID, "field \"network\" must be \"none\" or \"host\"");
+      net = json_string_value (v);
+    }
+  if (check_string_map (json_object_get (req, "env"), "env", err) < 0
+      || check_string_map (json_object_get (req, "labels"), "labels", err) < 0)
+    return -EINVAL;
+  json_t *out = json_pack ("{s:s,s:s,s:I,s:I,s:I,s:I,s:f,s:s}", "backend", backend, "image",
+                           image, "memory_mb", (json_int_t) mem, "disk_mb", (json_int_t) disk,
+                           "pids_max", (json_int_t) pids, "ttl_s", (json_int_t) ttl, "cpus",
+                           cpus, "network", net);
+  json_t *env = json_object_get (req, "env"), *labels = json_object_get (req, "labels");
+  json_object_set_new (out, "layers", layers ? json_deep_copy (layers) : json_array ());
+  json_object_set_new (out, "env", json_is_object (env) ? json_deep_copy (env) : json_object ());
+  json_object_set_new (out, "labels",
+                       json_is_object (labels) ? json_deep_copy (labels) : json_object ());
+  *ret = out;
+  return 0;
+}
+
+/* ---- lifecycle ---- */
+
+static void
+sb_free (struct sandbox *sb)
+{
+  if (sb->ttl_ev)
+    event_free (sb->ttl_ev);
+  agent_conn_free (sb->conn);
+  for (size_t i = 0; i < sb->n_layers; i++)
+    wr_layer_release (sb->d->store, sb->layers[i]);
+  free (sb->layers);
+  json_decref (sb->spec);
+  json_decref (sb->img_conf);
+  free (sb);
+}
+
+static void
+state_dir (struct wrd *d, const char *id, char *buf, size_t len)
+{
+  snprintf (buf, len, "%s/sandboxes/%s", d->root, id);
+}
+
+static void
+ttl_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
+{
+  struct sandbox *sb = arg;
+  wr_err_t err;
+  if (wrd_sandbox_destroy (sb->d, sb, &err) < 0)
+    fprintf (stderr, "warrend: ttl destroy %s: %s\n", sb->id, err.msg);
+}
+
+static void
+arm_ttl (struct sandbox *sb)
+{
+  if (sb->expires_at <= 0)
+    return;
+  if (sb->ttl_ev == NULL)
+    sb->ttl_ev = evtimer_new (sb->d->base, ttl_cb, sb);
+  double left = sb->expires_at - now_s ();
+  if (left < 0)
+    left = 0;
+  struct timeval tv = { (time_t) left, (suseconds_t) ((left - floor (left)) * 1e6) };
+  evtimer_add (sb->ttl_ev, &tv);
+}
+
+static void
+agent_lost (void *ud)
+{
+  struct sandbox *sb = ud;
+  if (sb->state == SB_DEAD)
+    return;
+  sb->state = SB_DEAD;
+  if (sb->pool)
+    return; /* the pool refill notices and replaces it */
+  wr_err_t err;
+  if (wrd_db_put (sb->d, sb, &err) < 0)
+    fprintf (stderr, "warrend: %s\n", err.msg);
+}
+
+static int
+resolve_layers (struct wrd *d, struct sandbox *sb, json_t *spec, const char **dirs, wr_err_t *err)
+{
+  struct wr_image *img = NULL;
+  int r = wr_image_resolve (d->store, json_string_value (json_object_get (spec, "image")), &img,
+                            err);
+  if (r < 0)
+    return r;
+  snprintf (sb->image_digest, sizeof sb->image_digest, "%s", img->digest);
+  sb->img_conf = json_incref (img->config);
+  size_t n = img->n_layers;
+  json_t *extra = json_object_get (spec, "layers");
+  sb->layers = calloc (n + 64, sizeof *sb->layers);
+  if (sb->layers == NULL)
+    {
+      wr_image_free (img);
+      return wr_error (err, ENOMEM, WR_E_INTERNAL, "layers");
+    }
+  for (size_t i = 0; i < n; i++)
+    memcpy (sb->layers[i], img->layers[i], sizeof sb->layers[i]);
+  wr_image_free (img);
+  size_t i;
+  json_t *l;
+  json_array_foreach (extra, i, l)
+  {
+    struct wr_image *li = NULL;
+    r = wr_image_resolve (d->store, json_string_value (l), &li, err);
+    if (r < 0)
+      return r;
+    for (size_t k = 0; k < li->n_layers && n < 64; k++)
+      memcpy (sb->layers[n++], li->layers[k], sizeof sb->layers[0]);
+    wr_image_free (li);
+  }
+  sb->n_layers = 0;
+  for (size_t k = 0; k < n; k++)
+    {
+      r = wr_layer_acquire (d->store, sb->layers[k], &dirs[k], err);
+      if (r < 0)
+        return r;
+      sb->n_layers++;
+    }
+  return 0;
+}
+
+/* Build a sandbox from scratch: image, layers, container, agent connection. */
+static int
+sandbox_build (struct wrd *d, json_t *spec, enum sb_state state, struct sandbox **ret,
+               wr_err_t *err)
+{
+  struct sandbox *sb = calloc (1, sizeof *sb);
+  if (sb == NULL)
+    return wr_error (err, ENOMEM, WR_E_INTERNAL, "sandbox");
+  sb->d = d;
+  sb->spec = json_incref (spec);
+  sb->state = SB_CREATING;
+  snprintf (sb->backend, sizeof sb->backend, "%s",
+            json_string_value (json_object_get (spec, "backend")));
+  snprintf (sb->image, sizeof sb->image, "%s", json_string_value (json_object_get (spec, "image")));
+  char rnd[13];
+  wr_random_hex (rnd, 12);
+  snprintf (sb->id, sizeof sb->id, "%s%s", d->node, rnd);
+  const char *dirs[64];
+  int r = resolve_layers (d, sb, spec, dirs, err);
+  if (r < 0)
+    {
+      sb_free (sb);
+      return r;
+    }
+  /* overlay wants lowerdirs top-most first */
+  const char *lowers[64];
+  for (size_t k = 0; k < sb->n_layers; k++)
+    lowers[sb->n_layers - 1 - k] = dirs[k];
+  char sdir[1200];
+  state_dir (d, sb->id, sdir, sizeof sdir);
+  if (mkdir (sdir, 0700) < 0)
+    {
+      r = wr_error (err, errno, WR_E_INTERNAL, "mkdir %s", sdir);
+      sb_free (sb);
+      return r;
+    }
+  struct wr_container_spec cs = {
+    .id = sb->id,
+    .state_dir = sdir,
+    .lowerdirs = lowers,
+    .n_lowerdirs = sb->n_layers,
+    .memory_mb = (uint64_t) json_integer_value (json_object_get (spec, "memory_mb")),
+    .disk_mb = (uint64_t) json_integer_value (json_object_get (spec, "disk_mb")),
+    .cpus = json_number_value (json_object_get (spec, "cpus")),
+    .pids_max = (uint64_t) json_integer_value (json_object_get (spec, "pids_max")),
+    .net_host = strcmp (json_string_value (json_object_get (spec, "network")), "host") == 0,
+  };
+  r = wr_container_create (d->rt, &cs, &sb->c, err);
+  if (r < 0)
+    {
+      wr_rm_rf_at (AT_FDCWD, sdir);
+      sb_free (sb);
+      return r;
+    }
+  sb->has_container = true;
+  sb->conn = agent_conn_new (d->base, sb->c.agent_fd, agent_lost, sb);
+  if (sb->conn == NULL)
+    {
+      wr_container_destroy (d->rt, &sb->c, sdir, NULL);
+      wr_rm_rf_at (AT_FDCWD, sdir);
+      sb_free (sb);
+      return wr_error (err, ENOMEM, WR_E_INTERNAL, "agent connection");
+    }
+  sb->created_at = now_s ();
+  sb->state = state;
+  r = wrd_db_put (d, sb, err);
+  if (r < 0)
+    {
+      wr_container_destroy (d->rt, &sb->c, sdir, NULL);
+      wr_rm_rf_at (AT_FDCWD, sdir);
+      sb_free (sb);
+      return r;
+    }
+  table_insert (d, sb);
+  *ret = sb;
+  return 0;
+}
+
+/* ---- warm pools ---- */
+
+static void pool_kick (struct wrd *d);
+
+static void
+pool_key (json_t *spec, char *buf, size_t len)
+{
+  snprintf (buf, len, "%s|%lld|%lld|%lld|%g|%s", json_string_value (json_object_get (spec, "image")),
+            json_integer_value (json_object_get (spec, "memory_mb")),
+            json_integer_value (json_object_get (spec, "disk_mb")),
+            json_integer_value (json_object_get (spec, "pids_max")),
+            json_number_value (json_object_get (spec, "cpus")),
+            json_string_value (json_object_get (spec, "network")));
+}
+
+static bool
+poolable (json_t *spec)
+{
+  return json_array_size (json_object_get (spec, "layers")) == 0
+         && json_object_size (json_object_get (spec, "env")) == 0;
+}
+
+static struct pool *
+pool_find (struct wrd *d, const char *key)
+{
+  for (struct pool *p = d->pools; p; p = p->next)
+    if (strcmp (p->key, key) == 0)
+      return p;
+  return NULL;
+}
+
+static struct sandbox *
+pool_take (struct wrd *d, json_t *spec)
+{
+  if (!poolable (spec))
+    return NULL;
+  char key[512];
+  pool_key (spec, key, sizeof key);
+  struct pool *p = pool_find (d, key);
+  if (p == NULL)
+    return NULL;
+  struct sandbox *sb;
+  while ((sb = p->head) != NULL)
+    {
+      p->head = sb->pool_next;
+      p->ready--;
+      sb->pool = NULL;
+      sb->pool_next = NULL;
+      if (sb->state == SB_POOLED && agent_conn_alive (sb->conn))
+        {
+          pool_kick (d);
+          return sb;
+        }
+      wrd_sandbox_destroy (d, sb, NULL);
+    }
+  pool_kick (d);
+  return NULL;
+}
+
+static void
+pool_fill_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
+{
+  struct wrd *d = arg;
+  if (d->stopping)
+    return;
+  /* One sandbox per turn of the loop: requests are served in between. */
+  for (struct pool *p = d->pools; p; p = p->next)
+    {
+      if (p->ready >= p->target)
+        continue;
+      struct sandbox *sb;
+      wr_err_t err;
+      if (sandbox_build (d, p->spec, SB_POOLED, &sb, &err) < 0)
+        {
+          fprintf (stderr, "warrend: pool %s: %s\n", p->image, err.msg);
+          struct timeval tv = { 1, 0 }; /* back off */
+          evtimer_add (d->pool_ev, &tv);
+          return;
+        }
+      sb->pool = p;
+      sb->pool_next = p->head;
+      p->head = sb;
+      p->ready++;
+      pool_kick (d);
+      return;
+    }
+}
+
+static void
+pool_kick (struct wrd *d)
+{
+  if (d->pool_ev == NULL)
+    d->pool_ev = evtimer_new (d->base, pool_fill_cb, d);
+  if (!evtimer_pending (d->pool_ev, NULL))
+    {
+      struct timeval tv = { 0, 0 };
+      evtimer_add (d->pool_ev, &tv);
+    }
+}
+
+int
+wrd_pool_set (struct wrd *d, const char *image, unsigned size, wr_err_t *err)
+{
+  if (size > 100000)
+    return wr_error (err, 0, WR_E_INVALID, "pool size %u is too large (max 100000)", size);
+  json_t *req = json_pack ("{s:s}", "image", image);
+  json_t *spec = NULL;
+  int r = wrd_parse_create (d, req, &spec, err);
+  json_decref (req);
+  if (r < 0)
+    return r;
+  struct wr_image *img = NULL;
+  r = wr_image_resolve (d->store, image, &img, err);
+  if (r < 0)
+    {
+      json_decref (spec);
+      return r;
+    }
+  wr_image_free (img);
+  char key[512];
+  pool_key (spec, key, sizeof key);
+  struct pool *p = pool_find (d, key);
+  if (p == NULL)
+    {
+      p = calloc (1, sizeof *p);
+      snprintf (p->key, sizeof p->key, "%s", key);
+      snprintf (p->image, sizeof p->image, "%s", image);
+      p->spec = json_incref (spec);
+      p->next = d->pools;
+      d->pools = p;
+    }
+  json_decref (spec);
+  p->target = size;
+  while (p->ready > p->target && p->head)
+    {
+      struct sandbox *sb = p->head;
+      p->head = sb->pool_next;
+      p->ready--;
+      sb->pool = NULL;
+      wrd_sandbox_destroy (d, sb, NULL);
+    }
+  r = wrd_db_pool_put (d, image, size, err);
+  pool_kick (d);
+  return r;
+}
+
+json_t *
+wrd_pools_json (struct wrd *d)
+{
+  json_t *a = json_array ();
+  for (struct pool *p = d->pools; p; p = p->next)
+    json_array_append_new (a, json_pack ("{s:s,s:I,s:I}", "image", p->image, "size",
+                                         (json_int_t) p->target, "ready", (json_int_t) p->ready));
+  return json_pack ("{s:o}", "pools", a);
+}
+
+/* ---- public operations ---- */
+
+int
+wrd_sandbox_create (struct wrd *d, json_t *req, struct sandbox **ret, wr_err_t *err)
+{
+  json_t *spec = NULL;
+  int r = wrd_parse_create (d, req, &spec, err);
+  if (r < 0)
+    return r;
+  uint64_t t0 = wr_now_ns ();
+  struct sandbox *sb = pool_take (d, spec);
+  if (sb)
+    {
+      json_decref (sb->spec);
+      sb->spec = spec;
+      sb->state = SB_RUNNING;
+      sb->created_at = now_s ();
+      d->m.creations_pooled++;
+    }
+  else
+    {
+      r = sandbox_build (d, spec, SB_RUNNING, &sb, err);
+      json_decref (spec);
+      if (r < 0)
+        {
+          d->m.create_failures++;
+          return r;
+        }
+    }
+  uint64_t ttl = (uint64_t) json_integer_value (json_object_get (sb->spec, "ttl_s"));
+  sb->expires_at = ttl ? sb->created_at + (double) ttl : 0;
+  arm_ttl (sb);
+  if ((r = wrd_db_put (d, sb, err)) < 0)
+    {
+      wrd_sandbox_destroy (d, sb, NULL);
+      return r;
+    }
+  d->m.creations++;
+  d->m.create_sum_s += (double) (wr_now_ns () - t0) / 1e9;
+  *ret = sb;
+  return 0;
+}
+
+int
+wrd_sandbox_destroy (struct wrd *d, struct sandbox *sb, wr_err_t *err)
+{
+  if (sb->pool)
+    {
+      for (struct sandbox **l = &sb->pool->head; *l; l = &(*l)->pool_next)
+        if (*l == sb)
+          {
+            *l = sb->pool_next;
+            sb->pool->ready--;
+            break;
+          }
+      sb->pool = NULL;
+      pool_kick (d);
+    }
+  agent_conn_free (sb->conn);
+  sb->conn = NULL;
+  char sdir[1200];
+  state_dir (d, sb->id, sdir, sizeof sdir);
+  int r = 0;
+  if (sb->has_container)
+    r = wr_container_destroy (d->rt, &sb->c, sdir, err);
+  if (r < 0)
+    return r; /* keep the record: a later DELETE or restart retries */
+  wr_rm_rf_at (AT_FDCWD, sdir);
+  wrd_db_delete (d, sb->id, NULL);
+  table_remove (d, sb);
+  d->m.destroys++;
+  sb_free (sb);
+  return 0;
+}
+
+int
+wrd_sandbox_pause (struct wrd *d, struct sandbox *sb, bool pause, wr_err_t *err)
+{
+  if (sb->state == SB_DEAD)
+    return wr_error (err, 0, WR_E_GONE, "sandbox %s is dead (its agent exited)", sb->id);
+  if ((pause && sb->state == SB_PAUSED) || (!pause && sb->state == SB_RUNNING))
+    return 0;
+  int r = wr_container_freeze (d->rt, &sb->c, pause, err);
+  if (r < 0)
+    return r;
+  sb->state = pause ? SB_PAUSED : SB_RUNNING;
+  return wrd_db_put (d, sb, err);
+}
+
+json_t *
+wrd_sandbox_json (struct wrd *d, struct sandbox *sb, bool detail)
+{
+  json_t *j = json_pack ("{s:s,s:s,s:s,s:s,s:f,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O}", "id", sb->id,
+                         "backend", sb->backend, "image", sb->image, "state",
+                         sb_state_name (sb->state), "created_at", sb->created_at, "memory_mb",
+                         json_object_get (sb->spec, "memory_mb"), "cpus",
+                         json_object_get (sb->spec, "cpus"), "disk_mb",
+                         json_object_get (sb->spec, "disk_mb"), "pids_max",
+                         json_object_get (sb->spec, "pids_max"), "network",
+                         json_object_get (sb->spec, "network"), "layers",
+                         json_object_get (sb->spec, "layers"), "labels",
+                         json_object_get (sb->spec, "labels"), "ttl_s",
+                         json_object_get (sb->spec, "ttl_s"));
+  json_object_set_new (j, "expires_at", sb->expires_at > 0 ? json_real (sb->expires_at) : json_null ());
+  json_object_set_new (j, "image_digest", json_string (sb->image_digest));
+  if (detail && sb->has_container && sb->state != SB_DEAD)
+    {
+      struct wr_container_stats st;
+      if (wr_container_stats (d->rt, &sb->c, &st, NULL) == 0)
+        json_object_set_new (j, "usage",
+                             json_pack ("{s:I,s:I,s:I,s:I,s:I}", "memory_bytes",
+                                        (json_int_t) st.memory_bytes, "memory_peak_bytes",
+                                        (json_int_t) st.memory_peak_bytes, "oom_kills",
+                                        (json_int_t) st.oom_kills, "pids", (json_int_t) st.pids,
+                                        "cpu_usage_ns", (json_int_t) st.cpu_usage_ns));
+      json_object_set_new (j, "pid", json_integer (sb->c.pid));
+    }
+  return j;
+}
+
+/* ---- restart recovery ---- */
+
+static int
+recover_row (struct wrd *d, json_t *row, void *ud WR_UNUSED)
+{
+  const char *id = json_string_value (json_object_get (row, "id"));
+  const char *state = json_string_value (json_object_get (row, "state"));
+  char sdir[1200];
+  state_dir (d, id, sdir, sizeof sdir);
+  pid_t pid = (pid_t) json_integer_value (json_object_get (row, "pid"));
+  uint64_t st = (uint64_t) json_integer_value (json_object_get (row, "start_time"));
+  double expires = json_number_value (json_object_get (row, "expires_at"));
+  wr_err_t err;
+  bool keep = strcmp (state, "running") == 0 || strcmp (state, "paused") == 0;
+  if (expires > 0 && expires <= now_s ())
+    keep = false;
+  struct sandbox *sb = calloc (1, sizeof *sb);
+  sb->d = d;
+  snprintf (sb->id, sizeof sb->id, "%s", id);
+  if (keep && wr_container_adopt (d->rt, id, pid, st, sdir, &sb->c, &err) == 0)
+    {
+      sb->has_container = true;
+      sb->spec = json_incref (json_object_get (row, "spec"));
+      snprintf (sb->backend, sizeof sb->backend, "%s",
+                json_string_value (json_object_get (row, "backend")));
+      snprintf (sb->image, sizeof sb->image, "%s",
+                json_string_value (json_object_get (row, "image")));
+      sb->state = strcmp (state, "paused") == 0 ? SB_PAUSED : SB_RUNNING;
+      sb->created_at = json_number_value (json_object_get (row, "created_at"));
+      sb->expires_at = expires;
+      json_t *layers = json_object_get (row, "layers");
+      sb->layers = calloc (json_array_size (layers) + 1, sizeof *sb->layers);
+      size_t i;
+      json_t *l;
+      json_array_foreach (layers, i, l)
+      {
+        const char *dir;
+        if (wr_layer_acquire (d->store, json_string_value (l), &dir, NULL) == 0)
+          snprintf (sb->layers[sb->n_layers++], sizeof sb->layers[0], "%s", json_string_value (l));
+      }
+      struct wr_image *img = NULL;
+      if (wr_image_resolve (d->store, sb->image, &img, NULL) == 0)
+        {
+          sb->img_conf = json_incref (img->config);
+          snprintf (sb->image_digest, sizeof sb->image_digest, "%s", img->digest);
+          wr_image_free (img);
+        }
+      sb->conn = agent_conn_new (d->base, sb->c.agent_fd, agent_lost, sb);
+      table_insert (d, sb);
+      arm_ttl (sb);
+      fprintf (stderr, "warrend: re-adopted sandbox %s (pid %d)\n", id, (int) pid);
+      return 0;
+    }
+  /* Reap: the sandbox is gone, pooled, expired or cannot be reached. */
+  memset (&sb->c, 0, sizeof sb->c);
+  sb->c.pidfd = -1;
+  sb->c.agent_fd = -1;
+  snprintf (sb->c.id, sizeof sb->c.id, "%s", id);
+  if (pid > 0 && keep == false)
+    {
+      struct wr_container tmp;
+      if (wr_container_adopt (d->rt, id, pid, st, sdir, &tmp, NULL) == 0)
+        {
+          if (tmp.agent_fd >= 0)
+            close (tmp.agent_fd);
+          sb->c = tmp;
+          sb->c.agent_fd = -1;
+        }
+    }
+  if (wr_container_destroy (d->rt, &sb->c, sdir, &err) < 0)
+    fprintf (stderr, "warrend: reap %s: %s\n", id, err.msg);
+  wr_rm_rf_at (AT_FDCWD, sdir);
+  wrd_db_delete (d, id, NULL);
+  fprintf (stderr, "warrend: reaped sandbox %s (%s)\n", id, state);
+  free (sb);
+  return 0;
+}
+
+int
+wrd_recover (struct wrd *d, wr_err_t *err)
+{
+  int r = wrd_db_each (d, recover_row, NULL, err);
+  if (r < 0)
+    return r;
+  /* State dirs without a registry row: a crash between mkdir and insert. */
+  char sroot[1100];
+  snprintf (sroot, sizeof sroot, "%s/sandboxes", d->root);
+  DIR *dir = opendir (sroot);
+  if (dir)
+    {
+      struct dirent *de;
+      while ((de = readdir (dir)) != NULL)
+        {
+          if (de->d_name[0] == '.' || wrd_sandbox_find (d, de->d_name))
+            continue;
+          struct wr_container c = { .pid = 0, .pidfd = -1, .agent_fd = -1 };
+          snprintf (c.id, sizeof c.id, "%s", de->d_name);
+          char sdir[1200];
+          state_dir (d, de->d_name, sdir, sizeof sdir);
+          wr_container_destroy (d->rt, &c, sdir, NULL);
+          wr_rm_rf_at (AT_FDCWD, sdir);
+        }
+      closedir (dir);
+    }
+  return 0;
+}
+
+void
+wrd_shutdown (struct wrd *d)
+{
+  d->stopping = true;
+  /* Pooled sandboxes are only a cache: destroy them. Claimed ones survive
+   * the daemon and are re-adopted by the next one. */
+  for (struct pool *p = d->pools; p; p = p->next)
+    while (p->head)
+      wrd_sandbox_destroy (d, p->head, NULL);
+  for (size_t i = 0; i < d->table_size; i++)
+    for (struct sandbox *s = d->table[i], *next; s; s = next)
+      {
+        next = s->hnext;
+        table_remove (d, s);
+        sb_free (s);
+      }
+  for (struct pool *p = d->pools, *next; p; p = next)
+    {
+      next = p->next;
+      json_decref (p->spec);
+      free (p);
+    }
+  d->pools = NULL;
+  if (d->pool_ev)
+    event_free (d->pool_ev);
+  d->pool_ev = NULL;
+}
