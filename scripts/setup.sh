@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Warren needs to build, test and run. Idempotent:
+# does nothing when everything is already there. Run as root.
+set -euo pipefail
+PKGS=(
+  gcc make pkg-config libc6-dev
+  libevent-dev libsqlite3-dev libjansson-dev libseccomp-dev libarchive-dev libzstd-dev zlib1g-dev
+  erofs-utils busybox-static tar gzip zstd util-linux iproute2 procps
+  python3 python3-pytest python3-pytest-timeout
+  crun bubblewrap clang-format
+)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+# Sandboxes need unprivileged user namespaces and overlayfs/erofs.
+modprobe overlay 2>/dev/null || true
+modprobe erofs 2>/dev/null || true
+sysctl -qw kernel.unprivileged_userns_clone=1 2>/dev/null || true
+echo "setup: ok"

@@ -1,0 +1,143 @@
+"""Lifecycle: TTL, warm pools, restart re-adoption, concurrency, TCP auth, leaks."""
+import concurrent.futures as cf
+import os
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+
+from conftest import BUILD, start_daemon
+from wr import Api
+
+
+def cgroup_dirs(sid):
+    out = []
+    for base, dirs, _ in os.walk("/sys/fs/cgroup"):
+        if base.count("/") > 6:
+            dirs[:] = []
+            continue
+        if os.path.basename(base) == sid:
+            out.append(base)
+    return out
+
+
+def test_ttl_destroys_without_request(api):
+    sid = api.create(ttl_s=1)
+    info = api.raw("GET", f"/v1/sandboxes/{sid}").json()
+    assert info["expires_at"] is not None
+    time.sleep(2.5)
+    assert api.raw("GET", f"/v1/sandboxes/{sid}").status == 404
+    assert cgroup_dirs(sid) == []
+
+
+def test_destroy_leaves_nothing(api, daemon):
+    sid = api.create()
+    pid = api.raw("GET", f"/v1/sandboxes/{sid}").json()["pid"]
+    api.sh(sid, "sleep 1000 & sleep 1000 & true")
+    assert cgroup_dirs(sid)
+    assert api.delete(sid).status == 204
+    assert not os.path.exists(f"/proc/{pid}")
+    assert cgroup_dirs(sid) == []
+    assert not os.path.exists(os.path.join(daemon.root, "sandboxes", sid))
+
+
+def test_warm_pool_serves_burst(api):
+    r = api.raw("PUT", "/v1/pools/busybox%3Alatest", {"size": 8})
+    assert r.status == 200, r
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        pools = api.raw("GET", "/v1/pools").json()["pools"]
+        if pools and pools[0]["ready"] >= 8:
+            break
+        time.sleep(0.1)
+    assert pools[0]["ready"] >= 8, pools
+    ids = [api.raw("POST", "/v1/sandboxes", {}).json()["id"] for _ in range(8)]
+    try:
+        for sid in ids:
+            assert api.exec(sid, ["echo", "x"])["stdout"] == "x\n"
+        m = api.raw("GET", "/metrics").body.decode()
+        pooled = [l for l in m.splitlines() if l.startswith("warren_sandbox_creations_pooled_total")]
+        assert int(pooled[0].split()[1]) >= 8
+    finally:
+        api.raw("PUT", "/v1/pools/busybox%3Alatest", {"size": 0})
+        for sid in ids:
+            api.delete(sid)
+    # a pool of an unknown image is refused
+    assert api.raw("PUT", "/v1/pools/nope%3A1", {"size": 2}).status == 404
+
+
+def test_thousand_concurrent_requests(daemon, api):
+    sid = api.create()
+    try:
+        def one(i):
+            if i % 10 == 0:
+                return api.exec(sid, ["echo", str(i)])["stdout"] == f"{i}\n"
+            return api.raw("GET", "/healthz", timeout=120).status == 200
+        with cf.ThreadPoolExecutor(200) as ex:
+            results = list(ex.map(one, range(1000)))
+        assert all(results)
+    finally:
+        api.delete(sid)
+
+
+def test_restart_after_kill9_readopts(rootfs):
+    d = start_daemon(rootfs)
+    try:
+        sid = d.api.create()
+        d.api.sh(sid, "echo before > /tmp/state")
+        expiring = d.api.create(ttl_s=2)
+        d.kill9()
+        time.sleep(2.5)
+        d.start()
+        r = d.api.sh(sid, "cat /tmp/state")
+        assert r["stdout"] == "before\n"
+        assert d.api.raw("GET", f"/v1/sandboxes/{expiring}").status == 404
+        assert cgroup_dirs(expiring) == []
+        assert d.api.delete(sid).status == 204
+        assert cgroup_dirs(sid) == []
+    finally:
+        d.stop()
+        shutil.rmtree(d.root, ignore_errors=True)
+
+
+def test_agent_death_is_reported(api):
+    sid = api.create()
+    pid = api.raw("GET", f"/v1/sandboxes/{sid}").json()["pid"]
+    os.kill(pid, 9)
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        if api.raw("GET", f"/v1/sandboxes/{sid}").json()["state"] == "dead":
+            break
+        time.sleep(0.05)
+    r = api.raw("POST", f"/v1/sandboxes/{sid}/exec", {"cmd": ["true"]})
+    assert r.status == 410 and r.json()["error"]["code"] == "gone"
+    assert api.delete(sid).status == 204
+    assert cgroup_dirs(sid) == []
+
+
+def test_tcp_requires_token(rootfs, tmp_path):
+    tok = tmp_path / "token"
+    tok.write_text("s3cret-token-0123456789\n")
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    d = start_daemon(rootfs, ["--listen", f"tcp:127.0.0.1:{port}", "--token-file", str(tok)])
+    import http.client
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        c.request("GET", "/healthz")
+        r = c.getresponse()
+        assert r.status == 401
+        r.read()
+        c.request("GET", "/healthz", headers={"Authorization": "Bearer wrong-token-0123456789x"})
+        r = c.getresponse()
+        assert r.status == 401
+        r.read()
+        c.request("GET", "/healthz", headers={"Authorization": "Bearer s3cret-token-0123456789"})
+        assert c.getresponse().status == 200
+    finally:
+        d.stop()
+        shutil.rmtree(d.root, ignore_errors=True)

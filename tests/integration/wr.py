@@ -1,0 +1,139 @@
+"""Minimal stdlib HTTP client for the integration tests (the real SDK lives in python/)."""
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path, timeout=120):
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(self.timeout)
+        s.connect(self.path)
+        self.sock = s
+
+
+class Resp:
+    def __init__(self, status, body, headers):
+        self.status = status
+        self.body = body
+        self.headers = headers
+
+    def json(self):
+        return json.loads(self.body)
+
+    def __repr__(self):
+        return f"Resp({self.status}, {self.body[:300]!r})"
+
+
+class Api:
+    def __init__(self, sock):
+        self.sock = sock
+
+    def raw(self, method, path, body=None, headers=None, timeout=120):
+        c = UnixHTTPConnection(self.sock, timeout=timeout)
+        try:
+            if isinstance(body, (dict, list)):
+                body = json.dumps(body).encode()
+            c.request(method, path, body=body, headers=headers or {})
+            r = c.getresponse()
+            return Resp(r.status, r.read(), dict(r.getheaders()))
+        finally:
+            c.close()
+
+    def create(self, **kw):
+        r = self.raw("POST", "/v1/sandboxes", kw)
+        assert r.status == 201, r
+        return r.json()["id"]
+
+    def delete(self, sid):
+        return self.raw("DELETE", f"/v1/sandboxes/{sid}")
+
+    def exec(self, sid, cmd=None, shell=None, **kw):
+        body = dict(kw)
+        if cmd is not None:
+            body["cmd"] = cmd
+        if shell is not None:
+            body["shell"] = shell
+        r = self.raw("POST", f"/v1/sandboxes/{sid}/exec", body, timeout=kw.get("timeout_s", 60) + 60)
+        assert r.status == 200, r
+        return r.json()
+
+    def sh(self, sid, script, **kw):
+        return self.exec(sid, shell=script, **kw)
+
+
+class Daemon:
+    """A real warrend on a private root, with the busybox image imported."""
+
+    def __init__(self, build, root=None, extra_args=()):
+        self.build = build
+        self.root = root or tempfile.mkdtemp(prefix="wr-it-", dir="/var/tmp")
+        self.sock = os.path.join(self.root, "warrend.sock")
+        self.extra = list(extra_args)
+        self.proc = None
+        self.log = open(os.path.join(self.root, "warrend.log"), "ab")
+        self.api = Api(self.sock)
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            [os.path.join(self.build, "bin", "warrend"), "--root", self.root] + self.extra,
+            stdout=self.log, stderr=self.log)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"warrend exited with {self.proc.returncode}: " + self.logtext())
+            try:
+                if self.api.raw("GET", "/healthz", timeout=5).status == 200:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("warrend did not come up: " + self.logtext())
+
+    def logtext(self):
+        with open(os.path.join(self.root, "warrend.log"), "rb") as f:
+            return f.read().decode(errors="replace")[-4000:]
+
+    def kill9(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self, destroy_all=True):
+        if self.proc and self.proc.poll() is None:
+            if destroy_all:
+                try:
+                    for s in self.api.raw("GET", "/v1/sandboxes").json()["sandboxes"]:
+                        self.api.delete(s["id"])
+                    self.api.raw("PUT", "/v1/pools/busybox%3Alatest", {"size": 0})
+                except OSError:
+                    pass
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def cli(self, *args, input=None, timeout=120, check=False):
+        env = dict(os.environ, WARREN_HOST="unix:" + self.sock)
+        r = subprocess.run([os.path.join(self.build, "bin", "warren")] + list(args), input=input,
+                           capture_output=True, timeout=timeout, env=env)
+        if check:
+            assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+        return r
+
+
+def busybox_rootfs(dest):
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = os.path.join(here, "..", "..", "scripts", "mk-busybox-rootfs.sh")
+    subprocess.run(["bash", script, dest], check=True, capture_output=True)
+    return dest
