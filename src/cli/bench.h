@@ -1,0 +1,13 @@
+/* `warren bench`: JSON performance reports with the kernel floor and the
+ * usual alternatives measured in the same run (docs/performance.md). */
+#ifndef WR_CLI_BENCH_H
+#define WR_CLI_BENCH_H
+
+#include <warren/warren.h>
+
+/* argv[0] is "bench" or the subcommand (floor | create | burst | exec | all).
+ * Prints the report to stdout; returns the process exit status (0 ok,
+ * 1 a measurement failed, 2 usage, 3 --check and a target was missed). */
+int wr_cli_bench (warren_client_t *c, int argc, char **argv);
+
+#endif
