@@ -1,0 +1,693 @@
+/* warren-agent: the in-sandbox init and request server (docs/protocol.md).
+ *
+ *   warren-agent [--listen-fd N] [--conn-fd N] [--device PATH] [--root DIR]
+ *                [--no-openat2]
+ *
+ * One daemon connection at a time: --conn-fd first, then every connection
+ * accepted on --listen-fd replaces the current one; --device is a
+ * virtio-serial port reopened whenever the host side goes away. */
+#include "agent/agent.h"
+#include "common/proto.h"
+#include "common/util.h"
+
+#include <fcntl.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+
+
+#define DEVICE_RETRY_MS 100
+
+struct ag_state ag = { .epfd = -1, .rootfd = -1, .devnull = -1 };
+
+struct obuf
+{
+  struct obuf *next;
+  size_t len, off;
+  uint8_t data[];
+};
+
+static struct
+{
+  struct ag_watch w;
+  bool dead; /* closed at the top of the next loop iteration */
+  bool read_paused;
+  uint8_t *in;
+  size_t in_len;
+  struct obuf *oq_head, *oq_tail;
+} conn = { .w.fd = -1 };
+
+static struct ag_watch listen_w = { .fd = -1 }, sig_w = { .fd = -1 };
+static const char *device_path;
+static uint64_t device_retry_at;
+
+static void **deferred;
+static size_t n_deferred, cap_deferred;
+
+/* ---- small infrastructure ---- */
+
+int
+ag_watch_set (struct ag_watch *w, uint32_t events)
+{
+  if (w->fd < 0)
+    return -EBADF;
+  if (events == w->events)
+    return 0;
+  struct epoll_event ev = { .events = events, .data.ptr = w };
+  int op = w->events == 0 ? EPOLL_CTL_ADD : events == 0 ? EPOLL_CTL_DEL : EPOLL_CTL_MOD;
+  if (epoll_ctl (ag.epfd, op, w->fd, &ev) < 0)
+    return -errno;
+  w->events = events;
+  return 0;
+}
+
+void
+ag_watch_close (struct ag_watch *w)
+{
+  if (w->fd < 0)
+    return;
+  if (w->events)
+    epoll_ctl (ag.epfd, EPOLL_CTL_DEL, w->fd, NULL);
+  close (w->fd);
+  w->fd = -1;
+  w->events = 0;
+}
+
+void
+ag_defer_free (void *p)
+{
+  if (n_deferred == cap_deferred)
+    {
+      size_t cap = cap_deferred ? cap_deferred * 2 : 16;
+      void **n = realloc (deferred, cap * sizeof *n);
+      if (n == NULL)
+        return; /* leak rather than risk a use after free */
+      deferred = n;
+      cap_deferred = cap;
+    }
+  deferred[n_deferred++] = p;
+}
+
+static void
+run_deferred (void)
+{
+  for (size_t i = 0; i < n_deferred; i++)
+    free (deferred[i]);
+  n_deferred = 0;
+}
+
+struct ag_req *
+ag_req_find (uint32_t stream)
+{
+  for (struct ag_req *r = ag.reqs; r; r = r->next)
+    if (r->stream == stream && !r->orphan)
+      return r;
+  return NULL;
+}
+
+void
+ag_req_link (struct ag_req *r)
+{
+  r->next = ag.reqs;
+  ag.reqs = r;
+}
+
+void
+ag_req_unlink (struct ag_req *r)
+{
+  for (struct ag_req **p = &ag.reqs; *p; p = &(*p)->next)
+    if (*p == r)
+      {
+        *p = r->next;
+        r->next = NULL;
+        return;
+      }
+}
+
+json_t *
+ag_json_lossy (const char *s, size_t len)
+{
+  _cleanup_free_ char *out = malloc (len + 1);
+  if (out == NULL)
+    return json_string ("?");
+  const unsigned char *u = (const unsigned char *) s;
+  size_t o = 0;
+  for (size_t i = 0; i < len;)
+    {
+      unsigned c = u[i];
+      size_t k = c < 0x80 ? 0 : c >= 0xc2 && c <= 0xdf ? 1 : c >= 0xe0 && c <= 0xef ? 2 : c >= 0xf0 && c <= 0xf4 ? 3 : 9;
+      bool ok = k != 9 && i + k < len && c != 0;
+      for (size_t j = 1; ok && j <= k; j++)
+        ok = (u[i + j] & 0xc0) == 0x80;
+      if (ok && k >= 2)
+        ok = !((c == 0xe0 && u[i + 1] < 0xa0) || (c == 0xed && u[i + 1] > 0x9f)
+               || (c == 0xf0 && u[i + 1] < 0x90) || (c == 0xf4 && u[i + 1] > 0x8f));
+      if (!ok)
+        {
+          out[o++] = '?';
+          i++;
+          continue;
+        }
+      memcpy (out + o, u + i, k + 1);
+      o += k + 1;
+      i += k + 1;
+    }
+  return json_stringn (out, o);
+}
+
+/* ---- sending ---- */
+
+bool
+ag_connected (void)
+{
+  return conn.w.fd >= 0 && !conn.dead;
+}
+
+static void
+conn_update (void)
+{
+  if (conn.w.fd < 0 || conn.dead)
+    return;
+  uint32_t ev = (conn.read_paused ? 0 : EPOLLIN) | (conn.oq_head ? EPOLLOUT : 0);
+  if (ag_watch_set (&conn.w, ev) < 0)
+    conn.dead = true;
+}
+
+void
+ag_send (uint32_t stream, uint8_t type, const void *payload, size_t len)
+{
+  if (!ag_connected ())
+    return;
+  if (len > WR_FRAME_MAX)
+    len = WR_FRAME_MAX; /* callers keep JSON below; never a bad frame */
+  uint8_t hdr[WR_FRAME_HDR];
+  wr_frame_hdr_encode (hdr, (uint32_t) len, stream, type);
+  size_t total = sizeof hdr + len, done = 0;
+  if (conn.oq_head == NULL)
+    {
+      struct iovec iov[2] = { { hdr, sizeof hdr }, { (void *) payload, len } };
+      ssize_t n;
+      do
+        n = writev (conn.w.fd, iov, len ? 2 : 1);
+      while (n < 0 && errno == EINTR);
+      if (n < 0 && errno != EAGAIN)
+        {
+          conn.dead = true;
+          return;
+        }
+      done = n > 0 ? (size_t) n : 0;
+      if (done == total)
+        return;
+    }
+  struct obuf *b = malloc (sizeof *b + total - done);
+  if (b == NULL)
+    {
+      conn.dead = true; /* a lost frame would desynchronize the stream */
+      return;
+    }
+  b->next = NULL;
+  b->len = total - done;
+  b->off = 0;
+  size_t hdr_left = done < sizeof hdr ? sizeof hdr - done : 0;
+  memcpy (b->data, hdr + (sizeof hdr - hdr_left), hdr_left);
+  memcpy (b->data + hdr_left, (const uint8_t *) payload + (done - (sizeof hdr - hdr_left)),
+          b->len - hdr_left);
+  if (conn.oq_tail)
+    conn.oq_tail->next = b;
+  else
+    conn.oq_head = b;
+  conn.oq_tail = b;
+  ag.outq_bytes += b->len;
+  conn_update ();
+}
+
+void
+ag_send_json (uint32_t stream, uint8_t type, json_t *j)
+{
+  if (j == NULL)
+    {
+      j = json_pack ("{s:s,s:s,s:i}", "code", WR_E_INTERNAL, "message", "out of memory", "errno",
+                     ENOMEM);
+      type = WR_MSG_ERROR;
+    }
+  char *s = json_dumps (j, JSON_COMPACT);
+  json_decref (j);
+  if (s)
+    ag_send (stream, type, s, strlen (s));
+  free (s);
+}
+
+void
+ag_send_error (uint32_t stream, const wr_err_t *err)
+{
+  ag_send_json (stream, WR_MSG_ERROR,
+                json_pack ("{s:s,s:o,s:i}", "code", err->code ? err->code : WR_E_INTERNAL,
+                           "message", ag_json_lossy (err->msg, strlen (err->msg)), "errno",
+                           err->errnum));
+}
+
+void
+ag_send_errorf (uint32_t stream, int errnum, const char *code, const char *fmt, ...)
+{
+  wr_err_t err;
+  va_list ap;
+  va_start (ap, fmt);
+  wr_verror (&err, errnum, code, fmt, ap);
+  va_end (ap);
+  ag_send_error (stream, &err);
+}
+
+static void
+conn_flush (void)
+{
+  while (conn.oq_head)
+    {
+      struct obuf *b = conn.oq_head;
+      ssize_t n = write (conn.w.fd, b->data + b->off, b->len - b->off);
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n < 0 && errno == EAGAIN)
+        break;
+      if (n <= 0)
+        {
+          conn.dead = true;
+          return;
+        }
+      b->off += (size_t) n;
+      ag.outq_bytes -= (size_t) n;
+      if (b->off == b->len)
+        {
+          conn.oq_head = b->next;
+          if (conn.oq_head == NULL)
+            conn.oq_tail = NULL;
+          free (b);
+        }
+    }
+  conn_update ();
+}
+
+/* ---- receiving ---- */
+
+static void
+dispatch (const struct wr_frame *f)
+{
+  if (f->stream == 0)
+    {
+      if (f->type == WR_MSG_PING)
+        ag_send (0, WR_MSG_PONG, f->payload, f->len);
+      else if (f->type == WR_MSG_EXEC || f->type == WR_MSG_FILE)
+        ag_send_errorf (0, EINVAL, WR_E_INVALID, "stream 0 is the control stream");
+      return;
+    }
+  struct ag_req *r = ag_req_find (f->stream);
+  switch (f->type)
+    {
+    case WR_MSG_EXEC:
+    case WR_MSG_FILE:
+      {
+        if (r)
+          {
+            ag_send_errorf (f->stream, EBUSY, WR_E_CONFLICT, "stream %u already has a live request",
+                            f->stream);
+            return;
+          }
+        json_error_t jerr;
+        json_t *body = json_loadb ((const char *) f->payload, f->len, 0, &jerr);
+        if (!json_is_object (body))
+          {
+            ag_send_errorf (f->stream, EINVAL, WR_E_INVALID, "%s: malformed JSON: %s",
+                            wr_msg_name (f->type), body ? "not an object" : jerr.text);
+            json_decref (body);
+            return;
+          }
+        if (f->type == WR_MSG_EXEC)
+          ag_exec_start (f->stream, body);
+        else
+          ag_file_start (f->stream, body);
+        json_decref (body);
+        return;
+      }
+    case WR_MSG_STDIN:
+      if (r)
+        ag_exec_stdin (r, f->payload, f->len);
+      return; /* late input for a finished exec is discarded */
+    case WR_MSG_SIGNAL:
+      if (r)
+        ag_exec_signal (r, f->payload, f->len);
+      return;
+    case WR_MSG_DATA:
+      if (r)
+        ag_file_data (r, f->payload, f->len);
+      return;
+    case WR_MSG_PING:
+      ag_send (f->stream, WR_MSG_PONG, f->payload, f->len);
+      return;
+    default:
+      if (r == NULL)
+        ag_send_errorf (f->stream, EINVAL, WR_E_INVALID, "unexpected %s frame",
+                        wr_msg_name (f->type));
+      return;
+    }
+}
+
+static void
+conn_read (void)
+{
+  size_t cap = WR_FRAME_HDR + WR_FRAME_MAX;
+  ssize_t n = read (conn.w.fd, conn.in + conn.in_len, cap - conn.in_len);
+  if (n < 0 && (errno == EINTR || errno == EAGAIN))
+    return;
+  if (n <= 0)
+    {
+      conn.dead = true;
+      return;
+    }
+  conn.in_len += (size_t) n;
+  size_t off = 0;
+  while (!conn.dead)
+    {
+      struct wr_frame f;
+      int r = wr_frame_parse (conn.in + off, conn.in_len - off, &f);
+      if (r == 0)
+        break;
+      if (r < 0)
+        {
+          conn.dead = true; /* cannot find the next frame boundary */
+          return;
+        }
+      dispatch (&f);
+      off += (size_t) r;
+    }
+  memmove (conn.in, conn.in + off, conn.in_len - off);
+  conn.in_len -= off;
+}
+
+static void
+conn_cb (struct ag_watch *w, uint32_t events)
+{
+  if (w->fd < 0)
+    return;
+  if (events & EPOLLOUT)
+    conn_flush ();
+  if ((events & (EPOLLIN | EPOLLHUP | EPOLLERR)) && !conn.dead && !conn.read_paused)
+    conn_read ();
+}
+
+static void
+conn_close (void)
+{
+  for (struct ag_req *r = ag.reqs, *next; r; r = next)
+    {
+      next = r->next;
+      if (r->orphan)
+        continue;
+      if (r->kind == AG_REQ_EXEC)
+        ag_exec_orphan (r);
+      else
+        ag_file_orphan (r);
+    }
+  while (conn.oq_head)
+    {
+      struct obuf *b = conn.oq_head;
+      conn.oq_head = b->next;
+      free (b);
+    }
+  conn.oq_tail = NULL;
+  ag.outq_bytes = 0;
+  ag_watch_close (&conn.w);
+  conn.dead = false;
+  conn.read_paused = false;
+  conn.in_len = 0;
+  if (device_path)
+    device_retry_at = wr_now_ms () + DEVICE_RETRY_MS;
+}
+
+static void
+conn_open (int fd)
+{
+  if (conn.in == NULL && (conn.in = malloc (WR_FRAME_HDR + WR_FRAME_MAX)) == NULL)
+    {
+      close (fd);
+      return;
+    }
+  int fl = fcntl (fd, F_GETFL);
+  fcntl (fd, F_SETFL, fl | O_NONBLOCK);
+  conn.w.fn = conn_cb;
+  conn.w.fd = fd;
+  conn.w.events = 0;
+  conn.dead = false;
+  conn.in_len = 0;
+  conn_update ();
+  ag_send_json (0, WR_MSG_HELLO,
+                json_pack ("{s:i,s:s,s:i,s:s}", "version", WR_PROTO_VERSION, "agent",
+                           "warren-agent", "pid", (int) getpid (), "resolver",
+                           ag.use_openat2 ? "openat2" : "walk"));
+}
+
+static void
+device_open (void)
+{
+  int fd = open (device_path, O_RDWR | O_NOCTTY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0)
+    {
+      device_retry_at = wr_now_ms () + DEVICE_RETRY_MS;
+      return;
+    }
+  device_retry_at = 0;
+  conn_open (fd);
+}
+
+static void
+listen_cb (struct ag_watch *w, uint32_t events)
+{
+  int fd = accept4 (w->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  if (fd < 0)
+    return;
+  /* A (restarted) daemon reconnected: it knows nothing of the old streams. */
+  if (conn.w.fd >= 0)
+    conn_close ();
+  conn_open (fd);
+}
+
+static void
+sig_cb (struct ag_watch *w, uint32_t events)
+{
+  struct signalfd_siginfo si[8];
+  while (read (w->fd, si, sizeof si) > 0)
+    ;
+  /* Reap everything: our execs and every orphan reparented to us. */
+  for (;;)
+    {
+      int status;
+      struct rusage ru;
+      pid_t pid = wait4 (-1, &status, WNOHANG, &ru);
+      if (pid <= 0)
+        break;
+      ag_exec_reaped (pid, status, &ru);
+    }
+}
+
+/* ---- setup ---- */
+
+static int
+parse_fd (const char *s)
+{
+  char *end;
+  long v = strtol (s, &end, 10);
+  if (*s == '\0' || *end || v < 0 || v > 1 << 20 || fcntl ((int) v, F_GETFD) < 0)
+    return -1;
+  return (int) v;
+}
+
+static void
+usage (void)
+{
+  fputs ("usage: warren-agent [--listen-fd N] [--conn-fd N] [--device PATH] [--root DIR] "
+         "[--no-openat2]\n",
+         stderr);
+  exit (2);
+}
+
+static void
+close_range_fallback (unsigned lo, unsigned hi)
+{
+  if (syscall (SYS_close_range, lo, hi, 0) == 0)
+    return;
+  for (unsigned fd = lo; fd <= hi && fd < 4096; fd++)
+    close ((int) fd);
+}
+
+/* Close every fd >= 3 but a and b (either may be -1; a <= b). */
+static void
+close_fds_except (int a, int b)
+{
+  unsigned lo = 3;
+  int keep[2] = { a, b };
+  for (int i = 0; i < 2; i++)
+    {
+      if (keep[i] < (int) lo)
+        continue;
+      if ((unsigned) keep[i] > lo)
+        close_range_fallback (lo, (unsigned) keep[i] - 1);
+      lo = (unsigned) keep[i] + 1;
+    }
+  close_range_fallback (lo, ~0u);
+}
+
+static int
+setup (int listen_fd, int conn_fd, const char *root, bool no_openat2)
+{
+  prctl (PR_SET_DUMPABLE, 0);
+  if (getpid () != 1)
+    prctl (PR_SET_CHILD_SUBREAPER, 1);
+
+  /* fds 0-2 must be taken so our pipes never land there and get clobbered
+   * by the dup2s of a spawned child. */
+  for (int fd = 0; fd < 3; fd++)
+    if (fcntl (fd, F_GETFD) < 0 && open ("/dev/null", O_RDWR) < 0 && open ("/", O_PATH) < 0)
+      return -errno;
+  /* Nothing inherited may leak into sandbox processes (our sockets above
+   * all), and stray copies of the daemon socket would hide its EOF. */
+  int keep_lo = listen_fd < conn_fd ? listen_fd : conn_fd;
+  int keep_hi = listen_fd < conn_fd ? conn_fd : listen_fd;
+  close_fds_except (keep_lo, keep_hi);
+  if (listen_fd >= 0)
+    fcntl (listen_fd, F_SETFD, FD_CLOEXEC);
+  if (conn_fd >= 0)
+    fcntl (conn_fd, F_SETFD, FD_CLOEXEC);
+
+  for (size_t i = 0; i < 11; i++)
+    {
+      static const int sigs[] = { SIGHUP,  SIGINT,  SIGQUIT, SIGPIPE, SIGALRM, SIGTERM,
+                                  SIGUSR1, SIGUSR2, SIGTSTP, SIGTTIN, SIGTTOU };
+      signal (sigs[i], SIG_IGN);
+    }
+  sigset_t chld;
+  sigemptyset (&chld);
+  sigaddset (&chld, SIGCHLD);
+  sigprocmask (SIG_BLOCK, &chld, NULL);
+
+  if (chdir ("/") < 0)
+    return -errno;
+  ag.rootfd = open (root ? root : "/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (ag.rootfd < 0)
+    return -errno;
+  ag.use_openat2 = !no_openat2 && ag_openat2_works (ag.rootfd);
+  ag.devnull = open ("/dev/null", O_RDONLY | O_CLOEXEC);
+
+  ag.epfd = epoll_create1 (EPOLL_CLOEXEC);
+  if (ag.epfd < 0)
+    return -errno;
+  sig_w.fn = sig_cb;
+  sig_w.fd = signalfd (-1, &chld, SFD_NONBLOCK | SFD_CLOEXEC);
+  if (sig_w.fd < 0 || ag_watch_set (&sig_w, EPOLLIN) < 0)
+    return -errno;
+  if (listen_fd >= 0)
+    {
+      int fl = fcntl (listen_fd, F_GETFL);
+      fcntl (listen_fd, F_SETFL, fl | O_NONBLOCK);
+      listen_w.fn = listen_cb;
+      listen_w.fd = listen_fd;
+      if (ag_watch_set (&listen_w, EPOLLIN) < 0)
+        return -errno;
+    }
+  if (conn_fd >= 0)
+    conn_open (conn_fd);
+  if (device_path)
+    device_open ();
+  return 0;
+}
+
+int
+main (int argc, char **argv)
+{
+  static const struct option opts[] = {
+    { "listen-fd", required_argument, NULL, 'l' },
+    { "conn-fd", required_argument, NULL, 'c' },
+    { "device", required_argument, NULL, 'd' },
+    { "root", required_argument, NULL, 'r' },
+    { "no-openat2", no_argument, NULL, 'N' },
+    { "help", no_argument, NULL, 'h' },
+    { NULL, 0, NULL, 0 },
+  };
+  int listen_fd = -1, conn_fd = -1, c;
+  const char *root = NULL;
+  bool no_openat2 = false;
+  while ((c = getopt_long (argc, argv, "", opts, NULL)) != -1)
+    switch (c)
+      {
+      case 'l':
+        if ((listen_fd = parse_fd (optarg)) < 0)
+          usage ();
+        break;
+      case 'c':
+        if ((conn_fd = parse_fd (optarg)) < 0)
+          usage ();
+        break;
+      case 'd':
+        device_path = optarg;
+        break;
+      case 'r':
+        root = optarg;
+        break;
+      case 'N':
+        no_openat2 = true;
+        break;
+      default:
+        usage ();
+      }
+  if (optind != argc || (listen_fd < 0 && conn_fd < 0 && device_path == NULL))
+    usage ();
+  int r = setup (listen_fd, conn_fd, root, no_openat2);
+  if (r < 0)
+    {
+      fprintf (stderr, "warren-agent: setup: %s\n", strerror (-r));
+      return 1;
+    }
+
+  bool out_paused = false;
+  for (;;)
+    {
+      if (conn.dead)
+        conn_close ();
+      if (device_path && conn.w.fd < 0 && wr_now_ms () >= device_retry_at)
+        device_open ();
+      bool congested = ag.outq_bytes > AG_OUTQ_HIGH;
+      if (congested != out_paused)
+        ag_exec_pause_output (out_paused = congested);
+      bool more = ag_file_pump ();
+      conn.read_paused
+          = ag.outq_bytes > AG_OUTQ_STOP_READ || ag.stdin_bytes > AG_STDIN_STOP_READ;
+      conn_update ();
+      if (conn.dead)
+        continue;
+
+      int timeout = ag_exec_timeouts (wr_now_ms ());
+      if (device_path && conn.w.fd < 0)
+        {
+          uint64_t now = wr_now_ms ();
+          int wait = device_retry_at > now ? (int) (device_retry_at - now) : 0;
+          if (timeout < 0 || wait < timeout)
+            timeout = wait;
+        }
+      if (more)
+        timeout = 0;
+      struct epoll_event evs[64];
+      int n = epoll_wait (ag.epfd, evs, WR_ARRAY_SIZE (evs), timeout);
+      for (int i = 0; i < n; i++)
+        {
+          struct ag_watch *w = evs[i].data.ptr;
+          if (w->fd >= 0)
+            w->fn (w, evs[i].events);
+        }
+      run_deferred ();
+    }
+}
