@@ -128,6 +128,11 @@ measure_one (const char *name, floor_fn fn, size_t n, const char *rootfs, const 
   json_t *j = wr_bench_stats_json (ret_stats);
   if (j && s.note)
     json_object_set_new (j, "note", json_string (s.note));
+  json_t *steps = wr_bench_steps_json (&s);
+  if (j && steps)
+    json_object_set_new (j, "steps_mean_ms", steps);
+  else
+    json_decref (steps);
   *ret_ok = j != NULL;
   return j;
 }
@@ -967,6 +972,22 @@ wr_cli_bench (warren_client_t *c, int argc, char **argv)
     {
       fprintf (stderr, "warren bench: no daemon client\n");
       return 1;
+    }
+  if (want_burst || want_create || want_exec || want_all)
+    {
+      /* Fail before spending seconds on the floors. */
+      warren_error_t e;
+      json_t *h = warren_healthz (c, &e);
+      if (!h)
+        {
+          fprintf (stderr,
+                   "warren bench: daemon at %s: %s (`warren bench floor` measures the references "
+                   "alone)\n",
+                   warren_client_host (c), e.message);
+          return 1;
+        }
+      json_decref (h);
+      warren_client_set_timeout (c, BENCH_REQUEST_TIMEOUT_MS);
     }
 
   /* Everything the floors write lives under one temp dir; their mounts live
