@@ -24,14 +24,15 @@
 enum wr_msg
 {
   /* agent -> daemon, stream 0, sent once per connection:
-   * {"version":1,"agent":"warren-agent","pid":N} */
+   * {"version":1,"agent":"warren-agent","pid":N,"resolver":"openat2|walk"} */
   WR_MSG_HELLO = 1,
   /* daemon -> agent: start a process. JSON:
    *   {"cmd":["argv0",...]} or {"shell":"string run by /bin/sh -c"},
-   *   "env":["K=V",...], "cwd":"/dir", "timeout_ms":N (0 = none),
+   *   "env":["K=V",...] (or {"K":"V"}), "cwd":"/dir", "timeout_ms":N (0 = none),
    *   "stdout_cap":N, "stderr_cap":N (bytes forwarded; rest drained),
    *   "stdin":bool (true: STDIN frames follow, else /dev/null),
-   *   "tty":bool (stdout+stderr on one pty; STDERR frames never sent)
+   *   "tty":bool (stdout+stderr on one pty; STDERR frames never sent),
+   *   "rows":N, "cols":N (pty window size, default 24x80)
    * answered by STDOUT/STDERR frames, then exactly one EXIT or ERROR. */
   WR_MSG_EXEC = 2,
   /* daemon -> agent: bytes for the process's stdin; empty payload = EOF */
@@ -43,21 +44,22 @@ enum wr_msg
   WR_MSG_STDOUT = 5,
   WR_MSG_STDERR = 6,
   /* agent -> daemon: the exec finished. JSON:
-   *   {"exit_code":N, "signal":N (0 if none), "timed_out":bool,
+   *   {"exit_code":N (-1 if killed by a signal), "signal":N (0 if none), "timed_out":bool,
    *    "stdout_truncated":bool, "stderr_truncated":bool, "duration_ms":N,
    *    "usage":{"cpu_user_ms":N,"cpu_system_ms":N,"max_rss_kb":N},
    *    "error":"message" (only when the command could not be started;
    *                       exit_code is then 127 or 126) } */
   WR_MSG_EXIT = 7,
   /* daemon -> agent: a file operation. JSON {"op":..., "path":...}:
-   *   read   {"max_bytes":N}         -> DATA frames, then RESULT (stat)
+   *   read   {"max_bytes":N}         -> DATA frames, then RESULT (stat + "truncated")
    *   write  {"mode":N,"append":bool} then DATA frames from the daemon,
    *                                     empty DATA = end -> RESULT {"size":N}
-   *   stat   {}                      -> RESULT stat object
-   *   list   {}                      -> RESULT {"entries":[stat objects with "name"]}
+   *   stat   {}                      -> RESULT stat object (lstat; symlinks add "target")
+   *   list   {}                      -> RESULT {"entries":[stat objects with "name"],"truncated":bool}
    *   mkdir  {"parents":bool,"mode":N} -> RESULT {}
    *   remove {"recursive":bool}      -> RESULT {}
    * stat object: {"name","type":"file|dir|symlink|other","size","mode","mtime","uid","gid"}
+   *   (a non-UTF-8 name is base64 with "name_encoding":"base64")
    * Paths are resolved inside the sandbox root: ".." and symlinks never leave it. */
   WR_MSG_FILE = 8,
   /* file content chunk, either direction; empty payload ends a write */
