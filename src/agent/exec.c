@@ -17,7 +17,7 @@
 #include <sys/stat.h>
 #include <termios.h>
 
-#define container_of(p, type, member) ((type *) ((char *) (p) - offsetof (type, member)))
+#define container_of(p, type, member) ((type *)((char *)(p)-offsetof (type, member)))
 
 #define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #define DEFAULT_CAP (1u << 20)
@@ -51,8 +51,8 @@ struct exec
 static bool output_paused;
 
 /* Signals PID 1 ignores; children get them back at their defaults. */
-static const int ignored_signals[]
-    = { SIGHUP, SIGINT, SIGQUIT, SIGPIPE, SIGALRM, SIGTERM, SIGUSR1, SIGUSR2, SIGTSTP, SIGTTIN, SIGTTOU };
+static const int ignored_signals[] = { SIGHUP,  SIGINT,  SIGQUIT, SIGPIPE, SIGALRM, SIGTERM,
+                                       SIGUSR1, SIGUSR2, SIGTSTP, SIGTTIN, SIGTTOU };
 
 /* ---- output ---- */
 
@@ -74,8 +74,8 @@ out_read (struct out_pipe *o)
     }
   size_t fwd = 0;
   if (o->sent < o->cap)
-    fwd = o->cap - o->sent < (uint64_t) n ? (size_t) (o->cap - o->sent) : (size_t) n;
-  if (fwd < (size_t) n)
+    fwd = o->cap - o->sent < (uint64_t)n ? (size_t)(o->cap - o->sent) : (size_t)n;
+  if (fwd < (size_t)n)
     o->truncated = true;
   if (fwd > 0 && !o->e->r.orphan)
     ag_send (o->e->r.stream, o->type, buf, fwd);
@@ -96,7 +96,7 @@ ag_exec_pause_output (bool pause)
   for (struct ag_req *r = ag.reqs; r; r = r->next)
     if (r->kind == AG_REQ_EXEC)
       {
-        struct exec *e = (struct exec *) r;
+        struct exec *e = (struct exec *)r;
         for (int i = 0; i < 2; i++)
           if (e->out[i].w.fd >= 0)
             ag_watch_set (&e->out[i].w, pause ? 0 : EPOLLIN);
@@ -134,8 +134,8 @@ in_flush (struct exec *e)
           in_close (e); /* EPIPE: the process closed its stdin */
           return;
         }
-      e->in_off += (size_t) n;
-      ag.stdin_bytes -= (size_t) n;
+      e->in_off += (size_t)n;
+      ag.stdin_bytes -= (size_t)n;
     }
   free (e->inbuf);
   e->inbuf = NULL;
@@ -169,7 +169,7 @@ ag_exec_stdin (struct ag_req *r, const uint8_t *data, size_t len)
 {
   if (r->kind != AG_REQ_EXEC)
     return;
-  struct exec *e = (struct exec *) r;
+  struct exec *e = (struct exec *)r;
   if (e->in.fd < 0 || e->in_eof)
     return; /* no stdin pipe, or already closed: discard */
   if (len == 0)
@@ -212,7 +212,7 @@ exec_free (struct exec *e)
 void
 ag_exec_orphan (struct ag_req *r)
 {
-  struct exec *e = (struct exec *) r;
+  struct exec *e = (struct exec *)r;
   r->orphan = true;
   in_close (e); /* nobody can feed it anymore */
 }
@@ -224,14 +224,14 @@ exit_json (int exit_code, int sig, bool timed_out, bool out_trunc, bool err_trun
   json_int_t user = 0, sys = 0, rss = 0;
   if (ru)
     {
-      user = (json_int_t) ru->ru_utime.tv_sec * 1000 + ru->ru_utime.tv_usec / 1000;
-      sys = (json_int_t) ru->ru_stime.tv_sec * 1000 + ru->ru_stime.tv_usec / 1000;
+      user = (json_int_t)ru->ru_utime.tv_sec * 1000 + ru->ru_utime.tv_usec / 1000;
+      sys = (json_int_t)ru->ru_stime.tv_sec * 1000 + ru->ru_stime.tv_usec / 1000;
       rss = ru->ru_maxrss;
     }
-  return json_pack ("{s:i,s:i,s:b,s:b,s:b,s:I,s:{s:I,s:I,s:I}}", "exit_code", exit_code,
-                    "signal", sig, "timed_out", timed_out, "stdout_truncated", out_trunc,
-                    "stderr_truncated", err_trunc, "duration_ms", (json_int_t) duration_ms,
-                    "usage", "cpu_user_ms", user, "cpu_system_ms", sys, "max_rss_kb", rss);
+  return json_pack ("{s:i,s:i,s:b,s:b,s:b,s:I,s:{s:I,s:I,s:I}}", "exit_code", exit_code, "signal",
+                    sig, "timed_out", timed_out, "stdout_truncated", out_trunc, "stderr_truncated",
+                    err_trunc, "duration_ms", (json_int_t)duration_ms, "usage", "cpu_user_ms", user,
+                    "cpu_system_ms", sys, "max_rss_kb", rss);
 }
 
 void
@@ -239,9 +239,9 @@ ag_exec_reaped (pid_t pid, int status, const struct rusage *ru)
 {
   struct exec *e = NULL;
   for (struct ag_req *r = ag.reqs; r; r = r->next)
-    if (r->kind == AG_REQ_EXEC && ((struct exec *) r)->pid == pid)
+    if (r->kind == AG_REQ_EXEC && ((struct exec *)r)->pid == pid)
       {
-        e = (struct exec *) r;
+        e = (struct exec *)r;
         break;
       }
   if (e == NULL)
@@ -256,9 +256,9 @@ ag_exec_reaped (pid_t pid, int status, const struct rusage *ru)
       int code = WIFEXITED (status) ? WEXITSTATUS (status) : -1;
       int sig = WIFSIGNALED (status) ? WTERMSIG (status) : 0;
       uint64_t dur = (wr_now_ns () - e->start_ns) / 1000000;
-      ag_send_json (e->r.stream, WR_MSG_EXIT,
-                    exit_json (code, sig, e->timed_out, e->out[0].truncated,
-                               e->out[1].truncated, dur, ru));
+      ag_send_json (
+          e->r.stream, WR_MSG_EXIT,
+          exit_json (code, sig, e->timed_out, e->out[0].truncated, e->out[1].truncated, dur, ru));
     }
   exec_free (e);
 }
@@ -297,7 +297,7 @@ ag_kill_session (pid_t sid)
             continue;
           if (session == sid && state != 'Z' && state != 'X')
             {
-              kill ((pid_t) pid, SIGKILL);
+              kill ((pid_t)pid, SIGKILL);
               found++;
             }
         }
@@ -314,7 +314,7 @@ ag_exec_timeouts (uint64_t now_ms)
     {
       if (r->kind != AG_REQ_EXEC)
         continue;
-      struct exec *e = (struct exec *) r;
+      struct exec *e = (struct exec *)r;
       if (e->deadline_ms == 0 || e->timed_out)
         continue;
       if (now_ms >= e->deadline_ms)
@@ -325,8 +325,8 @@ ag_exec_timeouts (uint64_t now_ms)
           continue;
         }
       uint64_t left = e->deadline_ms - now_ms;
-      if (next < 0 || left < (uint64_t) next)
-        next = left > INT_MAX ? INT_MAX : (int) left;
+      if (next < 0 || left < (uint64_t)next)
+        next = left > INT_MAX ? INT_MAX : (int)left;
     }
   return next;
 }
@@ -336,13 +336,13 @@ ag_exec_signal (struct ag_req *r, const uint8_t *data, size_t len)
 {
   if (r->kind != AG_REQ_EXEC)
     return;
-  struct exec *e = (struct exec *) r;
-  json_t *j = json_loadb ((const char *) data, len, 0, NULL);
+  struct exec *e = (struct exec *)r;
+  json_t *j = json_loadb ((const char *)data, len, 0, NULL);
   json_t *v = json_object_get (j, "signal");
   /* A bad SIGNAL is ignored: an ERROR would end a stream that is still live. */
   if (json_is_integer (v) && json_integer_value (v) > 0 && json_integer_value (v) < NSIG)
     {
-      int sig = (int) json_integer_value (v);
+      int sig = (int)json_integer_value (v);
       kill (-e->pid, sig);
       if (sig == SIGKILL)
         ag_kill_session (e->pid);
@@ -414,11 +414,11 @@ get_u64 (json_t *body, const char *key, uint64_t def, uint64_t max, uint64_t *re
   if (v == NULL || json_is_null (v))
     *ret = def;
   else if (!json_is_integer (v) || json_integer_value (v) < 0
-           || (uint64_t) json_integer_value (v) > max)
+           || (uint64_t)json_integer_value (v) > max)
     return wr_error (err, EINVAL, WR_E_INVALID, "\"%s\" must be an integer in [0, %llu]", key,
-                     (unsigned long long) max);
+                     (unsigned long long)max);
   else
-    *ret = (uint64_t) json_integer_value (v);
+    *ret = (uint64_t)json_integer_value (v);
   return 0;
 }
 
@@ -449,12 +449,12 @@ parse_spec (json_t *body, struct spec *s, wr_err_t *err)
       size_t i;
       json_t *v;
       json_array_foreach (cmd, i, v)
-        {
-          if (get_json_str (v, "\"cmd\" element", &str, err) < 0)
-            return -EINVAL;
-          if (strv_push (&s->argv, str, strlen (str)) < 0)
-            return wr_error (err, E2BIG, WR_E_INVALID, "\"cmd\" too long");
-        }
+      {
+        if (get_json_str (v, "\"cmd\" element", &str, err) < 0)
+          return -EINVAL;
+        if (strv_push (&s->argv, str, strlen (str)) < 0)
+          return wr_error (err, E2BIG, WR_E_INVALID, "\"cmd\" too long");
+      }
       if (s->argv.v[0][0] == '\0')
         return wr_error (err, EINVAL, WR_E_INVALID, "\"cmd\"[0] is empty");
     }
@@ -480,31 +480,31 @@ parse_spec (json_t *body, struct spec *s, wr_err_t *err)
       size_t i;
       json_t *v;
       json_array_foreach (env, i, v)
-        {
-          if (get_json_str (v, "\"env\" element", &str, err) < 0)
-            return -EINVAL;
-          if (strchr (str, '=') == NULL || str[0] == '=')
-            return wr_error (err, EINVAL, WR_E_INVALID, "\"env\" element \"%s\" is not K=V", str);
-          if (strv_push (&s->env, str, strlen (str)) < 0)
-            return wr_error (err, E2BIG, WR_E_INVALID, "\"env\" too long");
-        }
+      {
+        if (get_json_str (v, "\"env\" element", &str, err) < 0)
+          return -EINVAL;
+        if (strchr (str, '=') == NULL || str[0] == '=')
+          return wr_error (err, EINVAL, WR_E_INVALID, "\"env\" element \"%s\" is not K=V", str);
+        if (strv_push (&s->env, str, strlen (str)) < 0)
+          return wr_error (err, E2BIG, WR_E_INVALID, "\"env\" too long");
+      }
     }
   else if (json_is_object (env))
     {
       const char *k;
       json_t *v;
       json_object_foreach (env, k, v)
-        {
-          if (get_json_str (v, "\"env\" value", &str, err) < 0)
-            return -EINVAL;
-          if (k[0] == '\0' || strchr (k, '='))
-            return wr_error (err, EINVAL, WR_E_INVALID, "bad \"env\" name \"%s\"", k);
-          _cleanup_free_ char *kv = NULL;
-          if (asprintf (&kv, "%s=%s", k, str) < 0)
-            return wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
-          if (strv_push (&s->env, kv, strlen (kv)) < 0)
-            return wr_error (err, E2BIG, WR_E_INVALID, "\"env\" too long");
-        }
+      {
+        if (get_json_str (v, "\"env\" value", &str, err) < 0)
+          return -EINVAL;
+        if (k[0] == '\0' || strchr (k, '='))
+          return wr_error (err, EINVAL, WR_E_INVALID, "bad \"env\" name \"%s\"", k);
+        _cleanup_free_ char *kv = NULL;
+        if (asprintf (&kv, "%s=%s", k, str) < 0)
+          return wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
+        if (strv_push (&s->env, kv, strlen (kv)) < 0)
+          return wr_error (err, E2BIG, WR_E_INVALID, "\"env\" too long");
+      }
     }
   else
     return wr_error (err, EINVAL, WR_E_INVALID, "\"env\" must be an array of \"K=V\" strings");
@@ -526,8 +526,8 @@ parse_spec (json_t *body, struct spec *s, wr_err_t *err)
       || get_flag (body, "stdin", &s->want_stdin, err) < 0
       || get_flag (body, "tty", &s->tty, err) < 0)
     return -EINVAL;
-  s->rows = (unsigned short) rows;
-  s->cols = (unsigned short) cols;
+  s->rows = (unsigned short)rows;
+  s->cols = (unsigned short)cols;
   return 0;
 }
 
@@ -540,8 +540,8 @@ search_path (const char *pathvar, const char *name, int cwdfd, char *ret, size_t
   for (;;)
     {
       const char *end = strchrnul (p, ':');
-      int n = snprintf (ret, retsz, "%.*s%s%s", (int) (end - p), p, end == p ? "" : "/", name);
-      if (n > 0 && (size_t) n < retsz)
+      int n = snprintf (ret, retsz, "%.*s%s%s", (int)(end - p), p, end == p ? "" : "/", name);
+      if (n > 0 && (size_t)n < retsz)
         {
           struct stat st;
           if (fstatat (cwdfd, ret, &st, 0) == 0)
@@ -565,8 +565,8 @@ send_exec_failure (uint32_t stream, int errnum, const char *fmt, ...)
   va_start (ap, fmt);
   int n = vsnprintf (msg, sizeof msg, fmt, ap);
   va_end (ap);
-  if (n >= 0 && (size_t) n < sizeof msg)
-    snprintf (msg + n, sizeof msg - (size_t) n, ": %s", strerror (errnum));
+  if (n >= 0 && (size_t)n < sizeof msg)
+    snprintf (msg + n, sizeof msg - (size_t)n, ": %s", strerror (errnum));
   int code = errnum == ENOENT || errnum == ENOTDIR ? 127 : 126;
   json_t *j = exit_json (code, 0, false, false, false, 0, NULL);
   json_object_set_new (j, "error", ag_json_lossy (msg, strlen (msg)));

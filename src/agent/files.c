@@ -53,10 +53,10 @@ stat_json (const char *name, const struct stat *st)
                      : S_ISDIR (st->st_mode) ? "dir"
                      : S_ISLNK (st->st_mode) ? "symlink"
                                              : "other";
-  json_t *o = json_pack ("{s:s,s:I,s:i,s:I,s:I,s:I}", "type", type, "size",
-                         (json_int_t) st->st_size, "mode", (int) (st->st_mode & 07777), "mtime",
-                         (json_int_t) st->st_mtim.tv_sec, "uid", (json_int_t) st->st_uid, "gid",
-                         (json_int_t) st->st_gid);
+  json_t *o
+      = json_pack ("{s:s,s:I,s:i,s:I,s:I,s:I}", "type", type, "size", (json_int_t)st->st_size,
+                   "mode", (int)(st->st_mode & 07777), "mtime", (json_int_t)st->st_mtim.tv_sec,
+                   "uid", (json_int_t)st->st_uid, "gid", (json_int_t)st->st_gid);
   if (o)
     set_bytes (o, "name", name, strlen (name));
   return o;
@@ -83,10 +83,10 @@ get_uint (json_t *body, const char *key, uint64_t def, uint64_t max, uint64_t *r
       *ret = def;
       return 0;
     }
-  if (!json_is_integer (v) || json_integer_value (v) < 0 || (uint64_t) json_integer_value (v) > max)
+  if (!json_is_integer (v) || json_integer_value (v) < 0 || (uint64_t)json_integer_value (v) > max)
     return wr_error (err, EINVAL, WR_E_INVALID, "\"%s\" must be an integer in [0, %llu]", key,
-                     (unsigned long long) max);
-  *ret = (uint64_t) json_integer_value (v);
+                     (unsigned long long)max);
+  *ret = (uint64_t)json_integer_value (v);
   return 0;
 }
 
@@ -161,7 +161,7 @@ fread_step (struct fread *f)
       fread_free (f);
       return false;
     }
-  size_t want = f->left < sizeof buf ? (size_t) f->left : sizeof buf;
+  size_t want = f->left < sizeof buf ? (size_t)f->left : sizeof buf;
   ssize_t n = 0;
   if (want > 0)
     {
@@ -183,8 +183,8 @@ fread_step (struct fread *f)
     }
   if (n > 0)
     {
-      ag_send (f->r.stream, WR_MSG_DATA, buf, (size_t) n);
-      f->left -= (uint64_t) n;
+      ag_send (f->r.stream, WR_MSG_DATA, buf, (size_t)n);
+      f->left -= (uint64_t)n;
       return true;
     }
   json_object_set_new (f->result, "truncated", json_boolean (f->truncated));
@@ -207,7 +207,7 @@ ag_file_pump (void)
             continue;
           if (ag.outq_bytes >= AG_OUTQ_LOW && !r->orphan)
             return false; /* resumed when the queue drains */
-          if (fread_step ((struct fread *) r))
+          if (fread_step ((struct fread *)r))
             more = true;
         }
       if (!more)
@@ -232,7 +232,8 @@ op_write (uint32_t stream, const char *path, json_t *body, wr_err_t *err)
 {
   uint64_t mode;
   bool append, has_mode = json_object_get (body, "mode") != NULL;
-  if (get_uint (body, "mode", 0644, 07777, &mode, err) < 0 || get_bool (body, "append", &append, err) < 0)
+  if (get_uint (body, "mode", 0644, 07777, &mode, err) < 0
+      || get_bool (body, "append", &append, err) < 0)
     return -EINVAL;
   char base[NAME_MAX + 1];
   _cleanup_close_ int dfd = ag_open_parent_in_root (ag.rootfd, path, base, ag.use_openat2, err);
@@ -240,7 +241,7 @@ op_write (uint32_t stream, const char *path, json_t *body, wr_err_t *err)
     return dfd;
   int flags = O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC
               | (append ? O_APPEND : O_TRUNC);
-  _cleanup_close_ int fd = openat (dfd, base, flags, (mode_t) mode);
+  _cleanup_close_ int fd = openat (dfd, base, flags, (mode_t)mode);
   if (fd < 0)
     {
       if (errno == ELOOP)
@@ -252,7 +253,7 @@ op_write (uint32_t stream, const char *path, json_t *body, wr_err_t *err)
     return wr_sys_error (err, "fstat %s", path);
   if (!S_ISREG (st.st_mode))
     return wr_error (err, EINVAL, WR_E_INVALID, "%s: not a regular file", path);
-  if (has_mode && fchmod (fd, (mode_t) mode) < 0)
+  if (has_mode && fchmod (fd, (mode_t)mode) < 0)
     return wr_error (err, errno, ag_errno_code (errno), "chmod %s", path);
   int fl = fcntl (fd, F_GETFL);
   if (fl >= 0)
@@ -272,7 +273,7 @@ ag_file_data (struct ag_req *r, const uint8_t *data, size_t len)
 {
   if (r->kind != AG_REQ_WRITE)
     return;
-  struct fwrite *f = (struct fwrite *) r;
+  struct fwrite *f = (struct fwrite *)r;
   if (len > 0)
     {
       int w = wr_write_all (f->fd, data, len);
@@ -287,7 +288,7 @@ ag_file_data (struct ag_req *r, const uint8_t *data, size_t len)
   if (fstat (f->fd, &st) < 0)
     ag_send_errorf (r->stream, errno, WR_E_INTERNAL, "fstat");
   else
-    ag_send_json (r->stream, WR_MSG_RESULT, json_pack ("{s:I}", "size", (json_int_t) st.st_size));
+    ag_send_json (r->stream, WR_MSG_RESULT, json_pack ("{s:I}", "size", (json_int_t)st.st_size));
   fwrite_free (f);
 }
 
@@ -296,9 +297,9 @@ ag_file_orphan (struct ag_req *r)
 {
   /* A half-written file stays as it is; a read just stops. */
   if (r->kind == AG_REQ_WRITE)
-    fwrite_free ((struct fwrite *) r);
+    fwrite_free ((struct fwrite *)r);
   else
-    fread_free ((struct fread *) r);
+    fread_free ((struct fread *)r);
 }
 
 /* ---- stat, list, mkdir, remove ---- */
@@ -319,7 +320,7 @@ op_stat (uint32_t stream, const char *path, wr_err_t *err)
       char target[PATH_MAX];
       ssize_t n = readlinkat (fd, "", target, sizeof target);
       if (n >= 0)
-        set_bytes (o, "target", target, (size_t) n);
+        set_bytes (o, "target", target, (size_t)n);
     }
   ag_send_json (stream, WR_MSG_RESULT, o);
   return 0;
@@ -328,7 +329,7 @@ op_stat (uint32_t stream, const char *path, wr_err_t *err)
 static int
 cmp_str (const void *a, const void *b)
 {
-  return strcmp (*(char *const *) a, *(char *const *) b);
+  return strcmp (*(char *const *)a, *(char *const *)b);
 }
 
 struct names
@@ -430,7 +431,8 @@ op_mkdir (uint32_t stream, const char *path, json_t *body, wr_err_t *err)
 {
   uint64_t mode;
   bool parents;
-  if (get_uint (body, "mode", 0755, 07777, &mode, err) < 0 || get_bool (body, "parents", &parents, err) < 0)
+  if (get_uint (body, "mode", 0755, 07777, &mode, err) < 0
+      || get_bool (body, "parents", &parents, err) < 0)
     return -EINVAL;
   if (parents)
     {
@@ -450,12 +452,12 @@ op_mkdir (uint32_t stream, const char *path, json_t *body, wr_err_t *err)
           prefix[i] = '\0';
           const char *b = base_name (prefix);
           if (strcmp (b, ".") != 0 && strcmp (b, "..") != 0
-              && mkdir_one (prefix, (mode_t) mode, true, err) < 0)
+              && mkdir_one (prefix, (mode_t)mode, true, err) < 0)
             return -EINVAL;
           prefix[i] = saved;
         }
     }
-  else if (mkdir_one (path, (mode_t) mode, false, err) < 0)
+  else if (mkdir_one (path, (mode_t)mode, false, err) < 0)
     return -EINVAL;
   ag_send_json (stream, WR_MSG_RESULT, json_object ());
   return 0;

@@ -23,7 +23,6 @@
 #include <sys/uio.h>
 #include <sys/wait.h>
 
-
 #define DEVICE_RETRY_MS 100
 
 struct ag_state ag = { .epfd = -1, .rootfd = -1, .devnull = -1 };
@@ -138,12 +137,16 @@ ag_json_lossy (const char *s, size_t len)
   _cleanup_free_ char *out = malloc (len + 1);
   if (out == NULL)
     return json_string ("?");
-  const unsigned char *u = (const unsigned char *) s;
+  const unsigned char *u = (const unsigned char *)s;
   size_t o = 0;
   for (size_t i = 0; i < len;)
     {
       unsigned c = u[i];
-      size_t k = c < 0x80 ? 0 : c >= 0xc2 && c <= 0xdf ? 1 : c >= 0xe0 && c <= 0xef ? 2 : c >= 0xf0 && c <= 0xf4 ? 3 : 9;
+      size_t k = c < 0x80                 ? 0
+                 : c >= 0xc2 && c <= 0xdf ? 1
+                 : c >= 0xe0 && c <= 0xef ? 2
+                 : c >= 0xf0 && c <= 0xf4 ? 3
+                                          : 9;
       bool ok = k != 9 && i + k < len && c != 0;
       for (size_t j = 1; ok && j <= k; j++)
         ok = (u[i + j] & 0xc0) == 0x80;
@@ -189,11 +192,11 @@ ag_send (uint32_t stream, uint8_t type, const void *payload, size_t len)
   if (len > WR_FRAME_MAX)
     len = WR_FRAME_MAX; /* callers keep JSON below; never a bad frame */
   uint8_t hdr[WR_FRAME_HDR];
-  wr_frame_hdr_encode (hdr, (uint32_t) len, stream, type);
+  wr_frame_hdr_encode (hdr, (uint32_t)len, stream, type);
   size_t total = sizeof hdr + len, done = 0;
   if (conn.oq_head == NULL)
     {
-      struct iovec iov[2] = { { hdr, sizeof hdr }, { (void *) payload, len } };
+      struct iovec iov[2] = { { hdr, sizeof hdr }, { (void *)payload, len } };
       ssize_t n;
       do
         n = writev (conn.w.fd, iov, len ? 2 : 1);
@@ -203,7 +206,7 @@ ag_send (uint32_t stream, uint8_t type, const void *payload, size_t len)
           conn.dead = true;
           return;
         }
-      done = n > 0 ? (size_t) n : 0;
+      done = n > 0 ? (size_t)n : 0;
       if (done == total)
         return;
     }
@@ -218,7 +221,7 @@ ag_send (uint32_t stream, uint8_t type, const void *payload, size_t len)
   b->off = 0;
   size_t hdr_left = done < sizeof hdr ? sizeof hdr - done : 0;
   memcpy (b->data, hdr + (sizeof hdr - hdr_left), hdr_left);
-  memcpy (b->data + hdr_left, (const uint8_t *) payload + (done - (sizeof hdr - hdr_left)),
+  memcpy (b->data + hdr_left, (const uint8_t *)payload + (done - (sizeof hdr - hdr_left)),
           b->len - hdr_left);
   if (conn.oq_tail)
     conn.oq_tail->next = b;
@@ -281,8 +284,8 @@ conn_flush (void)
           conn.dead = true;
           return;
         }
-      b->off += (size_t) n;
-      ag.outq_bytes -= (size_t) n;
+      b->off += (size_t)n;
+      ag.outq_bytes -= (size_t)n;
       if (b->off == b->len)
         {
           conn.oq_head = b->next;
@@ -320,7 +323,7 @@ dispatch (const struct wr_frame *f)
             return;
           }
         json_error_t jerr;
-        json_t *body = json_loadb ((const char *) f->payload, f->len, 0, &jerr);
+        json_t *body = json_loadb ((const char *)f->payload, f->len, 0, &jerr);
         if (!json_is_object (body))
           {
             ag_send_errorf (f->stream, EINVAL, WR_E_INVALID, "%s: malformed JSON: %s",
@@ -370,7 +373,7 @@ conn_read (void)
       conn.dead = true;
       return;
     }
-  conn.in_len += (size_t) n;
+  conn.in_len += (size_t)n;
   size_t off = 0;
   while (!conn.dead)
     {
@@ -384,7 +387,7 @@ conn_read (void)
           return;
         }
       dispatch (&f);
-      off += (size_t) r;
+      off += (size_t)r;
     }
   memmove (conn.in, conn.in + off, conn.in_len - off);
   conn.in_len -= off;
@@ -448,7 +451,7 @@ conn_open (int fd)
   conn_update ();
   ag_send_json (0, WR_MSG_HELLO,
                 json_pack ("{s:i,s:s,s:i,s:s}", "version", WR_PROTO_VERSION, "agent",
-                           "warren-agent", "pid", (int) getpid (), "resolver",
+                           "warren-agent", "pid", (int)getpid (), "resolver",
                            ag.use_openat2 ? "openat2" : "walk"));
 }
 
@@ -502,9 +505,9 @@ parse_fd (const char *s)
 {
   char *end;
   long v = strtol (s, &end, 10);
-  if (*s == '\0' || *end || v < 0 || v > 1 << 20 || fcntl ((int) v, F_GETFD) < 0)
+  if (*s == '\0' || *end || v < 0 || v > 1 << 20 || fcntl ((int)v, F_GETFD) < 0)
     return -1;
-  return (int) v;
+  return (int)v;
 }
 
 static void
@@ -522,7 +525,7 @@ close_range_fallback (unsigned lo, unsigned hi)
   if (syscall (SYS_close_range, lo, hi, 0) == 0)
     return;
   for (unsigned fd = lo; fd <= hi && fd < 4096; fd++)
-    close ((int) fd);
+    close ((int)fd);
 }
 
 /* Close every fd >= 3 but a and b (either may be -1; a <= b). */
@@ -533,11 +536,11 @@ close_fds_except (int a, int b)
   int keep[2] = { a, b };
   for (int i = 0; i < 2; i++)
     {
-      if (keep[i] < (int) lo)
+      if (keep[i] < (int)lo)
         continue;
-      if ((unsigned) keep[i] > lo)
-        close_range_fallback (lo, (unsigned) keep[i] - 1);
-      lo = (unsigned) keep[i] + 1;
+      if ((unsigned)keep[i] > lo)
+        close_range_fallback (lo, (unsigned)keep[i] - 1);
+      lo = (unsigned)keep[i] + 1;
     }
   close_range_fallback (lo, ~0u);
 }
@@ -664,8 +667,7 @@ main (int argc, char **argv)
       if (congested != out_paused)
         ag_exec_pause_output (out_paused = congested);
       bool more = ag_file_pump ();
-      conn.read_paused
-          = ag.outq_bytes > AG_OUTQ_STOP_READ || ag.stdin_bytes > AG_STDIN_STOP_READ;
+      conn.read_paused = ag.outq_bytes > AG_OUTQ_STOP_READ || ag.stdin_bytes > AG_STDIN_STOP_READ;
       conn_update ();
       if (conn.dead)
         continue;
@@ -674,7 +676,7 @@ main (int argc, char **argv)
       if (device_path && conn.w.fd < 0)
         {
           uint64_t now = wr_now_ms ();
-          int wait = device_retry_at > now ? (int) (device_retry_at - now) : 0;
+          int wait = device_retry_at > now ? (int)(device_retry_at - now) : 0;
           if (timeout < 0 || wait < timeout)
             timeout = wait;
         }

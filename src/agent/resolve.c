@@ -20,7 +20,7 @@
 static int
 sys_openat2 (int dirfd, const char *path, struct open_how *how)
 {
-  return (int) syscall (SYS_openat2, dirfd, path, how, sizeof *how);
+  return (int)syscall (SYS_openat2, dirfd, path, how, sizeof *how);
 }
 
 const char *
@@ -116,7 +116,7 @@ walk_open (int rootfd, const char *path, int flags)
       while (*p == '/')
         p++;
       const char *end = strchrnul (p, '/');
-      size_t n = (size_t) (end - p);
+      size_t n = (size_t)(end - p);
       const char *rest = end;
       while (*rest == '/')
         rest++;
@@ -219,7 +219,7 @@ ag_open_in_root (int rootfd, const char *path, int flags, bool use_openat2, wr_e
   if (use_openat2)
     {
       struct open_how how = {
-        .flags = (uint64_t) (flags | O_CLOEXEC),
+        .flags = (uint64_t)(flags | O_CLOEXEC),
         .resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
       };
       int tries = 0;
@@ -237,8 +237,7 @@ ag_open_in_root (int rootfd, const char *path, int flags, bool use_openat2, wr_e
 }
 
 int
-ag_open_parent_in_root (int rootfd, const char *path, char *base, bool use_openat2,
-                        wr_err_t *err)
+ag_open_parent_in_root (int rootfd, const char *path, char *base, bool use_openat2, wr_err_t *err)
 {
   size_t len = strlen (path);
   while (len > 1 && path[len - 1] == '/')
@@ -254,8 +253,7 @@ ag_open_parent_in_root (int rootfd, const char *path, char *base, bool use_opena
   memcpy (base, path + slash, bl);
   base[bl] = '\0';
   if (strcmp (base, ".") == 0 || strcmp (base, "..") == 0)
-    return wr_error (err, EINVAL, WR_E_INVALID, "%s: last component may not be \"%s\"", path,
-                     base);
+    return wr_error (err, EINVAL, WR_E_INVALID, "%s: last component may not be \"%s\"", path, base);
   _cleanup_free_ char *parent = strndup (path, slash ? slash : 1);
   if (parent == NULL)
     return wr_error (err, ENOMEM, WR_E_INTERNAL, "strndup");

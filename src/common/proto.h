@@ -55,7 +55,8 @@ enum wr_msg
    *   write  {"mode":N,"append":bool} then DATA frames from the daemon,
    *                                     empty DATA = end -> RESULT {"size":N}
    *   stat   {}                      -> RESULT stat object (lstat; symlinks add "target")
-   *   list   {}                      -> RESULT {"entries":[stat objects with "name"],"truncated":bool}
+   *   list   {}                      -> RESULT {"entries":[stat objects with "name"],
+   *                                             "truncated":bool}
    *   mkdir  {"parents":bool,"mode":N} -> RESULT {}
    *   remove {"recursive":bool}      -> RESULT {}
    * stat object: {"name","type":"file|dir|symlink|other","size","mode","mtime","uid","gid"}

@@ -45,13 +45,13 @@ now_ms (void)
 {
   struct timespec ts;
   clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (uint64_t) ts.tv_sec * 1000 + (uint64_t) ts.tv_nsec / 1000000;
+  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
 static void
 msleep (int ms)
 {
-  struct timespec ts = { ms / 1000, (long) (ms % 1000) * 1000000 };
+  struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000 };
   nanosleep (&ts, NULL);
 }
 
@@ -97,7 +97,7 @@ agent_start (const char *root, bool no_openat2, int listen_fd, bool with_conn)
       if (no_openat2)
         args[n++] = "--no-openat2";
       args[n] = NULL;
-      execv (agent_bin, (char **) args);
+      execv (agent_bin, (char **)args);
       _exit (127);
     }
   if (with_conn)
@@ -129,18 +129,18 @@ read_full (int fd, void *buf, size_t len, uint64_t deadline)
   size_t got = 0;
   while (got < len)
     {
-      int64_t left = (int64_t) (deadline - now_ms ());
+      int64_t left = (int64_t)(deadline - now_ms ());
       if (left <= 0)
         return -1;
       struct pollfd p = { fd, POLLIN, 0 };
-      if (poll (&p, 1, (int) left) <= 0)
+      if (poll (&p, 1, (int)left) <= 0)
         continue;
-      ssize_t n = read (fd, (char *) buf + got, len - got);
+      ssize_t n = read (fd, (char *)buf + got, len - got);
       if (n < 0 && errno == EINTR)
         continue;
       if (n <= 0)
         return 0;
-      got += (size_t) n;
+      got += (size_t)n;
     }
   return 1;
 }
@@ -150,12 +150,12 @@ static int
 recv_frame (int fd, struct frame *f, int timeout_ms)
 {
   uint8_t hdr[WR_FRAME_HDR];
-  uint64_t deadline = now_ms () + (uint64_t) timeout_ms;
+  uint64_t deadline = now_ms () + (uint64_t)timeout_ms;
   int r = read_full (fd, hdr, sizeof hdr, deadline);
   if (r <= 0)
     return r;
-  f->len = hdr[0] | hdr[1] << 8 | hdr[2] << 16 | (uint32_t) hdr[3] << 24;
-  f->stream = hdr[4] | hdr[5] << 8 | hdr[6] << 16 | (uint32_t) hdr[7] << 24;
+  f->len = hdr[0] | hdr[1] << 8 | hdr[2] << 16 | (uint32_t)hdr[3] << 24;
+  f->stream = hdr[4] | hdr[5] << 8 | hdr[6] << 16 | (uint32_t)hdr[7] << 24;
   f->type = hdr[8];
   if (f->len > WR_FRAME_MAX)
     return -1;
@@ -173,7 +173,7 @@ recv_frame (int fd, struct frame *f, int timeout_ms)
 static void
 send_json (int fd, uint32_t stream, uint8_t type, const char *json)
 {
-  wr_frame_write (fd, stream, type, json, (uint32_t) strlen (json));
+  wr_frame_write (fd, stream, type, json, (uint32_t)strlen (json));
 }
 
 static uint32_t next_stream = 1;
@@ -211,7 +211,7 @@ append (char **buf, size_t *len, const char *d, size_t n)
 static int
 collect (int fd, uint32_t stream, struct result *r, int timeout_ms)
 {
-  uint64_t deadline = now_ms () + (uint64_t) timeout_ms;
+  uint64_t deadline = now_ms () + (uint64_t)timeout_ms;
   if (!r->out)
     append (&r->out, &r->out_len, "", 0);
   if (!r->err)
@@ -219,8 +219,8 @@ collect (int fd, uint32_t stream, struct result *r, int timeout_ms)
   for (;;)
     {
       struct frame f;
-      int64_t left = (int64_t) (deadline - now_ms ());
-      if (left <= 0 || recv_frame (fd, &f, (int) left) <= 0)
+      int64_t left = (int64_t)(deadline - now_ms ());
+      if (left <= 0 || recv_frame (fd, &f, (int)left) <= 0)
         return -1;
       if (f.stream != stream)
         {
@@ -279,7 +279,7 @@ jtrue (json_t *o, const char *key)
 static bool
 ping (struct agent *a, const char *payload)
 {
-  wr_frame_write (a->fd, 0, WR_MSG_PING, payload, (uint32_t) strlen (payload));
+  wr_frame_write (a->fd, 0, WR_MSG_PING, payload, (uint32_t)strlen (payload));
   struct frame f;
   for (;;)
     {
@@ -296,7 +296,7 @@ static long
 proc_status_kb (pid_t pid, const char *key)
 {
   char path[64], line[256];
-  snprintf (path, sizeof path, "/proc/%d/status", (int) pid);
+  snprintf (path, sizeof path, "/proc/%d/status", (int)pid);
   FILE *fp = fopen (path, "re");
   long v = -1;
   size_t kl = strlen (key);
@@ -311,11 +311,11 @@ proc_status_kb (pid_t pid, const char *key)
 static bool
 pid_gone (pid_t pid, int wait_ms)
 {
-  uint64_t end = now_ms () + (uint64_t) wait_ms;
+  uint64_t end = now_ms () + (uint64_t)wait_ms;
   do
     {
       char path[64], buf[512];
-      snprintf (path, sizeof path, "/proc/%d/stat", (int) pid);
+      snprintf (path, sizeof path, "/proc/%d/stat", (int)pid);
       int fd = open (path, O_RDONLY);
       if (fd < 0)
         return true;
@@ -382,9 +382,11 @@ test_exec_basic (struct agent *a)
   result_free (&r);
 
   run (a, "{\"cmd\":[\"/usr/bin/env\"]}", &r, 5000);
-  check (r.exit && strstr (r.out, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n")
-             && strstr (r.out, "HOME=/root\n") && strstr (r.out, "TERM=xterm\n"),
-         "default env");
+  check (
+      r.exit
+          && strstr (r.out, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n")
+          && strstr (r.out, "HOME=/root\n") && strstr (r.out, "TERM=xterm\n"),
+      "default env");
   result_free (&r);
 
   run (a, "{\"shell\":\"pwd\",\"cwd\":\"/tmp\"}", &r, 5000);
@@ -467,7 +469,8 @@ test_exec_errors (struct agent *a)
   uint32_t s = next_stream++;
   send_json (a->fd, s, WR_MSG_FILE, "{\"op\":\"frobnicate\",\"path\":\"/\"}");
   collect (a->fd, s, &r, 5000);
-  check (r.error && strcmp (jstr (r.error, "code"), "invalid_argument") == 0, "unknown op -> ERROR");
+  check (r.error && strcmp (jstr (r.error, "code"), "invalid_argument") == 0,
+         "unknown op -> ERROR");
   result_free (&r);
 
   /* duplicate stream id of a live request */
@@ -476,7 +479,8 @@ test_exec_errors (struct agent *a)
   send_json (a->fd, s, WR_MSG_EXEC, "{\"cmd\":[\"/bin/true\"]}");
   memset (&r, 0, sizeof r);
   collect (a->fd, s, &r, 5000);
-  check (r.error && strcmp (jstr (r.error, "code"), "conflict") == 0, "duplicate stream -> conflict");
+  check (r.error && strcmp (jstr (r.error, "code"), "conflict") == 0,
+         "duplicate stream -> conflict");
   result_free (&r);
   collect (a->fd, s, &r, 5000);
   check (r.exit && jint (r.exit, "exit_code") == 0, "the original request still completes");
@@ -536,13 +540,13 @@ test_timeout_tree (struct agent *a)
   check (r.exit && jtrue (r.exit, "timed_out") && jint (r.exit, "signal") == 9
              && jint (r.exit, "exit_code") == -1,
          "timeout: timed_out, signal 9, exit -1");
-  check (took >= 650 && took < 5000, "timeout fired on time (%llu ms)", (unsigned long long) took);
+  check (took >= 650 && took < 5000, "timeout fired on time (%llu ms)", (unsigned long long)took);
   pid_t bg = 0, other = 0;
   if (r.out)
     sscanf (r.out, "%d %d", &bg, &other);
-  check (bg > 0 && pid_gone (bg, 2000), "background sleep %d killed", (int) bg);
+  check (bg > 0 && pid_gone (bg, 2000), "background sleep %d killed", (int)bg);
   check (other > 0 && pid_gone (other, 2000), "process in another pgrp of the session %d killed",
-         (int) other);
+         (int)other);
   result_free (&r);
 }
 
@@ -612,10 +616,10 @@ test_concurrent (struct agent *a)
       if (f.type == WR_MSG_STDOUT)
         strncat (f.stream == s1 ? out1 : out2, f.data, 30);
       if (f.type == WR_MSG_EXIT)
-        order[n++] = (int) f.stream;
+        order[n++] = (int)f.stream;
       free (f.data);
     }
-  check (n == 2 && order[0] == (int) s2 && order[1] == (int) s1,
+  check (n == 2 && order[0] == (int)s2 && order[1] == (int)s1,
          "concurrent execs: the fast one finishes first");
   check (strcmp (out1, "slow\n") == 0 && strcmp (out2, "fast\n") == 0,
          "output frames carry the right stream ids");
@@ -628,8 +632,9 @@ test_background_no_wait (struct agent *a)
   uint64_t t0 = now_ms ();
   run (a, "{\"shell\":\"sleep 3 & echo $!\"}", &r, 5000);
   uint64_t took = now_ms () - t0;
-  check (r.exit && took < 1500, "EXIT does not wait for a background child holding the pipe (%llu ms)",
-         (unsigned long long) took);
+  check (r.exit && took < 1500,
+         "EXIT does not wait for a background child holding the pipe (%llu ms)",
+         (unsigned long long)took);
   pid_t bg = r.out ? atoi (r.out) : 0;
   result_free (&r);
   if (bg > 0)
@@ -673,11 +678,11 @@ test_pid1_duties (struct agent *a)
   msleep (100);
   check (ping (a, "alive"), "SIGTERM/SIGINT/SIGHUP are ignored");
   char path[64];
-  snprintf (path, sizeof path, "/proc/%d/status", (int) a->pid);
+  snprintf (path, sizeof path, "/proc/%d/status", (int)a->pid);
   struct stat st;
   /* not dumpable: /proc/PID files become root-owned; we are root, so check
    * the flag via prctl-visible effect: the agent's fds are not inherited */
-  (void) st;
+  (void)st;
   struct result r;
   run (a, "{\"shell\":\"ls /proc/self/fd | wc -l\"}", &r, 5000);
   /* 0,1,2 and the directory ls reads: the agent's sockets must not leak */
@@ -715,7 +720,7 @@ file_op (struct agent *a, const char *json, const void *wdata, size_t wlen)
       while (off < wlen)
         {
           size_t n = wlen - off > 300000 ? 300000 : wlen - off;
-          wr_frame_write (a->fd, s, WR_MSG_DATA, (const char *) wdata + off, (uint32_t) n);
+          wr_frame_write (a->fd, s, WR_MSG_DATA, (const char *)wdata + off, (uint32_t)n);
           off += n;
         }
       wr_frame_write (a->fd, s, WR_MSG_DATA, "", 0);
@@ -803,9 +808,9 @@ test_files (struct agent *a, const char *root, const char *outside, const char *
   size_t big = 3 * 1000 * 1000 + 17;
   char *bd = malloc (big);
   for (size_t i = 0; i < big; i++)
-    bd[i] = (char) (i * 7 + i / 1000);
+    bd[i] = (char)(i * 7 + i / 1000);
   f = file_op (a, "{\"op\":\"write\",\"path\":\"/big.bin\"}", bd, big);
-  check (f.result && (size_t) jint (f.result, "size") == big, "[%s] 3 MB write", mode);
+  check (f.result && (size_t)jint (f.result, "size") == big, "[%s] 3 MB write", mode);
   fres_free (&f);
   f = fop (a, "{\"op\":\"read\",\"path\":\"/big.bin\"}");
   check (f.result && f.len == big && memcmp (f.data, bd, big) == 0, "[%s] 3 MB read back intact",
@@ -843,10 +848,10 @@ test_files (struct agent *a, const char *root, const char *outside, const char *
   size_t i;
   json_t *e;
   json_array_foreach (ents, i, e)
-    {
-      saw_a |= strcmp (jstr (e, "name"), "a.txt") == 0 && jint (e, "size") == 11;
-      saw_d |= strcmp (jstr (e, "name"), "d1") == 0 && strcmp (jstr (e, "type"), "dir") == 0;
-    }
+  {
+    saw_a |= strcmp (jstr (e, "name"), "a.txt") == 0 && jint (e, "size") == 11;
+    saw_d |= strcmp (jstr (e, "name"), "d1") == 0 && strcmp (jstr (e, "type"), "dir") == 0;
+  }
   check (saw_a && saw_d, "[%s] list", mode);
   fres_free (&f);
 
@@ -979,12 +984,12 @@ test_files (struct agent *a, const char *root, const char *outside, const char *
 static int
 unix_listen (char *path, size_t sz)
 {
-  snprintf (path, sz, "/tmp/wr-agent-test-%d.sock", (int) getpid ());
+  snprintf (path, sz, "/tmp/wr-agent-test-%d.sock", (int)getpid ());
   unlink (path);
   int fd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   struct sockaddr_un sa = { .sun_family = AF_UNIX };
   snprintf (sa.sun_path, sizeof sa.sun_path, "%s", path);
-  if (bind (fd, (struct sockaddr *) &sa, sizeof sa) < 0 || listen (fd, 4) < 0)
+  if (bind (fd, (struct sockaddr *)&sa, sizeof sa) < 0 || listen (fd, 4) < 0)
     abort ();
   return fd;
 }
@@ -995,7 +1000,7 @@ unix_connect (const char *path)
   int fd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   struct sockaddr_un sa = { .sun_family = AF_UNIX };
   snprintf (sa.sun_path, sizeof sa.sun_path, "%s", path);
-  if (connect (fd, (struct sockaddr *) &sa, sizeof sa) < 0)
+  if (connect (fd, (struct sockaddr *)&sa, sizeof sa) < 0)
     abort ();
   return fd;
 }
