@@ -22,7 +22,8 @@
 #define BENCH_MAX_CONCURRENCY 256
 #define BENCH_REQUEST_TIMEOUT_MS 30000
 
-struct bench_opts {
+struct bench_opts
+{
   size_t count;       /* warren iterations */
   size_t floor_count; /* bare container and posix_spawn iterations */
   size_t alt_count;   /* crun and bwrap iterations (slow) */
@@ -34,7 +35,8 @@ struct bench_opts {
   bool pool, no_floor, no_alt, check, quiet;
 };
 
-struct floors {
+struct floors
+{
   json_t *floor, *floor_fork, *spawn, *crun, *bwrap; /* report entries */
   wr_bench_stats_t floor_s, spawn_s, crun_s, bwrap_s;
   bool floor_ok, spawn_ok, crun_ok, bwrap_ok;
@@ -64,7 +66,7 @@ static json_t *
 warren_error_entry (const warren_error_t *e, size_t completed)
 {
   return json_pack ("{s:s, s:s, s:I}", "error", e->message, "code", e->code, "completed",
-                    (json_int_t) completed);
+                    (json_int_t)completed);
 }
 
 /* ---- floors ------------------------------------------------------------ */
@@ -73,8 +75,8 @@ typedef int (*floor_fn) (const char *rootfs, const char *scratch, const char *wo
                          wr_bench_sample_t *s, wr_err_t *err);
 
 static int
-run_container (const char *rootfs, const char *scratch, const char *workdir,
-               wr_bench_sample_t *s, wr_err_t *err)
+run_container (const char *rootfs, const char *scratch, const char *workdir, wr_bench_sample_t *s,
+               wr_err_t *err)
 {
   return wr_bench_floor_container (rootfs, scratch, s, err);
 }
@@ -224,13 +226,14 @@ host_entry (warren_client_t *c)
   struct utsname u;
   uname (&u);
   return json_pack ("{s:s, s:s, s:I, s:s}", "kernel", u.release, "machine", u.machine, "cpus",
-                    (json_int_t) sysconf (_SC_NPROCESSORS_ONLN), "warren_host",
+                    (json_int_t)sysconf (_SC_NPROCESSORS_ONLN), "warren_host",
                     c ? warren_client_host (c) : "");
 }
 
 /* ---- warren: sustained create + destroy, burst claims ------------------- */
 
-struct worker_shared {
+struct worker_shared
+{
   const char *host;
   json_t *req;
   size_t total;
@@ -301,16 +304,16 @@ create_worker (void *p)
               record_failure (sh, &e);
               break;
             }
-          sh->lat[i] = (double) (t2 - t0) / 1e6;
-          sh->lat_destroy[i] = (double) (t2 - t1) / 1e6;
+          sh->lat[i] = (double)(t2 - t0) / 1e6;
+          sh->lat_destroy[i] = (double)(t2 - t1) / 1e6;
         }
       else
         {
           sh->ids[i] = strdup (id);
           json_decref (sb);
-          sh->lat[i] = (double) (t1 - t0) / 1e6;
+          sh->lat[i] = (double)(t1 - t0) / 1e6;
         }
-      sh->lat_create[i] = (double) (t1 - t0) / 1e6;
+      sh->lat_create[i] = (double)(t1 - t0) / 1e6;
       atomic_fetch_add (&sh->done, 1);
     }
   warren_client_free (c);
@@ -339,7 +342,7 @@ run_workers (struct worker_shared *sh, unsigned concurrency)
     }
   for (unsigned i = 0; i < started; i++)
     pthread_join (th[i], NULL);
-  double wall = (double) (wr_now_ns () - t0) / 1e9;
+  double wall = (double)(wr_now_ns () - t0) / 1e9;
   return atomic_load (&sh->failed) ? -1 : wall;
 }
 
@@ -419,7 +422,7 @@ pool_fill (warren_client_t *c, const char *image, unsigned size, long long want,
       long long sz, ready;
       if (pool_status (c, image, &sz, &ready, e) < 0)
         return -1;
-      double waited = (double) (wr_now_ns () - t0) / 1e9;
+      double waited = (double)(wr_now_ns () - t0) / 1e9;
       if (ready >= want)
         return waited;
       if (waited > timeout_s)
@@ -492,8 +495,8 @@ bench_warren_create (warren_client_t *c, const struct bench_opts *o, wr_bench_st
       goto restore;
     }
   progress ("warren: %zu create+destroy, concurrency %u", o->count, o->concurrency);
-  struct worker_shared sh = { .host = warren_client_host (c), .req = req, .total = o->count,
-                              .destroy = true };
+  struct worker_shared sh
+      = { .host = warren_client_host (c), .req = req, .total = o->count, .destroy = true };
   pthread_mutex_init (&sh.mu, NULL);
   sh.lat = calloc (o->count, sizeof (double));
   sh.lat_create = calloc (o->count, sizeof (double));
@@ -509,11 +512,10 @@ bench_warren_create (warren_client_t *c, const struct bench_opts *o, wr_bench_st
         {
           wr_bench_stats_compute (sh.lat, o->count, wall, o->concurrency, ret_stats);
           out = wr_bench_stats_json (ret_stats);
-          json_object_set_new (out, "create_p50_ms",
-                               json_real (p50_of (sh.lat_create, o->count)));
+          json_object_set_new (out, "create_p50_ms", json_real (p50_of (sh.lat_create, o->count)));
           json_object_set_new (out, "destroy_p50_ms",
                                json_real (p50_of (sh.lat_destroy, o->count)));
-          json_object_set_new (out, "pooled", json_integer ((json_int_t) atomic_load (&sh.pooled)));
+          json_object_set_new (out, "pooled", json_integer ((json_int_t)atomic_load (&sh.pooled)));
           if (fill_s >= 0)
             json_object_set_new (out, "pool_fill_s", json_real (round (fill_s * 1000) / 1000));
           *ret_ok = true;
@@ -527,7 +529,7 @@ restore:
   json_decref (req);
   if (o->pool && image)
     {
-      json_t *r = warren_pool_set (c, image, (unsigned) prev_size, NULL);
+      json_t *r = warren_pool_set (c, image, (unsigned)prev_size, NULL);
       json_decref (r);
     }
   return out;
@@ -549,7 +551,7 @@ bench_warren_burst (warren_client_t *c, const struct bench_opts *o, int *missed,
   json_t *req = NULL;
   struct worker_shared sh = { .host = warren_client_host (c), .total = n, .destroy = false };
   pthread_mutex_init (&sh.mu, NULL);
-  double fill_s = pool_fill (c, image, (unsigned) n, (long long) n, o->pool_timeout_s, &e);
+  double fill_s = pool_fill (c, image, (unsigned)n, (long long)n, o->pool_timeout_s, &e);
   if (fill_s < 0)
     {
       out = warren_error_entry (&e, 0);
@@ -576,11 +578,11 @@ bench_warren_burst (warren_client_t *c, const struct bench_opts *o, int *missed,
       out = wr_bench_stats_json (&s);
       size_t pooled = atomic_load (&sh.pooled);
       json_object_set_new (out, "total_ms", json_real (round (wall * 1e6) / 1000.0));
-      json_object_set_new (out, "pooled", json_integer ((json_int_t) pooled));
+      json_object_set_new (out, "pooled", json_integer ((json_int_t)pooled));
       json_object_set_new (out, "pool_fill_s", json_real (round (fill_s * 1000) / 1000));
       json_t *t = json_object ();
       /* 500 in <= 1 s, scaled to the burst size asked for. */
-      double budget_ms = (double) n * 2.0;
+      double budget_ms = (double)n * 2.0;
       bool fast = wall * 1000.0 <= budget_ms;
       bool p50 = s.p50_ms <= 2.0;
       json_object_set_new (t, "burst_rate>=500/s", json_boolean (fast));
@@ -592,7 +594,7 @@ bench_warren_burst (warren_client_t *c, const struct bench_opts *o, int *missed,
 restore:
   json_decref (req);
   /* Shrink the pool first so destroying the claims does not race a refill. */
-  json_decref (warren_pool_set (c, image, (unsigned) prev_size, NULL));
+  json_decref (warren_pool_set (c, image, (unsigned)prev_size, NULL));
   if (sh.ids)
     {
       uint64_t t0 = wr_now_ns ();
@@ -605,10 +607,10 @@ restore:
             free (sh.ids[i]);
           }
       if (out && destroyed > 0 && json_is_object (out) && !json_object_get (out, "error"))
-        json_object_set_new (out, "destroy_rate_per_s",
-                             json_real (round ((double) destroyed
-                                               / ((double) (wr_now_ns () - t0) / 1e9) * 1000)
-                                        / 1000));
+        json_object_set_new (
+            out, "destroy_rate_per_s",
+            json_real (round ((double)destroyed / ((double)(wr_now_ns () - t0) / 1e9) * 1000)
+                       / 1000));
     }
   free (sh.ids);
   free (sh.lat);
@@ -668,11 +670,11 @@ bench_warren_exec (warren_client_t *c, const struct bench_opts *o, wr_bench_stat
         }
       if (i >= BENCH_WARMUP)
         {
-          lat[i - BENCH_WARMUP] = (double) (t1 - t0) / 1e6;
+          lat[i - BENCH_WARMUP] = (double)(t1 - t0) / 1e6;
           done++;
         }
     }
-  wr_bench_stats_compute (lat, o->count, (double) (wr_now_ns () - start) / 1e9, 1, ret_stats);
+  wr_bench_stats_compute (lat, o->count, (double)(wr_now_ns () - start) / 1e9, 1, ret_stats);
   out = wr_bench_stats_json (ret_stats);
   *ret_ok = true;
 out:
@@ -703,8 +705,8 @@ report_floor (warren_client_t *c, const struct floors *f, int *missed)
 }
 
 static json_t *
-report_create (warren_client_t *c, const struct bench_opts *o, const struct floors *f,
-               int *missed, bool *failed)
+report_create (warren_client_t *c, const struct bench_opts *o, const struct floors *f, int *missed,
+               bool *failed)
 {
   wr_bench_stats_t w;
   bool ok;
@@ -728,8 +730,8 @@ report_create (warren_client_t *c, const struct bench_opts *o, const struct floo
 }
 
 static json_t *
-report_burst (warren_client_t *c, const struct bench_opts *o, const struct floors *f,
-              int *missed, bool *failed)
+report_burst (warren_client_t *c, const struct bench_opts *o, const struct floors *f, int *missed,
+              bool *failed)
 {
   json_t *targets = NULL;
   json_t *r = json_pack ("{s:s}", "benchmark", "burst");
@@ -743,22 +745,21 @@ report_burst (warren_client_t *c, const struct bench_opts *o, const struct floor
   json_object_set_new (r, "warren", w);
   add_floors (r, f);
   json_t *wrate = json_object_get (w, "rate_per_s");
-  json_object_set_new (
-      r, "ratios",
-      json_pack ("{s:o, s:o}", "warren_vs_floor_rate",
-                 ratio (json_is_number (wrate), json_number_value (wrate), f->floor_ok,
-                        f->floor_s.rate_per_s),
-                 "warren_vs_crun_rate",
-                 ratio (json_is_number (wrate), json_number_value (wrate), f->crun_ok,
-                        f->crun_s.rate_per_s)));
+  json_object_set_new (r, "ratios",
+                       json_pack ("{s:o, s:o}", "warren_vs_floor_rate",
+                                  ratio (json_is_number (wrate), json_number_value (wrate),
+                                         f->floor_ok, f->floor_s.rate_per_s),
+                                  "warren_vs_crun_rate",
+                                  ratio (json_is_number (wrate), json_number_value (wrate),
+                                         f->crun_ok, f->crun_s.rate_per_s)));
   json_object_set_new (r, "targets", targets);
   json_object_set_new (r, "host", host_entry (c));
   return r;
 }
 
 static json_t *
-report_exec (warren_client_t *c, const struct bench_opts *o, const struct floors *f,
-             int *missed, bool *failed)
+report_exec (warren_client_t *c, const struct bench_opts *o, const struct floors *f, int *missed,
+             bool *failed)
 {
   wr_bench_stats_t w;
   bool ok;
@@ -768,9 +769,9 @@ report_exec (warren_client_t *c, const struct bench_opts *o, const struct floors
   add_floors (r, f);
   json_t *p50 = ratio (ok, w.p50_ms, f->spawn_ok, f->spawn_s.p50_ms);
   json_t *mean = ratio (ok, w.mean_ms, f->spawn_ok, f->spawn_s.mean_ms);
-  json_object_set_new (r, "targets",
-                       json_pack ("{s:o}", "exec_p50_vs_spawn_p50<=1.5",
-                                  verdict (p50, false, 1.5, missed)));
+  json_object_set_new (
+      r, "targets",
+      json_pack ("{s:o}", "exec_p50_vs_spawn_p50<=1.5", verdict (p50, false, 1.5, missed)));
   json_object_set_new (r, "ratios",
                        json_pack ("{s:o, s:o}", "warren_vs_spawn_p50_latency", p50,
                                   "warren_vs_spawn_mean_latency", mean));
@@ -808,7 +809,7 @@ parse_size (const char *s, size_t max, size_t *ret)
   unsigned long long v = strtoull (s, &end, 10);
   if (errno || end == s || *end || s[0] == '-' || v > max)
     return -1;
-  *ret = (size_t) v;
+  *ret = (size_t)v;
   return 0;
 }
 
@@ -846,7 +847,7 @@ parse_opts (int argc, char **argv, struct bench_opts *o, bool *explicit_conc)
       case 'c':
         if (parse_size (optarg, BENCH_MAX_CONCURRENCY, &v) < 0 || v == 0)
           goto bad;
-        o->concurrency = (unsigned) v;
+        o->concurrency = (unsigned)v;
         *explicit_conc = true;
         break;
       case 'i':
@@ -873,7 +874,7 @@ parse_opts (int argc, char **argv, struct bench_opts *o, bool *explicit_conc)
       case 't':
         if (parse_size (optarg, 86400, &v) < 0)
           goto bad;
-        o->pool_timeout_s = (int) v;
+        o->pool_timeout_s = (int)v;
         break;
       case 'F':
         o->no_floor = true;
@@ -952,8 +953,9 @@ wr_cli_bench (warren_client_t *c, int argc, char **argv)
       usage (stderr);
       return 2;
     }
-  struct bench_opts o = { .count = 200, .floor_count = 200, .alt_count = 100, .concurrency = 4,
-                          .pool_timeout_s = 120 };
+  struct bench_opts o = {
+    .count = 200, .floor_count = 200, .alt_count = 100, .concurrency = 4, .pool_timeout_s = 120
+  };
   bool explicit_conc = false;
   int pr = parse_opts (argc, argv, &o, &explicit_conc);
   if (pr != 0)

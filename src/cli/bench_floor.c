@@ -1,6 +1,7 @@
 /* Reference measurements for `warren bench` (see bench_floor.h). */
 #include "cli/bench_floor.h"
 
+#include <assert.h>
 #include <elf.h>
 #include <fcntl.h>
 #include <math.h>
@@ -27,7 +28,7 @@ extern char **environ;
 static int
 cmp_double (const void *a, const void *b)
 {
-  double x = *(const double *) a, y = *(const double *) b;
+  double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
 }
 
@@ -37,7 +38,7 @@ percentile (const double *sorted, size_t n, double p)
 {
   if (n == 0)
     return 0;
-  size_t rank = (size_t) ceil (p / 100.0 * (double) n);
+  size_t rank = (size_t)ceil (p / 100.0 * (double)n);
   if (rank < 1)
     rank = 1;
   if (rank > n)
@@ -59,13 +60,13 @@ wr_bench_stats_compute (double *lat_ms, size_t n, double wall_s, unsigned concur
   double sum = 0;
   for (size_t i = 0; i < n; i++)
     sum += lat_ms[i];
-  ret->mean_ms = sum / (double) n;
+  ret->mean_ms = sum / (double)n;
   ret->min_ms = lat_ms[0];
   ret->max_ms = lat_ms[n - 1];
   ret->p50_ms = percentile (lat_ms, n, 50);
   ret->p90_ms = percentile (lat_ms, n, 90);
   ret->p99_ms = percentile (lat_ms, n, 99);
-  ret->rate_per_s = wall_s > 0 ? (double) n / wall_s : 0;
+  ret->rate_per_s = wall_s > 0 ? (double)n / wall_s : 0;
 }
 
 static double
@@ -78,11 +79,22 @@ json_t *
 wr_bench_stats_json (const wr_bench_stats_t *s)
 {
   return json_pack ("{s:I, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "count",
-                    (json_int_t) s->count, "concurrency", (int) s->concurrency, "rate_per_s",
+                    (json_int_t)s->count, "concurrency", (int)s->concurrency, "rate_per_s",
                     round3 (s->rate_per_s), "p50_ms", round3 (s->p50_ms), "p90_ms",
                     round3 (s->p90_ms), "p99_ms", round3 (s->p99_ms), "mean_ms",
-                    round3 (s->mean_ms), "min_ms", round3 (s->min_ms), "max_ms",
-                    round3 (s->max_ms), "wall_s", round3 (s->wall_s));
+                    round3 (s->mean_ms), "min_ms", round3 (s->min_ms), "max_ms", round3 (s->max_ms),
+                    "wall_s", round3 (s->wall_s));
+}
+
+json_t *
+wr_bench_steps_json (const wr_bench_sample_t *s)
+{
+  if (s->n_steps == 0)
+    return NULL;
+  json_t *o = json_object ();
+  for (size_t i = 0; i < s->n_steps && o; i++)
+    json_object_set_new (o, s->step_name[i], json_real (round (s->step_mean_ms[i] * 1e4) / 1e4));
+  return o;
 }
 
 /* ---- rootfs ---------------------------------------------------------- */
@@ -92,7 +104,7 @@ static int
 elf_is_static (int fd)
 {
   Elf64_Ehdr eh;
-  if (pread (fd, &eh, sizeof eh, 0) != (ssize_t) sizeof eh)
+  if (pread (fd, &eh, sizeof eh, 0) != (ssize_t)sizeof eh)
     return 0;
   if (memcmp (eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64
       || eh.e_phentsize != sizeof (Elf64_Phdr) || eh.e_phnum > 256)
@@ -100,7 +112,7 @@ elf_is_static (int fd)
   for (unsigned i = 0; i < eh.e_phnum; i++)
     {
       Elf64_Phdr ph;
-      if (pread (fd, &ph, sizeof ph, (off_t) (eh.e_phoff + i * sizeof ph)) != (ssize_t) sizeof ph)
+      if (pread (fd, &ph, sizeof ph, (off_t)(eh.e_phoff + i * sizeof ph)) != (ssize_t)sizeof ph)
         return 0;
       if (ph.p_type == PT_INTERP)
         return 0;
@@ -137,14 +149,14 @@ copy_file_at (int src, int dfd, const char *name, mode_t mode, wr_err_t *err)
   if (fstat (src, &st) < 0)
     return wr_sys_error (err, "fstat busybox");
   char tmp[64];
-  snprintf (tmp, sizeof tmp, ".%s.tmp%d", name, (int) getpid ());
+  snprintf (tmp, sizeof tmp, ".%s.tmp%d", name, (int)getpid ());
   _cleanup_close_ int out = openat (dfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
   if (out < 0)
     return wr_sys_error (err, "create %s", tmp);
   off_t off = 0;
   while (off < st.st_size)
     {
-      ssize_t k = sendfile (out, src, &off, (size_t) (st.st_size - off));
+      ssize_t k = sendfile (out, src, &off, (size_t)(st.st_size - off));
       if (k < 0 && errno == EINTR)
         continue;
       if (k <= 0)
@@ -184,8 +196,8 @@ wr_bench_rootfs_prepare (const char *dir, wr_err_t *err)
   struct stat st;
   if (fstatat (bin, "busybox", &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG (st.st_mode))
     {
-      static const char *const candidates[] = { "/bin/busybox", "/usr/bin/busybox",
-                                                "/usr/lib/busybox/busybox" };
+      static const char *const candidates[]
+          = { "/bin/busybox", "/usr/bin/busybox", "/usr/lib/busybox/busybox" };
       _cleanup_close_ int src = -1;
       for (size_t i = 0; i < WR_ARRAY_SIZE (candidates) && src < 0; i++)
         {
@@ -212,9 +224,19 @@ wr_bench_rootfs_prepare (const char *dir, wr_err_t *err)
 
 /* ---- bare container floor --------------------------------------------- */
 
-struct floor_child {
+/* Step timestamps: clone returns in the child, then one per setup step. */
+static const char *const floor_step_names[] = {
+  "clone", "make_private", "mount_tmpfs", "mkdir_upper_work_merged", "mount_overlay",
+  "chdir", "mount_proc",   "pivot_root",  "umount_old_root",
+};
+#define FLOOR_TS (WR_ARRAY_SIZE (floor_step_names))
+
+struct floor_child
+{
   const char *scratch, *upper, *work, *merged, *ovl_opts;
   char *const *argv;
+  /* CLONE_VM only: wr_now_ns() (vDSO, no syscall) after each step. */
+  uint64_t ts[FLOOR_TS];
   /* Written by the child (shared memory with CLONE_VM) when a step fails. */
   const char *volatile failed_step;
   volatile int failed_errno;
@@ -227,6 +249,8 @@ static int
 floor_child_fn (void *p)
 {
   struct floor_child *a = p;
+  size_t k = 0;
+  a->ts[k++] = wr_now_ns ();
 #define STEP(name, call)                                                                           \
   do                                                                                               \
     {                                                                                              \
@@ -238,17 +262,27 @@ floor_child_fn (void *p)
         }                                                                                          \
     }                                                                                              \
   while (0)
+#define MARK() (a->ts[k++] = wr_now_ns ())
   STEP ("make / private", mount (NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL));
+  MARK ();
   STEP ("mount tmpfs", mount ("tmpfs", a->scratch, "tmpfs", 0, "mode=0700"));
+  MARK ();
   STEP ("mkdir upper", mkdir (a->upper, 0755));
   STEP ("mkdir work", mkdir (a->work, 0755));
   STEP ("mkdir merged", mkdir (a->merged, 0755));
+  MARK ();
   STEP ("mount overlay", mount ("overlay", a->merged, "overlay", 0, a->ovl_opts));
+  MARK ();
   STEP ("chdir merged", chdir (a->merged));
+  MARK ();
   STEP ("mount proc", mount ("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL));
+  MARK ();
   STEP ("pivot_root", syscall (SYS_pivot_root, ".", "."));
+  MARK ();
   STEP ("umount old root", umount2 (".", MNT_DETACH));
+  MARK ();
   STEP ("execve /bin/true", execve ("/bin/true", a->argv, environ));
+#undef MARK
 #undef STEP
   return 127;
 }
@@ -274,9 +308,13 @@ floor_container (const char *rootfs, const char *scratch, int share_vm, wr_bench
   if (stack == MAP_FAILED)
     return wr_sys_error (err, "mmap child stack");
 
-  char *argv[] = { (char *) "true", NULL };
+  char *argv[] = { (char *)"true", NULL };
   struct floor_child a = {
-    .scratch = scratch, .upper = upper, .work = work, .merged = merged, .ovl_opts = opts,
+    .scratch = scratch,
+    .upper = upper,
+    .work = work,
+    .merged = merged,
+    .ovl_opts = opts,
     .argv = argv,
   };
   int flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | SIGCHLD;
@@ -285,14 +323,16 @@ floor_container (const char *rootfs, const char *scratch, int share_vm, wr_bench
   /* Without CLONE_VM a failed step is only visible as exit status 127. */
   int r = 0;
   uint64_t start = 0;
+  double step_sum_ns[FLOOR_TS + 1] = { 0 };
   s->note = share_vm ? NULL : "fork-style clone without CLONE_VM";
+  s->n_steps = 0;
   for (size_t i = 0; i < s->n + WR_BENCH_WARMUP; i++)
     {
       if (i == WR_BENCH_WARMUP)
         start = wr_now_ns ();
       a.failed_step = NULL;
       uint64_t t0 = wr_now_ns ();
-      pid_t pid = clone (floor_child_fn, (char *) stack + stack_size, flags, &a);
+      pid_t pid = clone (floor_child_fn, (char *)stack + stack_size, flags, &a);
       if (pid < 0)
         {
           r = wr_sys_error (err, "clone (pid, mount, uts, ipc namespaces)");
@@ -319,9 +359,28 @@ floor_container (const char *rootfs, const char *scratch, int share_vm, wr_bench
           break;
         }
       if (i >= WR_BENCH_WARMUP)
-        s->lat_ms[i - WR_BENCH_WARMUP] = (double) (t1 - t0) / 1e6;
+        {
+          s->lat_ms[i - WR_BENCH_WARMUP] = (double)(t1 - t0) / 1e6;
+          uint64_t prev = t0;
+          for (size_t k = 0; k < FLOOR_TS; k++)
+            {
+              step_sum_ns[k] += (double)(a.ts[k] - prev);
+              prev = a.ts[k];
+            }
+          step_sum_ns[FLOOR_TS] += (double)(t1 - prev);
+        }
     }
-  s->wall_s = (double) (wr_now_ns () - start) / 1e9;
+  s->wall_s = (double)(wr_now_ns () - start) / 1e9;
+  if (r == 0 && share_vm && s->n > 0)
+    {
+      static_assert (FLOOR_TS + 1 <= WR_BENCH_MAX_STEPS, "too many steps");
+      for (size_t k = 0; k <= FLOOR_TS; k++)
+        {
+          s->step_name[k] = k < FLOOR_TS ? floor_step_names[k] : "execve_true_exit_wait";
+          s->step_mean_ms[k] = step_sum_ns[k] / (double)s->n / 1e6;
+        }
+      s->n_steps = FLOOR_TS + 1;
+    }
 out:
   munmap (stack, stack_size);
   return r;
@@ -349,7 +408,7 @@ wr_bench_floor_spawn (const char *rootfs, wr_bench_sample_t *s, wr_err_t *err)
   _cleanup_free_ char *path = NULL;
   if (asprintf (&path, "%s/bin/busybox", rootfs) < 0)
     return wr_error (err, ENOMEM, WR_E_INTERNAL, "asprintf");
-  char *argv[] = { (char *) "true", NULL };
+  char *argv[] = { (char *)"true", NULL };
   uint64_t start = 0;
   s->note = NULL;
   for (size_t i = 0; i < s->n + WR_BENCH_WARMUP; i++)
@@ -369,9 +428,9 @@ wr_bench_floor_spawn (const char *rootfs, wr_bench_sample_t *s, wr_err_t *err)
       if (!WIFEXITED (status) || WEXITSTATUS (status) != 0)
         return wr_error (err, 0, WR_E_INTERNAL, "%s true: status 0x%x", path, status);
       if (i >= WR_BENCH_WARMUP)
-        s->lat_ms[i - WR_BENCH_WARMUP] = (double) (t1 - t0) / 1e6;
+        s->lat_ms[i - WR_BENCH_WARMUP] = (double)(t1 - t0) / 1e6;
     }
-  s->wall_s = (double) (wr_now_ns () - start) / 1e9;
+  s->wall_s = (double)(wr_now_ns () - start) / 1e9;
   return 0;
 }
 
@@ -408,7 +467,7 @@ stderr_tail (int memfd, char *buf, size_t size)
   off_t end = lseek (memfd, 0, SEEK_END);
   if (end <= 0)
     return;
-  off_t start = end > (off_t) size - 1 ? end - (off_t) size + 1 : 0;
+  off_t start = end > (off_t)size - 1 ? end - (off_t)size + 1 : 0;
   ssize_t k = pread (memfd, buf, size - 1, start);
   if (k <= 0)
     return;
@@ -416,11 +475,12 @@ stderr_tail (int memfd, char *buf, size_t size)
   while (k > 0 && (buf[k - 1] == '\n' || buf[k - 1] == ' '))
     buf[--k] = '\0';
   for (ssize_t i = 0; i < k; i++)
-    if ((unsigned char) buf[i] < 0x20)
+    if ((unsigned char)buf[i] < 0x20)
       buf[i] = ' ';
 }
 
-struct run_child {
+struct run_child
+{
   char *const *argv;
   int devnull, errfd, hide_cgroup2;
   const char *volatile failed_step;
@@ -451,8 +511,7 @@ run_child_fn (void *p)
     {
       STEP ("unshare mount namespace", unshare (CLONE_NEWNS));
       STEP ("make / private", mount (NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL));
-      if (umount2 ("/sys/fs/cgroup/unified", MNT_DETACH) < 0 && errno != EINVAL
-          && errno != ENOENT)
+      if (umount2 ("/sys/fs/cgroup/unified", MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT)
         STEP ("umount /sys/fs/cgroup/unified", -1);
     }
   STEP ("execve", execve (a->argv[0], a->argv, environ));
@@ -475,17 +534,20 @@ wr_bench_run_ex (char *const argv[], int timeout_ms, int hide_cgroup2, wr_err_t 
   if (stack == MAP_FAILED)
     return wr_sys_error (err, "mmap child stack");
   struct run_child a = {
-    .argv = argv, .devnull = devnull, .errfd = memfd, .hide_cgroup2 = hide_cgroup2,
+    .argv = argv,
+    .devnull = devnull,
+    .errfd = memfd,
+    .hide_cgroup2 = hide_cgroup2,
   };
-  pid_t pid = clone (run_child_fn, (char *) stack + stack_size,
-                     CLONE_VM | CLONE_VFORK | SIGCHLD, &a);
+  pid_t pid
+      = clone (run_child_fn, (char *)stack + stack_size, CLONE_VM | CLONE_VFORK | SIGCHLD, &a);
   int clone_errno = errno;
   munmap (stack, stack_size); /* the child has exec'd or exited (CLONE_VFORK) */
   if (pid < 0)
     return wr_error (err, clone_errno, WR_E_INTERNAL, "clone for %s", argv[0]);
 
   int status = 0;
-  _cleanup_close_ int pidfd = (int) syscall (SYS_pidfd_open, pid, 0);
+  _cleanup_close_ int pidfd = (int)syscall (SYS_pidfd_open, pid, 0);
   if (pidfd >= 0)
     {
       struct pollfd pfd = { .fd = pidfd, .events = POLLIN };
@@ -532,15 +594,15 @@ write_crun_config (const char *bundle, const char *rootfs, wr_err_t *err)
 {
   /* Same work as the floor: pid/mount/uts/ipc namespaces, /proc, /bin/true;
    * no cgroupsPath or resources. */
-  json_t *cfg = json_pack (
-      "{s:s, s:{s:b, s:{s:i, s:i}, s:[s], s:[s], s:s, s:b},"
-      " s:{s:s, s:b}, s:s, s:[{s:s, s:s, s:s}],"
-      " s:{s:[{s:s}, {s:s}, {s:s}, {s:s}]}}",
-      "ociVersion", "1.0.2", "process", "terminal", 0, "user", "uid", 0, "gid", 0, "args",
-      "/bin/true", "env", "PATH=/bin", "cwd", "/", "noNewPrivileges", 1, "root", "path", rootfs,
-      "readonly", 1, "hostname", "bench", "mounts", "destination", "/proc", "type", "proc",
-      "source", "proc", "linux", "namespaces", "type", "pid", "type", "mount", "type", "ipc",
-      "type", "uts");
+  json_t *cfg
+      = json_pack ("{s:s, s:{s:b, s:{s:i, s:i}, s:[s], s:[s], s:s, s:b},"
+                   " s:{s:s, s:b}, s:s, s:[{s:s, s:s, s:s}],"
+                   " s:{s:[{s:s}, {s:s}, {s:s}, {s:s}]}}",
+                   "ociVersion", "1.0.2", "process", "terminal", 0, "user", "uid", 0, "gid", 0,
+                   "args", "/bin/true", "env", "PATH=/bin", "cwd", "/", "noNewPrivileges", 1,
+                   "root", "path", rootfs, "readonly", 1, "hostname", "bench", "mounts",
+                   "destination", "/proc", "type", "proc", "source", "proc", "linux", "namespaces",
+                   "type", "pid", "type", "mount", "type", "ipc", "type", "uts");
   if (!cfg)
     return wr_error (err, ENOMEM, WR_E_INTERNAL, "build config.json");
   _cleanup_free_ char *path = NULL;
@@ -576,9 +638,9 @@ wr_bench_crun (const char *rootfs, const char *workdir, wr_bench_sample_t *s, wr
     return -EIO;
 
   char id[64];
-  char *argv[] = { crun, root_opt, (char *) "--cgroup-manager=disabled", (char *) "run",
-                   bundle_opt, id, NULL };
-  char *del[] = { crun, root_opt, (char *) "delete", (char *) "-f", id, NULL };
+  char *argv[] = { crun, root_opt, (char *)"--cgroup-manager=disabled", (char *)"run", bundle_opt,
+                   id,   NULL };
+  char *del[] = { crun, root_opt, (char *)"delete", (char *)"-f", id, NULL };
   int hide = 0;
   uint64_t start = 0;
   s->note = NULL;
@@ -586,7 +648,7 @@ wr_bench_crun (const char *rootfs, const char *workdir, wr_bench_sample_t *s, wr
     {
       if (i == WR_BENCH_WARMUP)
         start = wr_now_ns ();
-      snprintf (id, sizeof id, "wrbench-%d-%zu", (int) getpid (), i);
+      snprintf (id, sizeof id, "wrbench-%d-%zu", (int)getpid (), i);
       uint64_t t0 = wr_now_ns ();
       int r = wr_bench_run_ex (argv, WR_BENCH_CMD_TIMEOUT_MS, hide, err);
       uint64_t t1 = wr_now_ns ();
@@ -607,9 +669,9 @@ wr_bench_crun (const char *rootfs, const char *workdir, wr_bench_sample_t *s, wr
           return r;
         }
       if (i >= WR_BENCH_WARMUP)
-        s->lat_ms[i - WR_BENCH_WARMUP] = (double) (t1 - t0) / 1e6;
+        s->lat_ms[i - WR_BENCH_WARMUP] = (double)(t1 - t0) / 1e6;
     }
-  s->wall_s = (double) (wr_now_ns () - start) / 1e9;
+  s->wall_s = (double)(wr_now_ns () - start) / 1e9;
   return 0;
 }
 
@@ -628,9 +690,9 @@ time_command (char *const argv[], wr_bench_sample_t *s, wr_err_t *err)
         return -EIO;
       uint64_t t1 = wr_now_ns ();
       if (i >= WR_BENCH_WARMUP)
-        s->lat_ms[i - WR_BENCH_WARMUP] = (double) (t1 - t0) / 1e6;
+        s->lat_ms[i - WR_BENCH_WARMUP] = (double)(t1 - t0) / 1e6;
     }
-  s->wall_s = (double) (wr_now_ns () - start) / 1e9;
+  s->wall_s = (double)(wr_now_ns () - start) / 1e9;
   return 0;
 }
 
@@ -642,14 +704,31 @@ wr_bench_bwrap (const char *rootfs, wr_bench_sample_t *s, wr_err_t *err)
     return wr_error (err, ENOENT, WR_E_UNSUPPORTED, "bwrap not installed");
   if (wr_bench_rootfs_check (rootfs, err) < 0)
     return -EINVAL;
-  char *full[] = { bwrap,          (char *) "--unshare-all", (char *) "--bind", (char *) rootfs,
-                   (char *) "/",   (char *) "--proc",        (char *) "/proc",  (char *) "--dev",
-                   (char *) "/dev", (char *) "/bin/true",    NULL };
+  char *full[] = { bwrap,
+                   (char *)"--unshare-all",
+                   (char *)"--bind",
+                   (char *)rootfs,
+                   (char *)"/",
+                   (char *)"--proc",
+                   (char *)"/proc",
+                   (char *)"--dev",
+                   (char *)"/dev",
+                   (char *)"/bin/true",
+                   NULL };
   /* The floor's namespace set, for a bwrap that refuses --unshare-all here. */
-  char *narrow[] = { bwrap,           (char *) "--unshare-pid", (char *) "--unshare-ipc",
-                     (char *) "--unshare-uts", (char *) "--bind", (char *) rootfs,
-                     (char *) "/",    (char *) "--proc",        (char *) "/proc",
-                     (char *) "--dev", (char *) "/dev",         (char *) "/bin/true", NULL };
+  char *narrow[] = { bwrap,
+                     (char *)"--unshare-pid",
+                     (char *)"--unshare-ipc",
+                     (char *)"--unshare-uts",
+                     (char *)"--bind",
+                     (char *)rootfs,
+                     (char *)"/",
+                     (char *)"--proc",
+                     (char *)"/proc",
+                     (char *)"--dev",
+                     (char *)"/dev",
+                     (char *)"/bin/true",
+                     NULL };
   wr_err_t first;
   wr_err_clear (&first);
   s->note = NULL;

@@ -13,7 +13,8 @@
 
 #include "common/err.h"
 
-typedef struct wr_bench_stats {
+typedef struct wr_bench_stats
+{
   size_t count;
   unsigned concurrency;
   double wall_s; /* wall time of the whole measured run */
@@ -21,11 +22,19 @@ typedef struct wr_bench_stats {
   double p50_ms, p90_ms, p99_ms, mean_ms, min_ms, max_ms;
 } wr_bench_stats_t;
 
-typedef struct wr_bench_sample {
+#define WR_BENCH_MAX_STEPS 16
+
+typedef struct wr_bench_sample
+{
   double *lat_ms;
   size_t n;
   double wall_s;
   const char *note;
+  /* Where the time goes (bare container floor only): mean duration of each
+   * step over the measured iterations, in ms; n_steps == 0 when not known. */
+  size_t n_steps;
+  const char *step_name[WR_BENCH_MAX_STEPS];
+  double step_mean_ms[WR_BENCH_MAX_STEPS];
 } wr_bench_sample_t;
 
 /* Sorts lat_ms in place. rate_per_s = count / wall_s. */
@@ -33,6 +42,8 @@ void wr_bench_stats_compute (double *lat_ms, size_t n, double wall_s, unsigned c
                              wr_bench_stats_t *ret);
 /* {"count","concurrency","rate_per_s","p50_ms","p90_ms","p99_ms","mean_ms",...} */
 json_t *wr_bench_stats_json (const wr_bench_stats_t *s);
+/* {"step": mean_ms, ...} in order, or NULL when the sample has no steps. */
+json_t *wr_bench_steps_json (const wr_bench_sample_t *s);
 
 /* Build a minimal busybox rootfs in dir (created if missing): bin/busybox
  * copied from the host's static busybox, bin/true and bin/sh symlinks, and
@@ -52,8 +63,8 @@ int wr_bench_floor_container (const char *rootfs, const char *scratch, wr_bench_
                               wr_err_t *err);
 /* The same with a plain fork-style clone (no CLONE_VM): the child gets a
  * copy-on-write address space, as a daemon that forks would. Context only. */
-int wr_bench_floor_container_fork (const char *rootfs, const char *scratch,
-                                   wr_bench_sample_t *s, wr_err_t *err);
+int wr_bench_floor_container_fork (const char *rootfs, const char *scratch, wr_bench_sample_t *s,
+                                   wr_err_t *err);
 
 /* posix_spawn + waitpid of rootfs/bin/busybox as `true` on the host. */
 int wr_bench_floor_spawn (const char *rootfs, wr_bench_sample_t *s, wr_err_t *err);
@@ -61,8 +72,8 @@ int wr_bench_floor_spawn (const char *rootfs, wr_bench_sample_t *s, wr_err_t *er
 /* `crun run` of a generated OCI bundle (rootfs, /bin/true, pid/mount/uts/ipc
  * namespaces, cgroups disabled). crun 1.8 refuses hybrid cgroup layouts
  * whose v2 hierarchy has controllers; then each crun runs in a private mount
- * namespace where /sys/fs/cgroup/unified is unmounted (s->note says so). workdir is an existing directory for the
- * bundle. Fails with WR_E_UNSUPPORTED when crun is not installed. */
+ * namespace where /sys/fs/cgroup/unified is unmounted (s->note says so). workdir is an existing
+ * directory for the bundle. Fails with WR_E_UNSUPPORTED when crun is not installed. */
 int wr_bench_crun (const char *rootfs, const char *workdir, wr_bench_sample_t *s, wr_err_t *err);
 
 /* `bwrap --unshare-all --bind ROOTFS / --proc /proc --dev /dev /bin/true`
