@@ -29,11 +29,14 @@ static bool
 check (bool ok, const char *fmt, ...)
 {
   va_list ap;
-  printf ("%sok %d - ", ok ? "" : "not ", ++t_n);
+  char msg[1024];
   va_start (ap, fmt);
-  vprintf (fmt, ap);
+  vsnprintf (msg, sizeof msg, fmt, ap);
   va_end (ap);
-  printf ("\n");
+  for (char *c = msg; *c; c++)
+    if (*c == '\n')
+      *c = '|'; /* one TAP line per test, whatever output a message quotes */
+  printf ("%sok %d - %s\n", ok ? "" : "not ", ++t_n, msg);
   fflush (stdout);
   if (!ok)
     t_fail++;
