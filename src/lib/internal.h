@@ -1,0 +1,93 @@
+/* libwarren internals: the client handle and its small HTTP/1.1 client. */
+#ifndef WARREN_LIB_INTERNAL_H
+#define WARREN_LIB_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "warren/warren.h"
+
+#define WL_HIDDEN __attribute__ ((visibility ("hidden")))
+
+#define WL_HEADER_MAX (32 * 1024)   /* status line + headers of one response */
+#define WL_RBUF_SIZE (64 * 1024)    /* must exceed WL_HEADER_MAX */
+#define WL_JSON_MAX (512u << 20)    /* a JSON response body (exec output is capped at 64 MiB x2, base64) */
+#define WL_ERROR_BODY_MAX (1u << 20)
+#define WL_DEFAULT_TIMEOUT_MS 60000
+#define WL_SLOW_TIMEOUT_MS (3600 * 1000) /* image import, pack */
+
+struct warren_client
+{
+  char *host;       /* as resolved, for messages */
+  char *unix_path;  /* unix socket, or NULL for TCP */
+  char *tcp_host;   /* TCP host and port */
+  char *tcp_port;
+  char *host_header;
+  char *token;
+  int timeout_ms;
+  const volatile sig_atomic_t *cancel;
+
+  int fd;            /* cached connection, -1 when none */
+  unsigned requests; /* served on fd, to know whether it was reused */
+  uint64_t deadline_ns; /* of the request in progress, 0 = none */
+  bool conn_failed;     /* the last transport error was the peer going away */
+  bool got_bytes;       /* some response bytes arrived for the request in progress */
+  char *rbuf;
+  size_t rpos, rlen;
+};
+
+typedef struct wl_request
+{
+  const char *method;
+  const char *target; /* path and query, already encoded */
+  const char *content_type;
+  const void *body;   /* in-memory body, or */
+  int body_fd;        /* -1, or a seekable fd streamed from body_off */
+  off_t body_off;
+  uint64_t body_len;
+  int timeout_ms;     /* 0 = the client's default */
+} wl_request_t;
+
+typedef struct wl_response
+{
+  int status;
+  bool chunked;
+  bool keep_alive;
+  bool until_close;   /* no length: the body ends when the server closes */
+  bool done;          /* body fully consumed */
+  uint64_t remaining; /* of the Content-Length body or the current chunk */
+  bool in_chunk;
+  bool chunk_crlf;    /* the CRLF closing the previous chunk is still to read */
+  char content_type[128];
+} wl_response_t;
+
+/* Fill err; returns -errnum or -EIO. */
+WL_HIDDEN int wl_error (warren_error_t *err, int errnum, const char *code, int status,
+                        const char *fmt, ...) __attribute__ ((format (printf, 5, 6)));
+WL_HIDDEN const char *wl_code_for_status (int status);
+
+/* Send a request and read the response head. On a reused connection found
+ * dead, idempotent requests (GET/PUT/DELETE) are retried once on a new one. */
+WL_HIDDEN int wl_http_begin (warren_client_t *c, const wl_request_t *req, wl_response_t *resp,
+                             warren_error_t *err);
+/* Read body bytes; 0 at the end of the body. */
+WL_HIDDEN ssize_t wl_http_read (warren_client_t *c, wl_response_t *resp, void *buf, size_t n,
+                                warren_error_t *err);
+/* Finish the exchange: keeps the connection for reuse only when the body was
+ * consumed completely and the server allows it. */
+WL_HIDDEN void wl_http_end (warren_client_t *c, wl_response_t *resp);
+/* Read the remaining body into a malloc'd NUL terminated buffer. */
+WL_HIDDEN int wl_http_read_all (warren_client_t *c, wl_response_t *resp, size_t max, char **ret,
+                                size_t *ret_len, warren_error_t *err);
+/* Turn a >= 400 response into err (reads and parses its body). */
+WL_HIDDEN int wl_http_error (warren_client_t *c, wl_response_t *resp, warren_error_t *err);
+
+/* JSON request/response round trip (body may be NULL; ret may be NULL). */
+WL_HIDDEN int wl_json_call (warren_client_t *c, const char *method, const char *target,
+                            const json_t *body, int timeout_ms, json_t **ret, warren_error_t *err);
+
+/* Percent-encode everything but RFC 3986 unreserved characters. */
+WL_HIDDEN char *wl_urlencode (const char *s);
+
+#endif

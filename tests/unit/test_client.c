@@ -1,0 +1,950 @@
+/* libwarren against a scripted fake daemon: a thread serving canned HTTP on a
+ * unix socket in a temp dir, checking what the client sends. TAP output. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "warren/warren.h"
+
+static int tests, failed;
+
+#define CHECK(cond, ...)                                                                           \
+  do                                                                                               \
+    {                                                                                              \
+      int ok_ = !!(cond);                                                                          \
+      tests++;                                                                                     \
+      if (ok_)                                                                                     \
+        printf ("ok %d - ", tests);                                                                \
+      else                                                                                         \
+        {                                                                                          \
+          failed++;                                                                                \
+          printf ("not ok %d - ", tests);                                                          \
+        }                                                                                          \
+      printf (__VA_ARGS__);                                                                        \
+      printf ("\n");                                                                               \
+      if (!ok_)                                                                                    \
+        printf ("#   failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__);                            \
+      fflush (stdout);                                                                             \
+    }                                                                                              \
+  while (0)
+
+static char tmpdir[64];
+
+static uint64_t
+now_ms (void)
+{
+  struct timespec ts;
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return (uint64_t) ts.tv_sec * 1000 + (uint64_t) ts.tv_nsec / 1000000;
+}
+
+/* ---- fake daemon ---- */
+
+typedef struct srv srv_t;
+struct srv
+{
+  char path[108];
+  int lfd;
+  pthread_t th;
+  void (*handler) (srv_t *);
+  int accepts;
+  int failures;
+  int arg;
+};
+
+typedef struct req
+{
+  char method[16];
+  char target[1024];
+  char headers[8192];
+  char *body;
+  size_t body_len;
+} req_t;
+
+#define SCHECK(s, cond)                                                                            \
+  do                                                                                               \
+    {                                                                                              \
+      if (!(cond))                                                                                 \
+        {                                                                                          \
+          (s)->failures++;                                                                         \
+          printf ("# server check failed: %s (line %d)\n", #cond, __LINE__);                       \
+        }                                                                                          \
+    }                                                                                              \
+  while (0)
+
+static int
+srv_accept (srv_t *s, int timeout_ms)
+{
+  struct pollfd p = { .fd = s->lfd, .events = POLLIN };
+  if (poll (&p, 1, timeout_ms) <= 0)
+    return -1;
+  int fd = accept4 (s->lfd, NULL, NULL, SOCK_CLOEXEC);
+  if (fd >= 0)
+    {
+      s->accepts++;
+      struct timeval tv = { .tv_sec = 5 };
+      setsockopt (fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    }
+  return fd;
+}
+
+/* Read one request; -1 on EOF or error. */
+static int
+srv_read_req (int fd, req_t *r)
+{
+  memset (r, 0, sizeof *r);
+  char head[16384];
+  size_t n = 0;
+  while (n < sizeof head - 1)
+    {
+      ssize_t k = read (fd, head + n, 1);
+      if (k <= 0)
+        return -1;
+      n++;
+      if (n >= 4 && memcmp (head + n - 4, "\r\n\r\n", 4) == 0)
+        break;
+    }
+  head[n] = '\0';
+  if (sscanf (head, "%15s %1023s", r->method, r->target) != 2)
+    return -1;
+  char *h = strstr (head, "\r\n");
+  snprintf (r->headers, sizeof r->headers, "%s", h ? h + 2 : "");
+  char *cl = strcasestr (r->headers, "Content-Length:");
+  r->body_len = cl ? strtoul (cl + 15, NULL, 10) : 0;
+  r->body = malloc (r->body_len + 1);
+  size_t got = 0;
+  while (got < r->body_len)
+    {
+      ssize_t k = read (fd, r->body + got, r->body_len - got);
+      if (k <= 0)
+        return -1;
+      got += (size_t) k;
+    }
+  r->body[r->body_len] = '\0';
+  return 0;
+}
+
+static void
+srv_write (int fd, const void *data, size_t len)
+{
+  const char *p = data;
+  while (len > 0)
+    {
+      ssize_t k = send (fd, p, len, MSG_NOSIGNAL);
+      if (k <= 0)
+        return;
+      p += k;
+      len -= (size_t) k;
+    }
+}
+
+static void
+srv_puts (int fd, const char *s)
+{
+  srv_write (fd, s, strlen (s));
+}
+
+static void
+srv_json (int fd, int status, const char *json)
+{
+  char head[256];
+  snprintf (head, sizeof head,
+            "HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
+            status, strlen (json));
+  srv_puts (fd, head);
+  srv_puts (fd, json);
+}
+
+static void
+srv_chunk (int fd, const void *data, size_t len)
+{
+  char h[32];
+  snprintf (h, sizeof h, "%zx\r\n", len);
+  srv_puts (fd, h);
+  srv_write (fd, data, len);
+  srv_puts (fd, "\r\n");
+}
+
+/* Wait for the client to hang up (bounded). */
+static void
+srv_wait_eof (int fd)
+{
+  char b[256];
+  while (read (fd, b, sizeof b) > 0)
+    ;
+}
+
+static void *
+srv_main (void *arg)
+{
+  srv_t *s = arg;
+  s->handler (s);
+  return NULL;
+}
+
+static int srv_counter;
+
+static void
+srv_start (srv_t *s, void (*handler) (srv_t *), int arg)
+{
+  memset (s, 0, sizeof *s);
+  snprintf (s->path, sizeof s->path, "%s/s%d.sock", tmpdir, srv_counter++);
+  s->handler = handler;
+  s->arg = arg;
+  s->lfd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_un sa = { .sun_family = AF_UNIX };
+  strcpy (sa.sun_path, s->path);
+  if (bind (s->lfd, (struct sockaddr *) &sa, sizeof sa) < 0 || listen (s->lfd, 16) < 0)
+    {
+      perror ("fake server");
+      exit (2);
+    }
+  pthread_create (&s->th, NULL, srv_main, s);
+}
+
+static int
+srv_join (srv_t *s)
+{
+  pthread_join (s->th, NULL);
+  close (s->lfd);
+  unlink (s->path);
+  return s->failures;
+}
+
+static warren_client_t *
+client_for (srv_t *s, const char *token)
+{
+  char host[160];
+  snprintf (host, sizeof host, "unix:%s", s->path);
+  warren_error_t err;
+  warren_client_t *c = warren_client_new (host, token, &err);
+  if (c == NULL)
+    {
+      printf ("# client_new: %s\n", err.message);
+      exit (2);
+    }
+  warren_client_set_timeout (c, 5000);
+  return c;
+}
+
+/* ---- scripts ---- */
+
+static void
+h_keepalive (srv_t *s)
+{
+  int fd = srv_accept (s, 5000);
+  req_t r;
+  SCHECK (s, fd >= 0 && srv_read_req (fd, &r) == 0);
+  SCHECK (s, strcmp (r.method, "GET") == 0 && strcmp (r.target, "/healthz") == 0);
+  SCHECK (s, strstr (r.headers, "Authorization: Bearer tok-123\r\n") != NULL);
+  SCHECK (s, strcasestr (r.headers, "Host: ") != NULL);
+  free (r.body);
+  srv_json (fd, 200, "{\"status\":\"ok\",\"sandboxes\":2,\"version\":\"t\"}");
+  SCHECK (s, srv_read_req (fd, &r) == 0);
+  SCHECK (s, strcmp (r.target, "/v1/sandboxes") == 0);
+  free (r.body);
+  srv_json (fd, 200, "{\"sandboxes\":[{\"id\":\"abc\"},{\"id\":\"def\"}]}");
+  srv_wait_eof (fd);
+  close (fd);
+  /* A second connection would be a failed reuse. */
+  int extra = srv_accept (s, 200);
+  if (extra >= 0)
+    close (extra);
+}
+
+static void
+test_keepalive (void)
+{
+  srv_t s;
+  srv_start (&s, h_keepalive, 0);
+  warren_client_t *c = client_for (&s, "tok-123");
+  warren_error_t err = { 0 };
+  json_t *h = warren_healthz (c, &err);
+  CHECK (h && strcmp (json_string_value (json_object_get (h, "status")), "ok") == 0,
+         "healthz parsed");
+  json_t *l = warren_sandbox_list (c, &err);
+  CHECK (json_is_array (l) && json_array_size (l) == 2, "sandbox list returns the array");
+  json_decref (h);
+  json_decref (l);
+  warren_client_free (c);
+  int f = srv_join (&s);
+  CHECK (f == 0, "server saw token, host and expected requests");
+  CHECK (s.accepts == 1, "two requests on one connection (accepts=%d)", s.accepts);
+}
+
+static void
+h_errors (srv_t *s)
+{
+  int fd = srv_accept (s, 5000);
+  req_t r;
+  SCHECK (s, srv_read_req (fd, &r) == 0);
+  SCHECK (s, strcmp (r.target, "/v1/sandboxes/zzz") == 0);
+  free (r.body);
+  srv_json (fd, 404, "{\"error\":{\"code\":\"not_found\",\"message\":\"sandbox zzz: no such sandbox\"}}");
+  SCHECK (s, srv_read_req (fd, &r) == 0);
+  free (r.body);
+  srv_puts (fd, "HTTP/1.1 502 Bad Gateway\r\nContent-Length: 11\r\n\r\nproxy\x01oops!");
+  SCHECK (s, srv_read_req (fd, &r) == 0);
+  SCHECK (s, strcmp (r.method, "POST") == 0 && strcmp (r.target, "/v1/sandboxes/zzz/pause") == 0);
+  free (r.body);
+  /* Chunked error body. */
+  srv_puts (fd, "HTTP/1.1 409 Conflict\r\nTransfer-Encoding: chunked\r\n\r\n");
+  srv_chunk (fd, "{\"error\":{\"code\":\"conf", 22);
+  srv_chunk (fd, "lict\",\"message\":\"sandbox is paused\"}}", 37);
+  srv_puts (fd, "0\r\n\r\n");
+  srv_wait_eof (fd);
+  close (fd);
+}
+
+static void
+test_errors (void)
+{
+  srv_t s;
+  srv_start (&s, h_errors, 0);
+  warren_client_t *c = client_for (&s, NULL);
+  warren_error_t err = { 0 };
+  json_t *j = warren_sandbox_get (c, "zzz", &err);
+  CHECK (j == NULL && strcmp (err.code, "not_found") == 0 && err.status == 404
+             && strcmp (err.message, "sandbox zzz: no such sandbox") == 0,
+         "error JSON maps to code/status/message (%s %d %s)", err.code, err.status, err.message);
+  memset (&err, 0, sizeof err);
+  j = warren_sandbox_get (c, "zzz", &err);
+  CHECK (j == NULL && strcmp (err.code, "internal") == 0 && err.status == 502
+             && strstr (err.message, "HTTP 502") && strstr (err.message, "proxy oops!"),
+         "non-JSON error keeps status and a sanitized snippet (%s)", err.message);
+  memset (&err, 0, sizeof err);
+  j = warren_sandbox_pause (c, "zzz", &err);
+  CHECK (j == NULL && strcmp (err.code, "conflict") == 0 && err.status == 409
+             && strcmp (err.message, "sandbox is paused") == 0,
+         "chunked error body parsed (%s)", err.message);
+  warren_client_free (c);
+  CHECK (srv_join (&s) == 0 && s.accepts == 1, "errors keep the connection (accepts=%d)",
+         s.accepts);
+}
+
+static void
+h_split (srv_t *s)
+{
+  int fd = srv_accept (s, 5000);
+  req_t r;
+  SCHECK (s, srv_read_req (fd, &r) == 0);
+  SCHECK (s, strcmp (r.target, "/v1/sandboxes/abc-1") == 0);
+  free (r.body);
+  const char *parts[] = { "HTTP/1.1 2", "00 OK\r\nConte", "nt-Length: 34\r", "\n\r",
+                          "\n{\"id\":\"abc-1\",", "\"state\":\"r", "unning\"}  " };
+  for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+    {
+      srv_puts (fd, parts[i]);
+      usleep (20000);
+    }
+  srv_wait_eof (fd);
+  close (fd);
+}
+
+static void
+test_split (void)
+{
+  srv_t s;
+  srv_start (&s, h_split, 0);
+  warren_client_t *c = client_for (&s, NULL);
+  warren_error_t err = { 0 };
+  json_t *j = warren_sandbox_get (c, "abc-1", &err);
+  CHECK (j && strcmp (json_string_value (json_object_get (j, "state")), "running") == 0,
+         "Content-Length response split over many writes (%s)", j ? "" : err.message);
+  json_decref (j);
+  warren_client_free (c);
+  CHECK (srv_join (&s) == 0, "split: server checks");
+}
+
+static void
+h_stream (srv_t *s)
+{
+  int fd = srv_accept (s, 5000);
+  req_t r;
+  SCHECK (s, srv_read_req (fd, &r) == 0);
+  SCHECK (s, strcmp (r.method, "POST") == 0);
+  SCHECK (s, strncmp (r.target, "/v1/sandboxes/abc/exec", 22) == 0);
+  json_t *b = json_loads (r.body ? r.body : "", 0, NULL);
+  SCHECK (s, json_is_true (json_object_get (b, "stream")));
+  SCHECK (s, json_array_size (json_object_get (b, "cmd")) == 2);
+  SCHECK (s, strcmp (json_string_value (json_object_get (b, "stdin")) ?: "", "AP8=") == 0);
+  SCHECK (s, strcmp (json_string_value (json_object_get (b, "stdin_encoding")) ?: "", "base64")
+                 == 0);
+  json_decref (b);
+  free (r.body);
+  srv_puts (fd, "HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
+                "Transfer-Encoding: chunked\r\n\r\n");
+  const char *l1 = "{\"stream\":\"stdout\",\"data\":\"1\\n\"}\n{\"stream\":\"std";
+  srv_chunk (fd, l1, strlen (l1));
+  usleep (20000);
+  const char *l2 = "err\",\"data\":\"AP8K\",\"data_encoding\":\"base64\"}\n";
+  char ext[32];
+  snprintf (ext, sizeof ext, "%zx;ext=1\r\n", strlen (l2)); /* extensions are ignored */
+  srv_puts (fd, ext);
+  srv_write (fd, l2, strlen (l2));
+  srv_puts (fd, "\r\n");
+  const char *l3 = "{\"stream\":\"stdout\",\"data\":\"2\\n\"}\n{\"exit_code\":3,\"signal\":0,"
+                   "\"timed_out\":false,\"duration_ms\":5}\n";
+  srv_chunk (fd, l3, strlen (l3));
+  srv_puts (fd, "0\r\nX-Trailer: 1\r\n\r\n");
+  /* The connection stays usable after a fully read stream. */
+  if (srv_read_req (fd, &r) == 0)
+    {
+      free (r.body);
+      srv_json (fd, 200, "{\"status\":\"ok\"}");
+    }
+  else
+    SCHECK (s, !"second request on the stream connection");
+  srv_wait_eof (fd);
+  close (fd);
+}
+
+struct outbuf
+{
+  char out[256], errb[256];
+  size_t olen, elen;
+  int calls;
+};
+
+static int
+collect (void *ud, int stream, const void *data, size_t len)
+{
+  struct outbuf *o = ud;
+  o->calls++;
+  if (stream == WARREN_STDOUT && o->olen + len <= sizeof o->out)
+    memcpy (o->out + o->olen, data, len), o->olen += len;
+  else if (stream == WARREN_STDERR && o->elen + len <= sizeof o->errb)
+    memcpy (o->errb + o->elen, data, len), o->elen += len;
+  return 0;
+}
+
+static void
+test_stream (void)
+{
+  srv_t s;
+  srv_start (&s, h_stream, 0);
+  warren_client_t *c = client_for (&s, NULL);
+  warren_error_t err = { 0 };
+  json_t *req = json_pack ("{s:[s,s]}", "cmd", "echo", "hi");
+  static const char in[] = { 0x00, (char) 0xff };
+  CHECK (warren_json_set_bytes (req, "stdin", in, 2, &err) == 0, "binary stdin set as base64");
+  struct outbuf o = { 0 };
+  json_t *res = warren_exec_stream (c, "abc", req, collect, &o, &err);
+  CHECK (res != NULL, "stream exec returns a result (%s)", res ? "" : err.message);
+  CHECK (o.olen == 4 && memcmp (o.out, "1\n2\n", 4) == 0, "stdout chunks delivered in order");
+  CHECK (o.elen == 3 && memcmp (o.errb, "\x00\xff\n", 3) == 0, "base64 stderr chunk decoded");
+  CHECK (res && warren_result_status (res) == 3, "exit status from the final result");
+  json_t *h = warren_healthz (c, &err);
+  CHECK (h != NULL, "connection reused after the stream");
+  json_decref (h);
+  json_decref (res);
+  json_decref (req);
+  warren_client_free (c);
+  CHECK (srv_join (&s) == 0 && s.accepts == 1, "stream: server checks (accepts=%d)", s.accepts);
+}
+
+/* arg selects how the response dies. */
+static void
+h_early_close (srv_t *s)
+{
+  int fd = srv_accept (s, 5000);
+  req_t r;
+  SCHECK (s, srv_read_req (fd, &r) == 0);
+  free (r.body);
+  if (s->arg == 0)
+    srv_puts (fd, "HTTP/1.1 201 Created\r\nContent-Length: 100\r\n\r\n{\"partial");
+  else if (s->arg == 1)
+    srv_puts (fd, "HTTP/1.1 201 Created\r\nContent-Le");
+  else if (s->arg == 2)
+    srv_puts (fd, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10\r\nabc");
+  close (fd);
+  int extra = srv_accept (s, 200); /* POST must not be retried */
+  if (extra >= 0)
+    close (extra);
+}
+
+static void
+test_early_close (void)
+{
+  for (int mode = 0; mode < 4; mode++)
+    {
+      srv_t s;
+      srv_start (&s, h_early_close, mode);
+      warren_client_t *c = client_for (&s, NULL);
+      warren_error_t err = { 0 };
+      uint64_t t0 = now_ms ();
+      json_t *j = warren_sandbox_create (c, NULL, &err);
+      uint64_t dt = now_ms () - t0;
+      CHECK (j == NULL && strcmp (err.code, "protocol_error") == 0 && strstr (err.message, "closed")
+                 && dt < 2000,
+             "early close mode %d: clear error in %llu ms (%s)", mode, (unsigned long long) dt,
+             err.message);
+      warren_client_free (c);
+      CHECK (srv_join (&s) == 0 && s.accepts == 1, "early close mode %d: no retry of POST", mode);
+    }
+}
+
+/* Connection 1 answers one request, then drops the next one unanswered. */
+static void
+h_stale (srv_t *s)
+{
+  int fd = srv_accept (s, 5000);
+  req_t r;
+  SCHECK (s, srv_read_req (fd, &r) == 0);
+  free (r.body);
+  srv_json (fd, 200, "{\"status\":\"ok\"}");
+  if (s->arg == 2)
+    {
+      close (fd); /* idle close, noticed before the next request is sent */
+    }
+  else
+    {
+      SCHECK (s, srv_read_req (fd, &r) == 0);
+      free (r.body);
+      close (fd);
+    }
+  int fd2 = srv_accept (s, s->arg == 1 ? 300 : 5000);
+  if (s->arg == 1)
+    {
+      SCHECK (s, fd2 < 0);
+      if (fd2 >= 0)
+        close (fd2);
+      return;
+    }
+  SCHECK (s, fd2 >= 0 && srv_read_req (fd2, &r) == 0);
+  free (r.body);
+  srv_json (fd2, s->arg == 2 ? 201 : 200, "{\"status\":\"ok\",\"id\":\"x\"}");
+  srv_wait_eof (fd2);
+  close (fd2);
+}
+
+static void
+test_stale (void)
+{
+  srv_t s;
+  warren_error_t err = { 0 };
+  srv_start (&s, h_stale, 0);
+  warren_client_t *c = client_for (&s, NULL);
+  json_t *a = warren_healthz (c, &err);
+  json_t *b = warren_healthz (c, &err);
+  CHECK (a && b, "GET retried on a new connection after the old one died (%s)",
+         b ? "" : err.message);
+  json_decref (a);
+  json_decref (b);
+  warren_client_free (c);
+  CHECK (srv_join (&s) == 0 && s.accepts == 2, "GET retry: accepts=%d", s.accepts);
+
+  srv_start (&s, h_stale, 1);
+  c = client_for (&s, NULL);
+  a = warren_healthz (c, &err);
+  memset (&err, 0, sizeof err);
+  b = warren_sandbox_create (c, NULL, &err);
+  CHECK (a && b == NULL && err.code[0], "POST on a connection that dies is not retried (%s)",
+         err.message);
+  json_decref (a);
+  warren_client_free (c);
+  CHECK (srv_join (&s) == 0 && s.accepts == 1, "POST no retry: accepts=%d", s.accepts);
+
+  srv_start (&s, h_stale, 2);
+  c = client_for (&s, NULL);
+  a = warren_healthz (c, &err);
+  usleep (50000);
+  b = warren_sandbox_create (c, NULL, &err);
+  CHECK (a && b, "idle-closed connection replaced before a POST (%s)", b ? "" : err.message);
+  json_decref (a);
+  json_decref (b);
+  warren_client_free (c);
+  CHECK (srv_join (&s) == 0 && s.accepts == 2, "idle close: accepts=%d", s.accepts);
+}
+
+static void
+h_oversize (srv_t *s)
+{
+  int fd = srv_accept (s, 5000);
+  req_t r;
+  SCHECK (s, srv_read_req (fd, &r) == 0);
+  free (r.body);
+  if (s->arg == 0)
+    {
+      srv_puts (fd, "HTTP/1.1 200 OK\r\nX-Big: ");
+      char big[4096];
+      memset (big, 'a', sizeof big);
+      for (int i = 0; i < 40; i++)
+        srv_write (fd, big, sizeof big);
+      srv_puts (fd, "\r\n\r\n{}");
+    }
+  else
+    {
+      srv_puts (fd, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n");
+      char big[4096];
+      memset (big, 'f', sizeof big);
+      srv_write (fd, big, sizeof big);
+    }
+  srv_wait_eof (fd);
+  close (fd);
+}
+
+static void
+test_oversize (void)
+{
+  for (int mode = 0; mode < 2; mode++)
+    {
+      srv_t s;
+      srv_start (&s, h_oversize, mode);
+      warren_client_t *c = client_for (&s, NULL);
+      warren_error_t err = { 0 };
+      json_t *j = warren_healthz (c, &err);
+      CHECK (j == NULL && strcmp (err.code, "protocol_error") == 0,
+             "oversize %s rejected (%s)", mode ? "chunk size line" : "headers", err.message);
+      warren_client_free (c);
+      CHECK (srv_join (&s) == 0, "oversize: server checks");
+    }
+}
+
+static void
+h_silent (srv_t *s)
+{
+  int fd = srv_accept (s, 5000);
+  req_t r;
+  SCHECK (s, srv_read_req (fd, &r) == 0);
+  free (r.body);
+  if (s->arg == 1)
+    {
+      srv_puts (fd, "HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
+                    "Transfer-Encoding: chunked\r\n\r\n");
+      const char *l = "{\"stream\":\"stdout\",\"data\":\"x\"}\n";
+      srv_chunk (fd, l, strlen (l));
+    }
+  srv_wait_eof (fd); /* never answers */
+  close (fd);
+}
+
+static volatile sig_atomic_t cancel_flag;
+
+static void *
+raise_cancel (void *arg)
+{
+  usleep (200000);
+  cancel_flag = 1;
+  return NULL;
+}
+
+static void
+test_timeout_cancel (void)
+{
+  srv_t s;
+  srv_start (&s, h_silent, 0);
+  warren_client_t *c = client_for (&s, NULL);
+  warren_client_set_timeout (c, 300);
+  warren_error_t err = { 0 };
+  uint64_t t0 = now_ms ();
+  json_t *j = warren_healthz (c, &err);
+  uint64_t dt = now_ms () - t0;
+  CHECK (j == NULL && strcmp (err.code, "timeout") == 0 && dt >= 250 && dt < 2000,
+         "silent daemon times out after %llu ms (%s)", (unsigned long long) dt, err.message);
+  warren_client_free (c);
+  CHECK (srv_join (&s) == 0, "timeout: server checks");
+
+  srv_start (&s, h_silent, 1);
+  c = client_for (&s, NULL);
+  warren_client_set_cancel_flag (c, &cancel_flag);
+  pthread_t th;
+  pthread_create (&th, NULL, raise_cancel, NULL);
+  json_t *req = json_pack ("{s:s}", "shell", "sleep 100");
+  struct outbuf o = { 0 };
+  t0 = now_ms ();
+  j = warren_exec_stream (c, "abc", req, collect, &o, &err);
+  dt = now_ms () - t0;
+  pthread_join (th, NULL);
+  CHECK (j == NULL && strcmp (err.code, "cancelled") == 0 && o.olen == 1 && dt < 1500,
+         "cancel flag stops a streaming exec in %llu ms (%s)", (unsigned long long) dt,
+         err.message);
+  json_decref (req);
+  warren_client_free (c);
+  CHECK (srv_join (&s) == 0, "cancel: server checks");
+}
+
+#define BIG (200 * 1024 + 7)
+
+static void
+h_files (srv_t *s)
+{
+  int fd = srv_accept (s, 5000);
+  req_t r;
+  /* 1: buffer upload with mode. */
+  SCHECK (s, srv_read_req (fd, &r) == 0);
+  SCHECK (s, strcmp (r.method, "PUT") == 0);
+  SCHECK (s, strcmp (r.target, "/v1/sandboxes/abc/files?path=%2Fdir%2Fa%20b%26c&mode=0644") == 0);
+  SCHECK (s, r.body_len == 256);
+  for (size_t i = 0; i < r.body_len && i < 256; i++)
+    SCHECK (s, (unsigned char) r.body[i] == i);
+  free (r.body);
+  srv_json (fd, 201, "{\"path\":\"/dir/a b&c\",\"size\":256}");
+  /* 2: regular-file upload, streamed. */
+  SCHECK (s, srv_read_req (fd, &r) == 0);
+  SCHECK (s, r.body_len == BIG);
+  if (r.body_len != BIG)
+    printf ("# got %zu bytes, target %s headers %s\n", r.body_len, r.target, r.headers);
+  for (size_t i = 0; i < r.body_len; i++)
+    if ((unsigned char) r.body[i] != (unsigned char) (i * 7))
+      {
+        SCHECK (s, !"file upload bytes differ");
+        break;
+      }
+  free (r.body);
+  srv_json (fd, 201, "{}");
+  /* 3: pipe upload (spooled). */
+  SCHECK (s, srv_read_req (fd, &r) == 0);
+  SCHECK (s, r.body_len == 5 && memcmp (r.body, "pi\0pe", 5) == 0);
+  SCHECK (s, strstr (r.target, "&append=1") != NULL);
+  free (r.body);
+  srv_json (fd, 201, "{}");
+  /* 4: download, chunked, all byte values. */
+  SCHECK (s, srv_read_req (fd, &r) == 0);
+  SCHECK (s, strcmp (r.method, "GET") == 0);
+  free (r.body);
+  srv_puts (fd, "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
+                "Transfer-Encoding: chunked\r\n\r\n");
+  unsigned char *big = malloc (BIG);
+  for (size_t i = 0; i < BIG; i++)
+    big[i] = (unsigned char) (i * 7);
+  for (size_t off = 0; off < BIG; off += 10000)
+    srv_chunk (fd, big + off, BIG - off < 10000 ? BIG - off : 10000);
+  srv_puts (fd, "0\r\n\r\n");
+  /* 5: download into a buffer over its max. */
+  SCHECK (s, srv_read_req (fd, &r) == 0);
+  free (r.body);
+  char head[128];
+  snprintf (head, sizeof head, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", BIG);
+  srv_puts (fd, head);
+  srv_write (fd, big, BIG);
+  free (big);
+  /* 6: stat / list / mkdir / remove targets. */
+  int fd2 = srv_accept (s, 5000); /* the client dropped fd after the refused download */
+  close (fd);
+  fd = fd2;
+  SCHECK (s, srv_read_req (fd, &r) == 0);
+  SCHECK (s, strcmp (r.target, "/v1/sandboxes/abc/files?path=%2Fw&op=list") == 0);
+  free (r.body);
+  srv_json (fd, 200, "{\"entries\":[{\"name\":\"a\",\"type\":\"file\"}]}");
+  SCHECK (s, srv_read_req (fd, &r) == 0);
+  SCHECK (s, strcmp (r.method, "POST") == 0
+                 && strcmp (r.target, "/v1/sandboxes/abc/files?path=%2Fw%2Fd&op=mkdir&parents=1")
+                        == 0);
+  free (r.body);
+  srv_json (fd, 201, "{}");
+  SCHECK (s, srv_read_req (fd, &r) == 0);
+  SCHECK (s, strcmp (r.method, "DELETE") == 0
+                 && strcmp (r.target, "/v1/sandboxes/abc/files?path=%2Fw&recursive=1") == 0);
+  free (r.body);
+  srv_puts (fd, "HTTP/1.1 204 No Content\r\n\r\n");
+  SCHECK (s, srv_read_req (fd, &r) == 0);
+  SCHECK (s, strcmp (r.target, "/v1/images/busybox%3Alatest") == 0);
+  free (r.body);
+  srv_puts (fd, "HTTP/1.1 204 No Content\r\n\r\n");
+  srv_wait_eof (fd);
+  close (fd);
+}
+
+static void
+test_files (void)
+{
+  srv_t s;
+  srv_start (&s, h_files, 0);
+  warren_client_t *c = client_for (&s, NULL);
+  warren_error_t err = { 0 };
+  unsigned char buf[256];
+  for (int i = 0; i < 256; i++)
+    buf[i] = (unsigned char) i;
+  CHECK (warren_file_put (c, "abc", "/dir/a b&c", buf, 256, 0644, 0, &err) == 0,
+         "binary buffer upload with mode and encoded path (%s)", err.message);
+
+  char fpath[128];
+  snprintf (fpath, sizeof fpath, "%s/up.bin", tmpdir);
+  int f = open (fpath, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  unsigned char *big = malloc (BIG);
+  for (size_t i = 0; i < BIG; i++)
+    big[i] = (unsigned char) (i * 7);
+  CHECK (write (f, big, BIG) == BIG && lseek (f, 0, SEEK_SET) == 0, "temp file written");
+  CHECK (warren_file_put_fd (c, "abc", "/big", f, -1, 0, &err) == 0, "regular file streamed (%s)",
+         err.message);
+  close (f);
+
+  int p[2];
+  CHECK (pipe (p) == 0 && write (p[1], "pi\0pe", 5) == 5, "pipe");
+  close (p[1]);
+  CHECK (warren_file_put_fd (c, "abc", "/p", p[0], -1, WARREN_PUT_APPEND, &err) == 0,
+         "pipe upload spooled (%s)", err.message);
+  close (p[0]);
+
+  snprintf (fpath, sizeof fpath, "%s/down.bin", tmpdir);
+  f = open (fpath, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  uint64_t got = 0;
+  CHECK (warren_file_get_fd (c, "abc", "/big", f, &got, &err) == 0 && got == BIG,
+         "chunked download to fd (%llu bytes)", (unsigned long long) got);
+  unsigned char *back = malloc (BIG);
+  CHECK (pread (f, back, BIG, 0) == BIG && memcmp (back, big, BIG) == 0,
+         "downloaded bytes identical");
+  close (f);
+  free (back);
+  free (big);
+
+  void *data = NULL;
+  size_t dlen = 0;
+  memset (&err, 0, sizeof err);
+  CHECK (warren_file_get (c, "abc", "/big", &data, &dlen, 1000, &err) < 0
+             && strcmp (err.code, "payload_too_large") == 0,
+         "download over max refused (%s)", err.message);
+
+  json_t *l = warren_file_list (c, "abc", "/w", &err);
+  CHECK (json_array_size (l) == 1, "list returns entries");
+  json_decref (l);
+  CHECK (warren_file_mkdir (c, "abc", "/w/d", true, &err) == 0, "mkdir -p");
+  CHECK (warren_file_remove (c, "abc", "/w", true, &err) == 0, "recursive remove (204)");
+  CHECK (warren_image_rm (c, "busybox:latest", &err) == 0, "image rm encodes the ref");
+  warren_client_free (c);
+  CHECK (srv_join (&s) == 0 && s.accepts == 2, "files: server checks (accepts=%d)", s.accepts);
+}
+
+static void
+test_base64 (void)
+{
+  static const char *vec[][2] = { { "", "" },         { "f", "Zg==" },         { "fo", "Zm8=" },
+                                  { "foo", "Zm9v" },  { "foob", "Zm9vYg==" },  { "fooba", "Zm9vYmE=" },
+                                  { "foobar", "Zm9vYmFy" } };
+  int ok = 1;
+  for (size_t i = 0; i < sizeof vec / sizeof vec[0]; i++)
+    {
+      size_t n;
+      char *e = warren_base64_encode (vec[i][0], strlen (vec[i][0]), &n);
+      ok &= e && strcmp (e, vec[i][1]) == 0 && n == strlen (vec[i][1]);
+      free (e);
+    }
+  CHECK (ok, "RFC 4648 test vectors");
+  unsigned char src[300];
+  for (size_t i = 0; i < sizeof src; i++)
+    src[i] = (unsigned char) (255 - i * 13);
+  ok = 1;
+  for (size_t len = 0; len <= sizeof src; len++)
+    {
+      size_t n, dn = 0;
+      char *e = warren_base64_encode (src, len, &n);
+      void *d = NULL;
+      ok &= e && n == (len + 2) / 3 * 4;
+      ok &= warren_base64_decode (e, n, &d, &dn) == 0 && dn == len && memcmp (d, src, len) == 0;
+      free (e);
+      free (d);
+    }
+  CHECK (ok, "round trips for lengths 0..300");
+  const char *bad[] = { "abc", "a===", "@@@@", "Zg=a", "Zm9v\n" };
+  ok = 1;
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    {
+      void *d = NULL;
+      size_t dn;
+      ok &= warren_base64_decode (bad[i], strlen (bad[i]), &d, &dn) == -EINVAL;
+    }
+  CHECK (ok, "malformed base64 rejected");
+}
+
+static void
+test_local (void)
+{
+  warren_error_t err = { 0 };
+  unsetenv ("WARREN_HOST");
+  setenv ("WARREN_ROOT", "/tmp/wr-root", 1);
+  warren_client_t *c = warren_client_new (NULL, NULL, &err);
+  CHECK (c && strcmp (warren_client_host (c), "unix:/tmp/wr-root/warrend.sock") == 0,
+         "default host from WARREN_ROOT");
+  warren_client_free (c);
+  unsetenv ("WARREN_ROOT");
+  c = warren_client_new (NULL, NULL, &err);
+  CHECK (c && strcmp (warren_client_host (c), "unix:/var/lib/warren/warrend.sock") == 0,
+         "default host");
+  warren_client_free (c);
+  setenv ("WARREN_HOST", "http://[::1]:7070", 1);
+  c = warren_client_new (NULL, NULL, &err);
+  CHECK (c && strcmp (warren_client_host (c), "http://[::1]:7070") == 0, "WARREN_HOST, ipv6");
+  warren_client_free (c);
+  unsetenv ("WARREN_HOST");
+  c = warren_client_new ("ftp://x", NULL, &err);
+  CHECK (c == NULL && strcmp (err.code, "invalid_argument") == 0, "bad scheme rejected");
+  c = warren_client_new ("http://h:99999", NULL, &err);
+  CHECK (c == NULL, "bad port rejected");
+
+  char host[160];
+  snprintf (host, sizeof host, "unix:%s/nope.sock", tmpdir);
+  c = warren_client_new (host, NULL, &err);
+  memset (&err, 0, sizeof err);
+  json_t *j = warren_sandbox_get (c, "../images", &err);
+  CHECK (j == NULL && strcmp (err.code, "invalid_argument") == 0, "bad id rejected locally");
+  j = warren_sandbox_get (c, "ABC", &err);
+  CHECK (j == NULL && strcmp (err.code, "invalid_argument") == 0, "uppercase id rejected");
+  memset (&err, 0, sizeof err);
+  j = warren_healthz (c, &err);
+  CHECK (j == NULL && strcmp (err.code, "connect_failed") == 0
+             && strstr (err.message, "No such file or directory (is warrend running?)")
+             && strstr (err.message, "cannot connect to unix:"),
+         "no daemon: %s", err.message);
+  warren_client_free (c);
+
+  json_t *r = json_pack ("{s:i,s:i,s:b}", "exit_code", -1, "signal", 9, "timed_out", 0);
+  CHECK (warren_result_status (r) == 137, "killed by signal 9 -> 137");
+  json_object_set_new (r, "timed_out", json_true ());
+  CHECK (warren_result_status (r) == 124, "timed out -> 124");
+  json_object_set_new (r, "stdout", json_string ("aGk="));
+  json_object_set_new (r, "stdout_encoding", json_string ("base64"));
+  void *d = NULL;
+  size_t dn = 0;
+  CHECK (warren_result_bytes (r, "stdout", &d, &dn, &err) == 0 && dn == 2
+             && memcmp (d, "hi", 2) == 0,
+         "result bytes decoded");
+  free (d);
+  CHECK (warren_json_set_bytes (r, "stdin", "plain", 5, &err) == 0
+             && strcmp (json_string_value (json_object_get (r, "stdin")), "plain") == 0
+             && json_object_get (r, "stdin_encoding") == NULL,
+         "UTF-8 stdin travels as text");
+  CHECK (warren_json_set_bytes (r, "stdin", "\xc3\x28", 2, &err) == 0
+             && strcmp (json_string_value (json_object_get (r, "stdin_encoding")), "base64") == 0,
+         "invalid UTF-8 stdin travels as base64");
+  json_decref (r);
+}
+
+int
+main (void)
+{
+  alarm (60);
+  snprintf (tmpdir, sizeof tmpdir, "/tmp/warren-test-client-XXXXXX");
+  if (mkdtemp (tmpdir) == NULL)
+    {
+      perror ("mkdtemp");
+      return 2;
+    }
+  test_base64 ();
+  test_local ();
+  test_keepalive ();
+  test_errors ();
+  test_split ();
+  test_stream ();
+  test_early_close ();
+  test_stale ();
+  test_oversize ();
+  test_timeout_cancel ();
+  test_files ();
+  printf ("1..%d\n", tests);
+  char cmd[128];
+  snprintf (cmd, sizeof cmd, "rm -rf %s", tmpdir);
+  if (system (cmd) != 0)
+    printf ("# could not remove %s\n", tmpdir);
+  return failed ? 1 : 0;
+}
