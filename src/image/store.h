@@ -18,41 +18,92 @@
 struct wr_store;
 
 /* root: daemon state root; db: open handle (the store creates its tables);
- * userns_fd: user namespace for idmapped layer mounts, -1 for none. */
+ * userns_fd: user namespace for idmapped layer mounts, -1 for none (the
+ * store keeps its own dup).
+ *
+ * Threads: every function may be called from any thread; the store
+ * serializes them with its own mutex. For a file database the store opens
+ * its own serialized connection to the same file (so the daemon's handle is
+ * never used from two threads); open the database in WAL mode so the
+ * store's short commits do not block readers, and give the daemon's handle
+ * a busy timeout. With an in-memory database the store shares db: the
+ * daemon must then not hold a transaction open across store calls.
+ * Crash recovery runs here: ROOT/tmp is emptied, layer files without a row
+ * are deleted, rows without a file and images that need them are dropped. */
 int wr_store_open (const char *root, sqlite3 *db, int userns_fd, struct wr_store **ret,
                    wr_err_t *err);
 void wr_store_close (struct wr_store *s); /* unmounts every layer it mounted */
 
 struct wr_image
 {
-  char digest[72];      /* "sha256:<hex>" of the manifest */
-  char name[256];       /* as resolved: "name:tag" */
+  char digest[72]; /* "sha256:<hex>" of the manifest */
+  char name[336];  /* as resolved: "name:tag" (the digest when no tag names it) */
   size_t n_layers;
-  char (*layers)[72];   /* "sha256:<hex>", bottom-most first */
-  json_t *config;       /* {"env":[...],"workdir":"/","user":"0","entrypoint":[...],"labels":{}} */
+  char (*layers)[72]; /* "sha256:<hex>", bottom-most first */
+  json_t *config; /* {"env":[...],"workdir":"/","user":"0","entrypoint":[...]|null,"labels":{}} */
+  uint64_t size;  /* bytes of all its layer files */
+  uint64_t skipped_special; /* import only: device nodes, fifos, sockets left out */
 };
 void wr_image_free (struct wr_image *img);
 
-/* Import a rootfs directory or tarball (plain, gzip, zstd) as a one-layer
- * image called ref ("name[:tag]", tag defaults to "latest"). Unsafe tar
- * entries (absolute, "..", links leaving the root, device nodes) are
- * rejected and nothing is left behind on any failure. Blocking. */
-int wr_image_import (struct wr_store *s, const char *ref, const char *path,
-                     struct wr_image **ret, wr_err_t *err);
+/* Import a rootfs directory or tarball (plain, gzip, zstd, xz, bzip2, by
+ * magic) as a one-layer image called ref ("name[:tag]", tag defaults to
+ * "latest"; an existing tag is moved). Unsafe tar entries (absolute paths,
+ * "..", anything passing through a symlink, hard links leaving the tree)
+ * are rejected with WR_E_INVALID; device nodes, fifos and sockets in a
+ * tarball are skipped and counted in ret->skipped_special. Nothing is left
+ * behind on any failure. Blocking and slow: call it from a worker thread;
+ * it holds the store lock only for the final commit. ret may be NULL. */
+int wr_image_import (struct wr_store *s, const char *ref, const char *path, struct wr_image **ret,
+                     wr_err_t *err);
+
+struct wr_import_opts
+{
+  /* existing layers the new one is stacked on, bottom-most first (pack,
+   * build: base image layers + the new layer on top) */
+  const char *const *base_layers;
+  size_t n_base_layers;
+  /* image config merged over the defaults (env PATH, workdir "/", user "0");
+   * keys: env, workdir, user, entrypoint, labels. NULL: defaults. */
+  const json_t *config;
+};
+int wr_image_import_ex (struct wr_store *s, const char *ref, const char *path,
+                        const struct wr_import_opts *opts, struct wr_image **ret, wr_err_t *err);
 
 /* Resolve "name[:tag]" or "name@sha256:..." or "sha256:..." to its manifest. */
 int wr_image_resolve (struct wr_store *s, const char *ref, struct wr_image **ret, wr_err_t *err);
 
 /* JSON array of {"name","digest","layers":[...],"size","created"} */
 int wr_image_list (struct wr_store *s, json_t **ret, wr_err_t *err);
+/* "name[:tag]" removes that tag; "name@sha256:..." the name's tags on that
+ * digest; "sha256:..." the manifest and every tag on it. Then collects
+ * garbage (wr_store_gc). Layers acquired by sandboxes are kept. */
 int wr_image_remove (struct wr_store *s, const char *ref, wr_err_t *err);
 
+/* Drop manifests no tag names and layer files no manifest uses, unless
+ * acquired (mounted but released layers are unmounted and removed). */
+int wr_store_gc (struct wr_store *s, wr_err_t *err);
+
+/* {"root","layers","images","tags","mounted","acquired","idmapped",
+ *  "recovered":{"tmp_entries","orphan_layers","missing_layers","dropped_images"}}:
+ * counts, and what wr_store_open cleaned up after a crash. */
+int wr_store_describe (struct wr_store *s, json_t **ret, wr_err_t *err);
+
 /* Mount (once, refcounted) the layer and return the directory to use as an
- * overlay lowerdir in sandboxes (idmapped when the store has a userns). */
+ * overlay lowerdir in sandboxes (idmapped when the store has a userns). The
+ * string stays valid until the matching release. Released layers stay
+ * mounted as a cache until gc removes them or the store closes. */
 int wr_layer_acquire (struct wr_store *s, const char *digest, const char **ret_dir, wr_err_t *err);
 void wr_layer_release (struct wr_store *s, const char *digest);
 
-/* Validate a reference without touching the store: [a-z0-9][a-z0-9._/-]*(:tag)?(@sha256:hex)? */
+/* Validate a reference without touching the store:
+ * name(:tag)?(@sha256:hex)? or sha256:hex; name is [a-z0-9] with separators
+ * [._/-] inside (not leading/trailing, no "//"), <= 200 chars; tag is
+ * [A-Za-z0-9_.-]{1,128}. */
 int wr_ref_valid (const char *ref);
+
+/* Testing: mount layers through a loop device even when file-backed EROFS
+ * mounts work, to exercise the fallback. */
+void wr_store_set_force_loop (struct wr_store *s, int on);
 
 #endif
