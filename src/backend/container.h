@@ -26,6 +26,18 @@ const char *wr_runtime_describe (struct wr_runtime *rt);
 /* fd of the user namespace whose mapping sandboxes use; for idmapped layer mounts. */
 int wr_runtime_userns_fd (struct wr_runtime *rt);
 
+/* Give the calling process a private mount namespace (unshare(CLONE_NEWNS) +
+ * MS_REC|MS_PRIVATE on /). The daemon calls it once at startup, before
+ * threads exist; sandboxes copy this namespace, so keep it small. */
+int wr_runtime_private_mountns (wr_err_t *err);
+
+/* Mount an idmapped clone of src_dir (recursively) on dst_dir, mapped through
+ * userns_fd (open_tree(OPEN_TREE_CLONE) + mount_setattr(MOUNT_ATTR_IDMAP) +
+ * move_mount). Used by the image store for layer mounts: host uid 0 files
+ * show as the sandbox root. Fails with WR_E_UNSUPPORTED if the filesystem
+ * cannot be idmapped. */
+int wr_idmap_mount (int userns_fd, const char *src_dir, const char *dst_dir, wr_err_t *err);
+
 struct wr_container_spec
 {
   const char *id;         /* sandbox id: [a-z0-9-]{1,64} */

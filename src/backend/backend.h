@@ -1,0 +1,97 @@
+/* Internals shared by the container backend files (not a public API). */
+#ifndef WR_BACKEND_H
+#define WR_BACKEND_H
+
+#include <linux/filter.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "container.h"
+
+/* cgroup layout, detected from /proc/self/mountinfo + cgroup.controllers */
+enum wr_cg_layout
+{
+  WR_CG_V2,     /* unified hierarchy only: everything in one v2 cgroup */
+  WR_CG_HYBRID, /* v1 controllers + a cgroup2 mount: v2 for kill/freeze/CLONE_INTO_CGROUP */
+  WR_CG_V1,     /* v1 only: freezer for kill/freeze */
+};
+
+/* v1 controllers we use; index into the fd arrays. */
+enum wr_cg_v1
+{
+  WR_V1_MEMORY,
+  WR_V1_PIDS,
+  WR_V1_CPU,
+  WR_V1_FREEZER,
+  WR_V1_CPUACCT,
+  WR_V1_N
+};
+
+struct wr_cgroups
+{
+  enum wr_cg_layout layout;
+  int v2_fd;                /* <cgroup2 mount>/warren, -1 if unused */
+  int v1_fd[WR_V1_N];       /* <v1 ctrl mount>/warren, -1 if unused */
+  bool v2_limits;           /* memory/pids/cpu live in v2 (WR_CG_V2) */
+  char v2_path[256];
+  char v1_path[WR_V1_N][256];
+  /* What sandbox cgroups must be created for a layout (for destroy + stats). */
+};
+
+/* One sandbox's cgroup dirs (opened). */
+struct wr_cg_sandbox
+{
+  int v2_fd;
+  int v1_fd[WR_V1_N];
+};
+
+struct wr_cg_limits
+{
+  uint64_t memory_bytes; /* 0 = unlimited */
+  uint64_t pids_max;
+  double cpus;
+};
+
+int wr_cg_init (struct wr_cgroups *cg, wr_err_t *err);
+void wr_cg_fini (struct wr_cgroups *cg);
+/* Create (or reuse) the sandbox cgroups and apply limits. */
+int wr_cg_create (struct wr_cgroups *cg, const char *id, const struct wr_cg_limits *lim,
+                  struct wr_cg_sandbox *ret, wr_err_t *err);
+/* Open existing sandbox cgroups (missing ones stay -1); returns count opened. */
+int wr_cg_open (struct wr_cgroups *cg, const char *id, struct wr_cg_sandbox *ret);
+/* Move pid into every sandbox cgroup not joined through CLONE_INTO_CGROUP. */
+int wr_cg_attach_v1 (struct wr_cgroups *cg, struct wr_cg_sandbox *s, pid_t pid, wr_err_t *err);
+/* Kill every process and wait until the cgroups are empty (bounded). */
+int wr_cg_kill (struct wr_cgroups *cg, struct wr_cg_sandbox *s, wr_err_t *err);
+int wr_cg_freeze (struct wr_cgroups *cg, struct wr_cg_sandbox *s, bool frozen, wr_err_t *err);
+int wr_cg_stats (struct wr_cgroups *cg, struct wr_cg_sandbox *s, struct wr_container_stats *ret,
+                 wr_err_t *err);
+/* rmdir the sandbox cgroups (retrying briefly on EBUSY); idempotent. */
+int wr_cg_remove (struct wr_cgroups *cg, const char *id, wr_err_t *err);
+void wr_cg_sandbox_close (struct wr_cg_sandbox *s);
+
+/* seccomp.c: build the default profile once; ret->filter is malloc'd. */
+int wr_seccomp_build (struct sock_fprog *ret, wr_err_t *err);
+
+struct wr_runtime
+{
+  char *root;
+  char *mnt_dir; /* ROOT/run/mnt: mount point every child overmounts in its own ns */
+  int agent_fd;
+  int userns_fd;
+  uid_t uid_base;
+  uint32_t uid_count;
+  char uid_map[64];
+  int cap_last;
+  struct sock_fprog seccomp;
+  struct wr_cgroups cg;
+  int ign_signals[65]; /* signals the daemon ignores: reset to SIG_DFL in the child */
+  int n_ign;
+  pthread_mutex_t lock; /* guards the shared child stack */
+  void *stack;
+  size_t stack_size;
+  char describe[1024];
+};
+
+#endif

@@ -1,0 +1,491 @@
+/* cgroups for sandboxes: v2, v1 and the hybrid layout (docs/containers.md).
+ *
+ * The layout is detected from /proc/self/mountinfo and cgroup.controllers,
+ * never from the kernel version. Every hierarchy we use gets a `warren`
+ * parent; a sandbox is a child named by its id. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "../common/util.h"
+#include "backend.h"
+
+static const char *const v1_names[WR_V1_N] = { "memory", "pids", "cpu", "freezer", "cpuacct" };
+
+/* mountinfo: "36 25 0:32 / /sys/fs/cgroup/memory rw,... - cgroup cgroup rw,memory" */
+static int
+parse_mountinfo (char v2[256], char v1[WR_V1_N][256], wr_err_t *err)
+{
+  _cleanup_fclose_ FILE *f = fopen ("/proc/self/mountinfo", "re");
+  if (f == NULL)
+    return wr_sys_error (err, "open /proc/self/mountinfo");
+  _cleanup_free_ char *line = NULL;
+  size_t cap = 0;
+  while (getline (&line, &cap, f) > 0)
+    {
+      char *sep = strstr (line, " - ");
+      if (sep == NULL)
+        continue;
+      char root[4096], mnt[4096], fstype[64], src[64], opts[1024];
+      if (sscanf (line, "%*s %*s %*s %4095s %4095s", root, mnt) != 2)
+        continue;
+      if (sscanf (sep + 3, "%63s %63s %1023s", fstype, src, opts) != 3)
+        continue;
+      /* A cgroup mount of a subtree (root != "/") is somebody else's view. */
+      if (strcmp (root, "/") != 0 || strlen (mnt) >= 200 || strchr (mnt, '\\'))
+        continue;
+      if (strcmp (fstype, "cgroup2") == 0)
+        {
+          if (v2[0] == '\0')
+            snprintf (v2, 256, "%s", mnt);
+        }
+      else if (strcmp (fstype, "cgroup") == 0)
+        {
+          char *save = NULL;
+          for (char *o = strtok_r (opts, ",", &save); o; o = strtok_r (NULL, ",", &save))
+            for (int i = 0; i < WR_V1_N; i++)
+              if (strcmp (o, v1_names[i]) == 0 && v1[i][0] == '\0')
+                snprintf (v1[i], 256, "%s", mnt);
+        }
+    }
+  return 0;
+}
+
+static bool
+word_in (const char *list, const char *w)
+{
+  size_t n = strlen (w);
+  for (const char *p = list; (p = strstr (p, w)) != NULL; p += n)
+    if ((p == list || p[-1] == ' ' || p[-1] == '\n') && (p[n] == '\0' || p[n] == ' ' || p[n] == '\n'))
+      return true;
+  return false;
+}
+
+static int
+open_parent (const char *mnt, char path[256], wr_err_t *err)
+{
+  snprintf (path, 256, "%s/warren", mnt);
+  if (mkdir (path, 0755) < 0 && errno != EEXIST)
+    return wr_sys_error (err, "mkdir %s", path);
+  int fd = open (path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
+    return wr_sys_error (err, "open %s", path);
+  return fd;
+}
+
+int
+wr_cg_init (struct wr_cgroups *cg, wr_err_t *err)
+{
+  char v2[256] = "", v1[WR_V1_N][256] = { { 0 } };
+  memset (cg, 0, sizeof *cg);
+  cg->v2_fd = -1;
+  for (int i = 0; i < WR_V1_N; i++)
+    cg->v1_fd[i] = -1;
+  int r = parse_mountinfo (v2, v1, err);
+  if (r < 0)
+    return r;
+
+  _cleanup_free_ char *ctrls = NULL;
+  if (v2[0])
+    {
+      _cleanup_close_ int rootfd = open (v2, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      if (rootfd < 0 || wr_read_file_at (rootfd, "cgroup.controllers", &ctrls, NULL, 4096) < 0)
+        return wr_sys_error (err, "read %s/cgroup.controllers", v2);
+      bool all = word_in (ctrls, "memory") && word_in (ctrls, "pids") && word_in (ctrls, "cpu");
+      if (all)
+        {
+          /* Pure v2 (or v2 owning every controller we need). */
+          cg->layout = WR_CG_V2;
+          cg->v2_limits = true;
+          r = wr_write_file_at (rootfd, "cgroup.subtree_control", "+memory +pids +cpu");
+          if (r < 0)
+            return wr_error (err, -r, WR_E_INTERNAL, "enable controllers in %s", v2);
+        }
+      else if (v1[WR_V1_MEMORY][0] && v1[WR_V1_PIDS][0])
+        cg->layout = WR_CG_HYBRID;
+      else
+        return wr_error (err, ENOTSUP, WR_E_UNSUPPORTED,
+                         "cgroup2 at %s lacks memory/pids/cpu and no v1 controllers either", v2);
+      r = open_parent (v2, cg->v2_path, err);
+      if (r < 0)
+        return r;
+      cg->v2_fd = r;
+      if (cg->v2_limits)
+        {
+          r = wr_write_file_at (cg->v2_fd, "cgroup.subtree_control", "+memory +pids +cpu");
+          if (r < 0)
+            return wr_error (err, -r, WR_E_INTERNAL, "enable controllers in %s", cg->v2_path);
+        }
+    }
+  else if (v1[WR_V1_MEMORY][0] && v1[WR_V1_PIDS][0] && v1[WR_V1_FREEZER][0])
+    cg->layout = WR_CG_V1;
+  else
+    return wr_error (err, ENOTSUP, WR_E_UNSUPPORTED, "no usable cgroup hierarchy");
+
+  if (cg->layout != WR_CG_V2)
+    for (int i = 0; i < WR_V1_N; i++)
+      {
+        /* hybrid: freezer/cpuacct are replaced by v2 cgroup.freeze and cpu.stat */
+        if (cg->layout == WR_CG_HYBRID && (i == WR_V1_FREEZER || i == WR_V1_CPUACCT))
+          continue;
+        if (v1[i][0] == '\0')
+          continue;
+        /* cpu,cpuacct co-mounted: one directory serves both */
+        if (i == WR_V1_CPUACCT && strcmp (v1[i], v1[WR_V1_CPU]) == 0)
+          continue;
+        r = open_parent (v1[i], cg->v1_path[i], err);
+        if (r < 0)
+          return r;
+        cg->v1_fd[i] = r;
+      }
+  return 0;
+}
+
+void
+wr_cg_fini (struct wr_cgroups *cg)
+{
+  /* Remove the empty `warren` parents; fails harmlessly while sandboxes live. */
+  if (cg->v2_fd >= 0)
+    {
+      close (cg->v2_fd);
+      rmdir (cg->v2_path);
+      cg->v2_fd = -1;
+    }
+  for (int i = 0; i < WR_V1_N; i++)
+    if (cg->v1_fd[i] >= 0)
+      {
+        close (cg->v1_fd[i]);
+        rmdir (cg->v1_path[i]);
+        cg->v1_fd[i] = -1;
+      }
+}
+
+void
+wr_cg_sandbox_close (struct wr_cg_sandbox *s)
+{
+  if (s->v2_fd >= 0)
+    close (s->v2_fd);
+  s->v2_fd = -1;
+  for (int i = 0; i < WR_V1_N; i++)
+    {
+      if (s->v1_fd[i] >= 0)
+        close (s->v1_fd[i]);
+      s->v1_fd[i] = -1;
+    }
+}
+
+static int
+mk_open (int parent, const char *id, bool create)
+{
+  if (parent < 0)
+    return -1;
+  if (create && mkdirat (parent, id, 0755) < 0 && errno != EEXIST)
+    return -errno - 1000000;
+  int fd = openat (parent, id, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+  return fd < 0 ? -errno - 1000000 : fd;
+}
+
+static int
+knob (int dfd, const char *name, const char *val, wr_err_t *err)
+{
+  int r = wr_write_file_at (dfd, name, val);
+  if (r < 0)
+    return wr_error (err, -r, WR_E_INTERNAL, "write %s=%s", name, val);
+  return 0;
+}
+
+int
+wr_cg_create (struct wr_cgroups *cg, const char *id, const struct wr_cg_limits *lim,
+              struct wr_cg_sandbox *s, wr_err_t *err)
+{
+  char buf[64];
+  int r;
+  s->v2_fd = -1;
+  for (int i = 0; i < WR_V1_N; i++)
+    s->v1_fd[i] = -1;
+  if (cg->v2_fd >= 0)
+    {
+      r = mk_open (cg->v2_fd, id, true);
+      if (r < -1)
+        return wr_error (err, -(r + 1000000), WR_E_INTERNAL, "cgroup %s/%s", cg->v2_path, id);
+      s->v2_fd = r;
+    }
+  for (int i = 0; i < WR_V1_N; i++)
+    if (cg->v1_fd[i] >= 0)
+      {
+        r = mk_open (cg->v1_fd[i], id, true);
+        if (r < -1)
+          {
+            wr_cg_sandbox_close (s);
+            return wr_error (err, -(r + 1000000), WR_E_INTERNAL, "cgroup %s/%s", cg->v1_path[i],
+                             id);
+          }
+        s->v1_fd[i] = r;
+      }
+
+  uint64_t pids = lim->pids_max ? lim->pids_max : 1024;
+  if (cg->v2_limits)
+    {
+      if (lim->memory_bytes)
+        {
+          snprintf (buf, sizeof buf, "%" PRIu64, lim->memory_bytes);
+          if ((r = knob (s->v2_fd, "memory.max", buf, err)) < 0)
+            goto fail;
+          /* no swap: a memory bomb is OOM-killed instead of thrashing the node */
+          if (faccessat (s->v2_fd, "memory.swap.max", F_OK, 0) == 0
+              && (r = knob (s->v2_fd, "memory.swap.max", "0", err)) < 0)
+            goto fail;
+        }
+      snprintf (buf, sizeof buf, "%" PRIu64, pids);
+      if ((r = knob (s->v2_fd, "pids.max", buf, err)) < 0)
+        goto fail;
+      if (lim->cpus > 0)
+        {
+          snprintf (buf, sizeof buf, "%" PRIu64 " 100000", (uint64_t) (lim->cpus * 100000 + 0.5));
+          if ((r = knob (s->v2_fd, "cpu.max", buf, err)) < 0)
+            goto fail;
+        }
+      return 0;
+    }
+  if (lim->memory_bytes)
+    {
+      snprintf (buf, sizeof buf, "%" PRIu64, lim->memory_bytes);
+      int m = s->v1_fd[WR_V1_MEMORY];
+      if ((r = knob (m, "memory.limit_in_bytes", buf, err)) < 0)
+        goto fail;
+      /* memsw exists only with swap accounting; limit == mem limit means no swap */
+      if (faccessat (m, "memory.memsw.limit_in_bytes", F_OK, 0) == 0
+          && (r = knob (m, "memory.memsw.limit_in_bytes", buf, err)) < 0)
+        goto fail;
+    }
+  snprintf (buf, sizeof buf, "%" PRIu64, pids);
+  if ((r = knob (s->v1_fd[WR_V1_PIDS], "pids.max", buf, err)) < 0)
+    goto fail;
+  if (s->v1_fd[WR_V1_CPU] >= 0)
+    {
+      /* always written so a reused (pooled/leftover) cgroup never keeps an old quota */
+      if (lim->cpus > 0)
+        snprintf (buf, sizeof buf, "%" PRIu64, (uint64_t) (lim->cpus * 100000 + 0.5));
+      else
+        snprintf (buf, sizeof buf, "-1");
+      if ((r = knob (s->v1_fd[WR_V1_CPU], "cpu.cfs_quota_us", buf, err)) < 0)
+        goto fail;
+    }
+  return 0;
+fail:
+  wr_cg_sandbox_close (s);
+  wr_cg_remove (cg, id, NULL);
+  return r;
+}
+
+int
+wr_cg_open (struct wr_cgroups *cg, const char *id, struct wr_cg_sandbox *s)
+{
+  int n = 0;
+  s->v2_fd = mk_open (cg->v2_fd, id, false);
+  if (s->v2_fd < -1)
+    s->v2_fd = -1;
+  n += s->v2_fd >= 0;
+  for (int i = 0; i < WR_V1_N; i++)
+    {
+      s->v1_fd[i] = mk_open (cg->v1_fd[i], id, false);
+      if (s->v1_fd[i] < -1)
+        s->v1_fd[i] = -1;
+      n += s->v1_fd[i] >= 0;
+    }
+  return n;
+}
+
+int
+wr_cg_attach_v1 (struct wr_cgroups *cg, struct wr_cg_sandbox *s, pid_t pid, wr_err_t *err)
+{
+  char buf[32];
+  snprintf (buf, sizeof buf, "%d", (int) pid);
+  for (int i = 0; i < WR_V1_N; i++)
+    if (s->v1_fd[i] >= 0)
+      {
+        int r = wr_write_file_at (s->v1_fd[i], "cgroup.procs", buf);
+        if (r < 0)
+          return wr_error (err, -r, WR_E_INTERNAL, "join %s cgroup", v1_names[i]);
+      }
+  return 0;
+}
+
+/* Read cgroup.procs; returns number of pids (up to max stored), or -errno. */
+static int
+read_procs (int dfd, pid_t *pids, int max)
+{
+  _cleanup_free_ char *buf = NULL;
+  int r = wr_read_file_at (dfd, "cgroup.procs", &buf, NULL, 1 << 22);
+  if (r < 0)
+    return r;
+  int n = 0;
+  for (char *p = buf; *p;)
+    {
+      char *end;
+      long v = strtol (p, &end, 10);
+      if (end == p)
+        break;
+      if (n < max)
+        pids[n] = (pid_t) v;
+      n++;
+      p = end;
+      while (*p == '\n')
+        p++;
+    }
+  return n;
+}
+
+static void
+pause_us (long us)
+{
+  struct timespec ts = { 0, us * 1000 };
+  nanosleep (&ts, NULL);
+}
+
+int
+wr_cg_kill (struct wr_cgroups *cg, struct wr_cg_sandbox *s, wr_err_t *err)
+{
+  /* The v2 cgroup (when any) holds every process: it is either the one we
+   * cloned into or, on pure v2, the only one. */
+  int track = s->v2_fd >= 0 ? s->v2_fd : s->v1_fd[WR_V1_PIDS] >= 0 ? s->v1_fd[WR_V1_PIDS]
+                                                                      : s->v1_fd[WR_V1_MEMORY];
+  if (track < 0)
+    return 0;
+  /* cgroup.kill kills atomically, forks included; one write is enough. */
+  bool killed = s->v2_fd >= 0 && wr_write_file_at (s->v2_fd, "cgroup.kill", "1") == 0;
+  int freezer = s->v2_fd >= 0 ? -1 : s->v1_fd[WR_V1_FREEZER];
+  pid_t pids[256];
+  uint64_t deadline = wr_now_ns () + 5000000000ull;
+  for (long delay = 20;; delay = delay < 10000 ? delay * 2 : delay)
+    {
+      int n = read_procs (track, pids, (int) WR_ARRAY_SIZE (pids));
+      if (n == -ENOENT || n == -ENODEV || n == 0)
+        return 0;
+      if (n < 0)
+        return wr_error (err, -n, WR_E_INTERNAL, "read cgroup.procs");
+      if (!killed)
+        {
+          /* No cgroup.kill: freeze so nothing forks while we kill, then thaw so
+           * SIGKILL is delivered; repeat until empty. */
+          if (freezer >= 0)
+            wr_write_file_at (freezer, "freezer.state", "FROZEN");
+          else if (s->v2_fd >= 0)
+            wr_write_file_at (s->v2_fd, "cgroup.freeze", "1");
+          n = read_procs (track, pids, (int) WR_ARRAY_SIZE (pids));
+          for (int i = 0; i < n && i < (int) WR_ARRAY_SIZE (pids); i++)
+            kill (pids[i], SIGKILL);
+          if (freezer >= 0)
+            wr_write_file_at (freezer, "freezer.state", "THAWED");
+          else if (s->v2_fd >= 0)
+            wr_write_file_at (s->v2_fd, "cgroup.freeze", "0");
+        }
+      if (wr_now_ns () > deadline)
+        return wr_error (err, EBUSY, WR_E_INTERNAL, "processes survive in the sandbox cgroup");
+      pause_us (delay);
+    }
+}
+
+int
+wr_cg_freeze (struct wr_cgroups *cg, struct wr_cg_sandbox *s, bool frozen, wr_err_t *err)
+{
+  int r;
+  if (s->v2_fd >= 0)
+    r = wr_write_file_at (s->v2_fd, "cgroup.freeze", frozen ? "1" : "0");
+  else if (s->v1_fd[WR_V1_FREEZER] >= 0)
+    r = wr_write_file_at (s->v1_fd[WR_V1_FREEZER], "freezer.state", frozen ? "FROZEN" : "THAWED");
+  else
+    return wr_error (err, ENOTSUP, WR_E_UNSUPPORTED, "no freezer for this sandbox");
+  if (r < 0)
+    return wr_error (err, -r, WR_E_INTERNAL, "freeze");
+  return 0;
+}
+
+static uint64_t
+read_u64 (int dfd, const char *name)
+{
+  _cleanup_free_ char *b = NULL;
+  if (dfd < 0 || wr_read_file_at (dfd, name, &b, NULL, 64) < 0)
+    return 0;
+  return strtoull (b, NULL, 10);
+}
+
+/* "key value" lines: value of key, 0 when absent. */
+static uint64_t
+read_key (int dfd, const char *name, const char *key)
+{
+  _cleanup_free_ char *b = NULL;
+  if (dfd < 0 || wr_read_file_at (dfd, name, &b, NULL, 1 << 16) < 0)
+    return 0;
+  size_t kl = strlen (key);
+  for (char *p = b; p && *p; p = strchr (p, '\n') ? strchr (p, '\n') + 1 : NULL)
+    if (strncmp (p, key, kl) == 0 && p[kl] == ' ')
+      return strtoull (p + kl + 1, NULL, 10);
+  return 0;
+}
+
+int
+wr_cg_stats (struct wr_cgroups *cg, struct wr_cg_sandbox *s, struct wr_container_stats *ret,
+             wr_err_t *err)
+{
+  memset (ret, 0, sizeof *ret);
+  if (cg->v2_limits)
+    {
+      ret->memory_bytes = read_u64 (s->v2_fd, "memory.current");
+      ret->memory_peak_bytes = read_u64 (s->v2_fd, "memory.peak");
+      ret->oom_kills = read_key (s->v2_fd, "memory.events", "oom_kill");
+      ret->pids = read_u64 (s->v2_fd, "pids.current");
+    }
+  else
+    {
+      int m = s->v1_fd[WR_V1_MEMORY];
+      ret->memory_bytes = read_u64 (m, "memory.usage_in_bytes");
+      ret->memory_peak_bytes = read_u64 (m, "memory.max_usage_in_bytes");
+      ret->oom_kills = read_key (m, "memory.oom_control", "oom_kill");
+      ret->pids = read_u64 (s->v1_fd[WR_V1_PIDS], "pids.current");
+    }
+  if (s->v2_fd >= 0)
+    ret->cpu_usage_ns = read_key (s->v2_fd, "cpu.stat", "usage_usec") * 1000;
+  else
+    {
+      int a = s->v1_fd[WR_V1_CPUACCT] >= 0 ? s->v1_fd[WR_V1_CPUACCT] : s->v1_fd[WR_V1_CPU];
+      ret->cpu_usage_ns = read_u64 (a, "cpuacct.usage");
+    }
+  return 0;
+}
+
+int
+wr_cg_remove (struct wr_cgroups *cg, const char *id, wr_err_t *err)
+{
+  int fds[1 + WR_V1_N];
+  fds[0] = cg->v2_fd;
+  for (int i = 0; i < WR_V1_N; i++)
+    fds[1 + i] = cg->v1_fd[i];
+  int ret = 0;
+  for (size_t i = 0; i < WR_ARRAY_SIZE (fds); i++)
+    {
+      if (fds[i] < 0)
+        continue;
+      /* EBUSY while the last exiting task is still being released */
+      for (long delay = 50, waited = 0;; delay *= 2)
+        {
+          if (unlinkat (fds[i], id, AT_REMOVEDIR) == 0 || errno == ENOENT)
+            break;
+          if (errno != EBUSY || waited > 2000000)
+            {
+              ret = wr_sys_error (err, "rmdir cgroup %s/%s", i ? cg->v1_path[i - 1] : cg->v2_path,
+                                  id);
+              break;
+            }
+          pause_us (delay);
+          waited += delay;
+        }
+    }
+  return ret;
+}

@@ -1,0 +1,744 @@
+/* Sandbox lifecycle: one clone3 with every namespace, an overlay root on a
+ * size-capped tmpfs upper, pivot_root, dropped capabilities, seccomp, then
+ * execveat of the agent (docs/containers.md).
+ *
+ * The child is created with CLONE_VM on a stack owned by the runtime: no
+ * page tables are copied and nothing is COW-faulted, which is where a plain
+ * fork of the daemon spends its time. The price is discipline: the child
+ * shares the daemon's memory while the daemon keeps running, so it only
+ * reads the prepared child_ctx and uses raw syscalls (wr_raw*, no errno, no
+ * libc state) until execveat replaces its address space. */
+#include <fcntl.h>
+#include <inttypes.h>
+#include <linux/capability.h>
+#include <linux/seccomp.h>
+#include <net/if.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+
+#include "../common/util.h"
+#include "backend.h"
+#include "syscalls.h"
+
+#define DEFAULT_DISK_MB 1024
+#define WR_MAX_LAYERS 128
+#define AGENT_SOCK "agent.sock"
+
+/* Docker's default capability set. */
+static const int keep_caps[] = {
+  CAP_CHOWN,  CAP_DAC_OVERRIDE, CAP_FSETID,     CAP_FOWNER,           CAP_MKNOD,
+  CAP_NET_RAW, CAP_SETGID,      CAP_SETUID,     CAP_SETFCAP,          CAP_SETPCAP,
+  CAP_NET_BIND_SERVICE, CAP_SYS_CHROOT, CAP_KILL, CAP_AUDIT_WRITE,
+};
+
+/* Masked in /proc like Docker does (harmless to skip when absent). Already
+ * protected by the user namespace; masking also hides the information. */
+static const char *const proc_masks[] = {
+  "proc/kcore", "proc/keys", "proc/timer_list", "proc/sched_debug", "proc/sysrq-trigger",
+  "proc/latency_stats",
+};
+
+static const char *const dev_nodes[] = { "null", "zero", "full", "random", "urandom", "tty" };
+
+enum child_step
+{
+  ST_SYNC = 1, ST_IDS, ST_HOSTNAME, ST_FDS, ST_TMPFS, ST_OVERLAY, ST_PROC, ST_DEV, ST_SYS,
+  ST_NET, ST_PIVOT, ST_CAPS, ST_SECCOMP, ST_EXEC,
+};
+static const char *const step_names[] = {
+  "", "wait for parent", "set ids", "sethostname", "arrange fds", "mount upper tmpfs",
+  "mount overlay", "mount /proc", "populate /dev", "mount /sys", "loopback up",
+  "pivot_root", "drop capabilities", "seccomp", "execveat agent",
+};
+
+struct child_ctx
+{
+  int sync_fd, err_fd, listen_fd, conn_fd, agent_fd;
+  bool net_host;
+  const char *mnt;
+  const char *const *lowers;
+  size_t n_lower;
+  const char *tmpfs_size;
+  const char *hostname;
+  size_t hostname_len;
+  uint64_t cap_keep;
+  int cap_last;
+  const struct sock_fprog *seccomp;
+  char *const *argv;
+  char *const *envp;
+};
+
+struct child_err
+{
+  int step;
+  int errnum;
+};
+
+static int
+child_fail (int err_fd, int step, long r)
+{
+  struct child_err e = { step, (int) -r };
+  wr_raw3 (__NR_write, err_fd, &e, sizeof e);
+  return 127;
+}
+
+#define TRY(step, expr)                                                                            \
+  do                                                                                               \
+    {                                                                                              \
+      long _r = (expr);                                                                            \
+      if (_r < 0)                                                                                  \
+        return child_fail (err_fd, (step), _r);                                                    \
+    }                                                                                              \
+  while (0)
+
+/* mkdir that tolerates an existing entry (the image may ship the dir). */
+static long
+c_mkdir (const char *p, int mode)
+{
+  long r = wr_raw3 (__NR_mkdirat, AT_FDCWD, p, mode);
+  return r == -EEXIST ? 0 : r;
+}
+
+static long
+c_mount (const char *src, const char *dst, const char *fs, unsigned long fl, const void *data)
+{
+  return wr_raw5 (__NR_mount, src, dst, fs, fl, data);
+}
+
+/* Hand a layer to overlayfs by fd (6.13+); older kernels take the same fd as
+ * a /proc/self/fd path, which needs no walk through daemon directories. */
+static long
+set_layer (long fsfd, const char *key, int fd)
+{
+  long r = wr_raw5 (__NR_fsconfig, fsfd, FSCONFIG_SET_FD, key, NULL, fd);
+  if (r != -EINVAL)
+    return r;
+  char path[32] = "/proc/self/fd/", digits[12];
+  int n = 0;
+  do
+    digits[n++] = (char) ('0' + fd % 10);
+  while ((fd /= 10) > 0 && n < 11);
+  size_t off = 14;
+  while (n > 0)
+    path[off++] = digits[--n];
+  path[off] = 0;
+  return wr_raw5 (__NR_fsconfig, fsfd, FSCONFIG_SET_STRING, key, path, 0);
+}
+
+static int
+child_main (void *arg)
+{
+  const struct child_ctx *c = arg;
+  int err_fd = c->err_fd;
+  char b;
+  /* Open the layers and the mount point while our fsuid is still host root
+   * (they live under the daemon's 0700 root) and before the parent has even
+   * written our maps: this overlaps with its work. Paths are walked here, in
+   * our own mount namespace, because overlayfs only accepts layers that are
+   * mounts of the caller's namespace. */
+  int lower_fds[WR_MAX_LAYERS];
+  for (size_t i = 0; i < c->n_lower; i++)
+    {
+      long fd = wr_raw4 (__NR_openat, AT_FDCWD, c->lowers[i], O_PATH | O_DIRECTORY | O_CLOEXEC, 0);
+      TRY (ST_OVERLAY, fd);
+      lower_fds[i] = (int) fd;
+    }
+  long mnt_fd = wr_raw4 (__NR_openat, AT_FDCWD, c->mnt, O_PATH | O_DIRECTORY | O_CLOEXEC, 0);
+  TRY (ST_OVERLAY, mnt_fd);
+
+  /* wait until the parent wrote our id maps and joined the v1 cgroups */
+  long n = wr_raw3 (__NR_read, c->sync_fd, &b, 1);
+  if (n != 1)
+    return child_fail (err_fd, ST_SYNC, n < 0 ? n : -EPIPE);
+
+  TRY (ST_IDS, wr_raw3 (__NR_setresgid, 0, 0, 0));
+  /* drop the daemon's supplementary groups (host gid 0 would stay effective) */
+  TRY (ST_IDS, wr_raw2 (__NR_setgroups, 0, NULL));
+  TRY (ST_IDS, wr_raw3 (__NR_setresuid, 0, 0, 0));
+  TRY (ST_HOSTNAME, wr_raw2 (__NR_sethostname, c->hostname, c->hostname_len));
+
+  /* root: a size-capped tmpfs upper and the overlay, both built as detached
+   * mounts with the new mount API: every layer, the upper and the mount point
+   * arrive as fds opened by the daemon, so no daemon-private path (0700) has
+   * to be walked with the sandbox's unprivileged uid. */
+  long t = wr_raw2 (__NR_fsopen, "tmpfs", FSOPEN_CLOEXEC);
+  TRY (ST_TMPFS, t);
+  TRY (ST_TMPFS, wr_raw5 (__NR_fsconfig, t, FSCONFIG_SET_STRING, "size", c->tmpfs_size, 0));
+  TRY (ST_TMPFS, wr_raw5 (__NR_fsconfig, t, FSCONFIG_SET_STRING, "mode", "0755", 0));
+  TRY (ST_TMPFS, wr_raw5 (__NR_fsconfig, t, FSCONFIG_CMD_CREATE, NULL, NULL, 0));
+  long tm = wr_raw3 (__NR_fsmount, t, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
+  TRY (ST_TMPFS, tm);
+  TRY (ST_TMPFS, wr_raw3 (__NR_mkdirat, tm, "u", 0755));
+  TRY (ST_TMPFS, wr_raw3 (__NR_mkdirat, tm, "w", 0700));
+  long u = wr_raw3 (__NR_openat, tm, "u", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  long w = wr_raw3 (__NR_openat, tm, "w", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  TRY (ST_TMPFS, u);
+  TRY (ST_TMPFS, w);
+  long o = wr_raw2 (__NR_fsopen, "overlay", FSOPEN_CLOEXEC);
+  TRY (ST_OVERLAY, o);
+  for (size_t i = 0; i < c->n_lower; i++)
+    TRY (ST_OVERLAY, set_layer (o, "lowerdir+", lower_fds[i]));
+  TRY (ST_OVERLAY, set_layer (o, "upperdir", (int) u));
+  TRY (ST_OVERLAY, set_layer (o, "workdir", (int) w));
+  TRY (ST_OVERLAY, wr_raw5 (__NR_fsconfig, o, FSCONFIG_SET_FLAG, "userxattr", NULL, 0));
+  TRY (ST_OVERLAY, wr_raw5 (__NR_fsconfig, o, FSCONFIG_CMD_CREATE, NULL, NULL, 0));
+  long om = wr_raw3 (__NR_fsmount, o, FSMOUNT_CLOEXEC, 0);
+  TRY (ST_OVERLAY, om);
+  TRY (ST_OVERLAY, wr_raw5 (__NR_move_mount, om, "", mnt_fd, "",
+                            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH));
+  TRY (ST_OVERLAY, wr_raw1 (__NR_fchdir, om));
+
+  /* fds: 3 = listen, 4 = conn, 5 = agent binary (cloexec), 6 = error pipe */
+  long l = wr_raw3 (__NR_fcntl, c->listen_fd, F_DUPFD_CLOEXEC, 16);
+  long k = wr_raw3 (__NR_fcntl, c->conn_fd, F_DUPFD_CLOEXEC, 16);
+  long a = wr_raw3 (__NR_fcntl, c->agent_fd, F_DUPFD_CLOEXEC, 16);
+  long e = wr_raw3 (__NR_fcntl, err_fd, F_DUPFD_CLOEXEC, 16);
+  if (l < 0 || k < 0 || a < 0 || e < 0)
+    return child_fail (err_fd, ST_FDS, -EMFILE);
+  TRY (ST_FDS, wr_raw3 (__NR_dup3, e, 6, O_CLOEXEC));
+  err_fd = 6;
+  TRY (ST_FDS, wr_raw3 (__NR_dup3, l, 3, 0));
+  TRY (ST_FDS, wr_raw3 (__NR_dup3, k, 4, 0));
+  TRY (ST_FDS, wr_raw3 (__NR_dup3, a, 5, O_CLOEXEC));
+  TRY (ST_FDS, wr_raw3 (__NR_close_range, 7, ~0U, 0));
+  long nul = wr_raw3 (__NR_openat, AT_FDCWD, "/dev/null", O_RDWR);
+  TRY (ST_FDS, nul);
+  for (int i = 0; i < 3; i++)
+    TRY (ST_FDS, wr_raw3 (__NR_dup3, nul, i, 0));
+  wr_raw1 (__NR_close, nul);
+  wr_raw1 (__NR_umask, 0);
+
+  TRY (ST_PROC, c_mkdir ("proc", 0555));
+  TRY (ST_PROC, c_mount ("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL));
+  TRY (ST_PROC, c_mount ("proc/sys", "proc/sys", NULL, MS_BIND, NULL));
+  TRY (ST_PROC, c_mount (NULL, "proc/sys", NULL,
+                         MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL));
+  for (size_t i = 0; i < WR_ARRAY_SIZE (proc_masks); i++)
+    {
+      long r = c_mount ("/dev/null", proc_masks[i], NULL, MS_BIND, NULL);
+      if (r < 0 && r != -ENOENT)
+        return child_fail (err_fd, ST_PROC, r);
+    }
+
+  TRY (ST_DEV, c_mkdir ("dev", 0755));
+  TRY (ST_DEV, c_mount ("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC,
+                        "mode=755,size=64k,nr_inodes=64"));
+  {
+    char path[32] = "dev/", src[32] = "/dev/";
+    for (size_t i = 0; i < WR_ARRAY_SIZE (dev_nodes); i++)
+      {
+        size_t len = strlen (dev_nodes[i]);
+        memcpy (path + 4, dev_nodes[i], len + 1);
+        memcpy (src + 5, dev_nodes[i], len + 1);
+        TRY (ST_DEV, wr_raw4 (__NR_mknodat, AT_FDCWD, path, S_IFREG | 0666, 0));
+        TRY (ST_DEV, c_mount (src, path, NULL, MS_BIND, NULL));
+      }
+  }
+  TRY (ST_DEV, wr_raw3 (__NR_mkdirat, AT_FDCWD, "dev/pts", 0755));
+  TRY (ST_DEV, c_mount ("devpts", "dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+                        "newinstance,ptmxmode=0666,mode=0620"));
+  TRY (ST_DEV, wr_raw3 (__NR_symlinkat, "pts/ptmx", AT_FDCWD, "dev/ptmx"));
+  TRY (ST_DEV, wr_raw3 (__NR_mkdirat, AT_FDCWD, "dev/shm", 01777));
+  TRY (ST_DEV, c_mount ("shm", "dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                        "mode=1777,size=65536k"));
+  TRY (ST_DEV, wr_raw3 (__NR_symlinkat, "/proc/self/fd", AT_FDCWD, "dev/fd"));
+  TRY (ST_DEV, wr_raw3 (__NR_symlinkat, "/proc/self/fd/0", AT_FDCWD, "dev/stdin"));
+  TRY (ST_DEV, wr_raw3 (__NR_symlinkat, "/proc/self/fd/1", AT_FDCWD, "dev/stdout"));
+  TRY (ST_DEV, wr_raw3 (__NR_symlinkat, "/proc/self/fd/2", AT_FDCWD, "dev/stderr"));
+
+  TRY (ST_SYS, c_mkdir ("sys", 0555));
+  if (!c->net_host)
+    TRY (ST_SYS, c_mount ("sysfs", "sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                          NULL));
+  else
+    {
+      /* sysfs of a netns we do not own cannot be mounted: read-only rbind */
+      TRY (ST_SYS, c_mount ("/sys", "sys", NULL, MS_BIND | MS_REC, NULL));
+      struct mount_attr ro = { .attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID
+                                           | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC };
+      TRY (ST_SYS, wr_raw5 (__NR_mount_setattr, AT_FDCWD, "sys", AT_RECURSIVE, &ro, sizeof ro));
+    }
+  {
+    long r = wr_raw3 (__NR_mkdirat, AT_FDCWD, "tmp", 01777);
+    if (r < 0 && r != -EEXIST)
+      return child_fail (err_fd, ST_SYS, r);
+  }
+
+  if (!c->net_host)
+    {
+      long s = wr_raw3 (__NR_socket, AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+      TRY (ST_NET, s);
+      struct ifreq ifr;
+      memset (&ifr, 0, sizeof ifr);
+      memcpy (ifr.ifr_name, "lo", 3);
+      ifr.ifr_flags = IFF_UP | IFF_RUNNING;
+      TRY (ST_NET, wr_raw3 (__NR_ioctl, s, SIOCSIFFLAGS, &ifr));
+      wr_raw1 (__NR_close, s);
+    }
+
+  TRY (ST_PIVOT, wr_raw2 (__NR_pivot_root, ".", "."));
+  TRY (ST_PIVOT, wr_raw2 (__NR_umount2, ".", MNT_DETACH));
+  TRY (ST_PIVOT, wr_raw1 (__NR_chdir, "/"));
+
+  /* capabilities: bounding set first (needs CAP_SETPCAP, still held), then
+   * permitted/effective/inheritable, ambient cleared */
+  for (int cap = 0; cap <= c->cap_last; cap++)
+    if (!(c->cap_keep >> cap & 1))
+      TRY (ST_CAPS, wr_raw2 (__NR_prctl, PR_CAPBSET_DROP, cap));
+  TRY (ST_CAPS, wr_raw5 (__NR_prctl, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0));
+  struct __user_cap_header_struct hdr = { _LINUX_CAPABILITY_VERSION_3, 0 };
+  struct __user_cap_data_struct data[2];
+  for (int i = 0; i < 2; i++)
+    {
+      uint32_t m = (uint32_t) (c->cap_keep >> (32 * i));
+      data[i].effective = data[i].permitted = data[i].inheritable = m;
+    }
+  TRY (ST_CAPS, wr_raw2 (__NR_capset, &hdr, data));
+
+  /* signals: the daemon's handlers must never run here (shared memory); the
+   * parent blocked everything before clone, reset dispositions, then unblock */
+  struct
+  {
+    void *handler;
+    unsigned long flags;
+    void *restorer;
+    uint64_t mask;
+  } dfl = { SIG_DFL, 0, NULL, 0 };
+  for (int sig = 1; sig <= 64; sig++)
+    if (sig != SIGKILL && sig != SIGSTOP)
+      wr_raw4 (__NR_rt_sigaction, sig, &dfl, NULL, 8);
+  uint64_t empty = 0;
+  wr_raw4 (__NR_rt_sigprocmask, SIG_SETMASK, &empty, NULL, 8);
+  wr_raw1 (__NR_umask, 022);
+
+  TRY (ST_SECCOMP, wr_raw5 (__NR_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0));
+  TRY (ST_SECCOMP, wr_raw3 (__NR_prctl, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, c->seccomp));
+  long r = wr_raw5 (__NR_execveat, 5, "", c->argv, c->envp, AT_EMPTY_PATH);
+  return child_fail (err_fd, ST_EXEC, r);
+}
+
+/* ---------------------------------------------------------------- parent */
+
+static bool
+valid_id (const char *id)
+{
+  size_t n = id ? strlen (id) : 0;
+  if (n == 0 || n > 64)
+    return false;
+  for (size_t i = 0; i < n; i++)
+    if (!((id[i] >= 'a' && id[i] <= 'z') || (id[i] >= '0' && id[i] <= '9') || id[i] == '-'))
+      return false;
+  return true;
+}
+
+static bool
+valid_hostname (const char *h)
+{
+  size_t n = strlen (h);
+  if (n == 0 || n > 64)
+    return false;
+  for (size_t i = 0; i < n; i++)
+    if (!((h[i] >= 'a' && h[i] <= 'z') || (h[i] >= 'A' && h[i] <= 'Z')
+          || (h[i] >= '0' && h[i] <= '9') || h[i] == '-' || h[i] == '.'))
+      return false;
+  return true;
+}
+
+/* sockaddr for state_dir/agent.sock; via /proc/self/fd when the path is too long */
+static int
+agent_addr (const char *state_dir, int dirfd, struct sockaddr_un *sa, socklen_t *len)
+{
+  memset (sa, 0, sizeof *sa);
+  sa->sun_family = AF_UNIX;
+  int n = snprintf (sa->sun_path, sizeof sa->sun_path, "%s/" AGENT_SOCK, state_dir);
+  if (n < 0 || (size_t) n >= sizeof sa->sun_path)
+    {
+      if (dirfd < 0)
+        return -ENAMETOOLONG;
+      n = snprintf (sa->sun_path, sizeof sa->sun_path, "/proc/self/fd/%d/" AGENT_SOCK, dirfd);
+    }
+  *len = (socklen_t) (offsetof (struct sockaddr_un, sun_path) + (size_t) n + 1);
+  return 0;
+}
+
+static int
+read_start_time (pid_t pid, uint64_t *ret)
+{
+  char path[64], buf[1024];
+  snprintf (path, sizeof path, "/proc/%d/stat", (int) pid);
+  _cleanup_close_ int fd = open (path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return -errno;
+  ssize_t n = read (fd, buf, sizeof buf - 1);
+  if (n <= 0)
+    return n < 0 ? -errno : -EIO;
+  buf[n] = '\0';
+  /* comm may contain spaces and parens: fields restart after the last ')' */
+  char *p = strrchr (buf, ')');
+  if (p == NULL)
+    return -EIO;
+  p += 2; /* field 3 (state) */
+  for (int field = 3; field < 22; field++)
+    {
+      p = strchr (p, ' ');
+      if (p == NULL)
+        return -EIO;
+      p++;
+    }
+  *ret = strtoull (p, NULL, 10);
+  return 0;
+}
+
+static void
+reap (int pidfd)
+{
+  siginfo_t si;
+  if (waitid ((idtype_t) P_PIDFD, (id_t) pidfd, &si, WEXITED | __WALL) < 0 && errno == ECHILD)
+    {
+      /* not our child (adopted after a restart): wait for the exit itself */
+      struct pollfd p = { .fd = pidfd, .events = POLLIN };
+      while (poll (&p, 1, 5000) < 0 && errno == EINTR)
+        ;
+    }
+}
+
+int
+wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec,
+                     struct wr_container *ret, wr_err_t *err)
+{
+  if (spec == NULL || !valid_id (spec->id))
+    return wr_error (err, EINVAL, WR_E_INVALID, "invalid sandbox id");
+  if (spec->state_dir == NULL || spec->state_dir[0] != '/')
+    return wr_error (err, EINVAL, WR_E_INVALID, "state_dir must be absolute");
+  if (spec->n_lowerdirs == 0 || spec->lowerdirs == NULL)
+    return wr_error (err, EINVAL, WR_E_INVALID, "no layers");
+  const char *hostname = spec->hostname ? spec->hostname : spec->id;
+  if (!valid_hostname (hostname))
+    return wr_error (err, EINVAL, WR_E_INVALID, "invalid hostname");
+  uint64_t disk_mb = spec->disk_mb ? spec->disk_mb : DEFAULT_DISK_MB;
+  if (disk_mb > (1ull << 30) || spec->memory_mb > (1ull << 30) || spec->cpus < 0
+      || spec->cpus > 4096 || spec->pids_max > (1ull << 22))
+    return wr_error (err, EINVAL, WR_E_INVALID, "limit out of range");
+
+  if (spec->n_lowerdirs > WR_MAX_LAYERS)
+    return wr_error (err, E2BIG, WR_E_INVALID, "more than %d layers", WR_MAX_LAYERS);
+  for (size_t i = 0; i < spec->n_lowerdirs; i++)
+    if (spec->lowerdirs[i] == NULL || spec->lowerdirs[i][0] != '/')
+      return wr_error (err, EINVAL, WR_E_INVALID, "layer dirs must be absolute");
+  char tmpfs_size[32];
+  snprintf (tmpfs_size, sizeof tmpfs_size, "%" PRIu64 "m", disk_mb);
+
+  _cleanup_close_ int dirfd = open (spec->state_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (dirfd < 0)
+    return wr_sys_error (err, "open state dir %s", spec->state_dir);
+  struct sockaddr_un sa;
+  socklen_t salen;
+  if (agent_addr (spec->state_dir, dirfd, &sa, &salen) < 0)
+    return wr_error (err, ENAMETOOLONG, WR_E_INVALID, "state dir path too long");
+
+  /* agent sockets: the listener is bound on the host (reconnect after a daemon
+   * restart); the socketpair is the first connection, no accept round trip */
+  _cleanup_close_ int lfd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (lfd < 0)
+    return wr_sys_error (err, "socket");
+  unlinkat (dirfd, AGENT_SOCK, 0);
+  if (bind (lfd, (struct sockaddr *) &sa, salen) < 0)
+    return wr_sys_error (err, "bind %s/" AGENT_SOCK, spec->state_dir);
+  if (fchmodat (dirfd, AGENT_SOCK, 0600, 0) < 0 || listen (lfd, 16) < 0)
+    {
+      int r = wr_sys_error (err, "listen %s/" AGENT_SOCK, spec->state_dir);
+      unlinkat (dirfd, AGENT_SOCK, 0);
+      return r;
+    }
+  int sp[2];
+  if (socketpair (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0)
+    {
+      int r = wr_sys_error (err, "socketpair");
+      unlinkat (dirfd, AGENT_SOCK, 0);
+      return r;
+    }
+  _cleanup_close_ int ours = sp[0], theirs = sp[1];
+  int syncp[2], errp[2];
+  /* a socket, not a pipe: send(MSG_NOSIGNAL) to a dead child must not SIGPIPE */
+  if (socketpair (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, syncp) < 0)
+    {
+      unlinkat (dirfd, AGENT_SOCK, 0);
+      return wr_sys_error (err, "pipe");
+    }
+  _cleanup_close_ int sync_r = syncp[0], sync_w = syncp[1];
+  if (pipe2 (errp, O_CLOEXEC) < 0)
+    {
+      unlinkat (dirfd, AGENT_SOCK, 0);
+      return wr_sys_error (err, "pipe");
+    }
+  _cleanup_close_ int err_r = errp[0], err_w = errp[1];
+
+  struct wr_cg_limits lim = { .memory_bytes = spec->memory_mb << 20,
+                              .pids_max = spec->pids_max,
+                              .cpus = spec->cpus };
+  struct wr_cg_sandbox cgs;
+  int r = wr_cg_create (&rt->cg, spec->id, &lim, &cgs, err);
+  if (r < 0)
+    {
+      unlinkat (dirfd, AGENT_SOCK, 0);
+      return r;
+    }
+
+  static char arg0[] = "warren-agent", a1[] = "--listen-fd", a2[] = "3", a3[] = "--conn-fd",
+              a4[] = "4";
+  static char e0[] = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+              e1[] = "HOME=/root", e2[] = "container=warren";
+  static char *const argv[] = { arg0, a1, a2, a3, a4, NULL };
+  static char *const envp[] = { e0, e1, e2, NULL };
+  uint64_t keep = 0;
+  for (size_t i = 0; i < WR_ARRAY_SIZE (keep_caps); i++)
+    keep |= 1ull << keep_caps[i];
+  struct child_ctx ctx = {
+    .sync_fd = sync_r, .err_fd = err_w, .listen_fd = lfd, .conn_fd = theirs,
+    .agent_fd = rt->agent_fd, .net_host = spec->net_host, .mnt = rt->mnt_dir,
+    .lowers = spec->lowerdirs, .n_lower = spec->n_lowerdirs, .tmpfs_size = tmpfs_size,
+    .hostname = hostname, .hostname_len = strlen (hostname), .cap_keep = keep,
+    .cap_last = rt->cap_last, .seccomp = &rt->seccomp, .argv = argv, .envp = envp,
+  };
+
+  int pidfd = -1;
+  struct wr_clone_args ca = {
+    .flags = CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC
+             | CLONE_NEWCGROUP | CLONE_PIDFD | (spec->net_host ? 0 : CLONE_NEWNET),
+    .pidfd = (uint64_t) (uintptr_t) &pidfd,
+    .exit_signal = SIGCHLD,
+  };
+  if (cgs.v2_fd >= 0)
+    {
+      ca.flags |= CLONE_INTO_CGROUP;
+      ca.cgroup = (uint64_t) cgs.v2_fd;
+    }
+
+  sigset_t all, old;
+  sigfillset (&all);
+  pthread_mutex_lock (&rt->lock);
+  pthread_sigmask (SIG_SETMASK, &all, &old);
+  long pid;
+#if WR_HAVE_CLONE3_RUN
+  ca.flags |= CLONE_VM;
+  ca.stack = (uint64_t) (uintptr_t) rt->stack;
+  ca.stack_size = rt->stack_size;
+  pid = wr_clone3_run (&ca, child_main, &ctx);
+#else
+  /* no trampoline for this architecture: a COW child (slower, same code) */
+  pid = syscall (__NR_clone3, &ca, sizeof ca);
+  if (pid == 0)
+    _exit (child_main (&ctx));
+  if (pid < 0)
+    pid = -errno;
+#endif
+  pthread_sigmask (SIG_SETMASK, &old, NULL);
+  if (pid < 0)
+    {
+      pthread_mutex_unlock (&rt->lock);
+      r = wr_error (err, (int) -pid, pid == -ENOSYS ? WR_E_UNSUPPORTED : WR_E_INTERNAL, "clone3");
+      goto fail_cg;
+    }
+  /* the child holds its own copies now */
+  close (TAKE_FD (sync_r));
+  close (TAKE_FD (err_w));
+  close (TAKE_FD (theirs));
+  close (TAKE_FD (lfd));
+
+  {
+    char path[64];
+    snprintf (path, sizeof path, "/proc/%ld/uid_map", pid);
+    r = wr_write_file_at (AT_FDCWD, path, rt->uid_map);
+    if (r == 0)
+      {
+        snprintf (path, sizeof path, "/proc/%ld/gid_map", pid);
+        r = wr_write_file_at (AT_FDCWD, path, rt->uid_map);
+      }
+    if (r < 0)
+      r = wr_error (err, -r, WR_E_INTERNAL, "write id map");
+  }
+  if (r == 0)
+    r = wr_cg_attach_v1 (&rt->cg, &cgs, (pid_t) pid, err);
+  bool released = false;
+  if (r == 0)
+    {
+      /* EPIPE: the child failed before waiting; its report is in err_r */
+      released = send (sync_w, "x", 1, MSG_NOSIGNAL) == 1 || errno == EPIPE
+                 || errno == ECONNRESET;
+      if (!released)
+        r = wr_sys_error (err, "release child");
+    }
+  close (TAKE_FD (sync_w));
+  struct child_err ce = { 0, 0 };
+  ssize_t got = 0;
+  if (released)
+    {
+      got = wr_read_all (err_r, &ce, sizeof ce);
+      if (got != 0)
+        r = wr_error (err, got == (ssize_t) sizeof ce ? ce.errnum : EIO, WR_E_INTERNAL,
+                      "sandbox setup: %s",
+                      got == (ssize_t) sizeof ce && ce.step > 0
+                              && ce.step < (int) WR_ARRAY_SIZE (step_names)
+                          ? step_names[ce.step]
+                          : "child died");
+    }
+  else
+    {
+      /* the child may still run on our stack: kill it before unlocking */
+      wr_sys_pidfd_send_signal (pidfd, SIGKILL);
+    }
+  if (r < 0)
+    {
+      if (pidfd >= 0)
+        {
+          wr_sys_pidfd_send_signal (pidfd, SIGKILL);
+          reap (pidfd);
+          close (pidfd);
+        }
+      pthread_mutex_unlock (&rt->lock);
+      goto fail_cg;
+    }
+  pthread_mutex_unlock (&rt->lock);
+
+  uint64_t st = 0;
+  read_start_time ((pid_t) pid, &st);
+  if (fcntl (ours, F_SETFL, O_NONBLOCK) < 0)
+    {
+      r = wr_sys_error (err, "O_NONBLOCK");
+      wr_sys_pidfd_send_signal (pidfd, SIGKILL);
+      wr_cg_kill (&rt->cg, &cgs, NULL);
+      reap (pidfd);
+      close (pidfd);
+      goto fail_cg;
+    }
+  wr_cg_sandbox_close (&cgs);
+  memset (ret, 0, sizeof *ret);
+  ret->pid = (pid_t) pid;
+  ret->pidfd = pidfd;
+  ret->start_time = st;
+  ret->agent_fd = TAKE_FD (ours);
+  snprintf (ret->id, sizeof ret->id, "%s", spec->id);
+  return 0;
+
+fail_cg:
+  wr_cg_kill (&rt->cg, &cgs, NULL);
+  wr_cg_sandbox_close (&cgs);
+  wr_cg_remove (&rt->cg, spec->id, NULL);
+  unlinkat (dirfd, AGENT_SOCK, 0);
+  return r;
+}
+
+int
+wr_container_destroy (struct wr_runtime *rt, struct wr_container *c, const char *state_dir,
+                      wr_err_t *err)
+{
+  if (c == NULL || !valid_id (c->id))
+    return wr_error (err, EINVAL, WR_E_INVALID, "invalid sandbox id");
+  int pidfd = c->pidfd;
+  if (pidfd < 0 && c->pid > 0)
+    {
+      /* only trust a bare pid when its start time proves it is ours */
+      uint64_t st;
+      int fd = wr_sys_pidfd_open (c->pid, 0);
+      if (fd >= 0 && c->start_time && read_start_time (c->pid, &st) == 0 && st == c->start_time)
+        pidfd = fd;
+      else if (fd >= 0)
+        close (fd);
+    }
+  struct wr_cg_sandbox cgs;
+  wr_cg_open (&rt->cg, c->id, &cgs);
+  int r = wr_cg_kill (&rt->cg, &cgs, err);
+  wr_cg_sandbox_close (&cgs);
+  if (pidfd >= 0)
+    {
+      /* the agent outside its cgroup (failed attach) still dies */
+      wr_sys_pidfd_send_signal (pidfd, SIGKILL);
+      reap (pidfd);
+      close (pidfd);
+    }
+  c->pidfd = -1;
+  c->pid = 0;
+  if (c->agent_fd >= 0)
+    close (c->agent_fd);
+  c->agent_fd = -1;
+  if (r < 0)
+    return r;
+  r = wr_cg_remove (&rt->cg, c->id, err);
+  if (state_dir)
+    {
+      _cleanup_close_ int dfd = open (state_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+      if (dfd >= 0 && unlinkat (dfd, AGENT_SOCK, 0) < 0 && errno != ENOENT && r == 0)
+        r = wr_sys_error (err, "unlink %s/" AGENT_SOCK, state_dir);
+    }
+  return r;
+}
+
+int
+wr_container_adopt (struct wr_runtime *rt, const char *id, pid_t pid, uint64_t start_time,
+                    const char *state_dir, struct wr_container *ret, wr_err_t *err)
+{
+  if (!valid_id (id) || pid <= 0 || state_dir == NULL || state_dir[0] != '/')
+    return wr_error (err, EINVAL, WR_E_INVALID, "invalid adopt request");
+  _cleanup_close_ int pidfd = wr_sys_pidfd_open (pid, 0);
+  if (pidfd < 0)
+    return wr_error (err, errno, WR_E_GONE, "sandbox %s agent pid %d", id, (int) pid);
+  /* checked after pidfd_open: the pidfd now pins this very process */
+  uint64_t st = 0;
+  if (read_start_time (pid, &st) < 0 || st != start_time)
+    return wr_error (err, ESRCH, WR_E_GONE, "sandbox %s: pid %d is another process", id,
+                     (int) pid);
+  _cleanup_close_ int dirfd = open (state_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (dirfd < 0)
+    return wr_sys_error (err, "open %s", state_dir);
+  struct sockaddr_un sa;
+  socklen_t salen;
+  if (agent_addr (state_dir, dirfd, &sa, &salen) < 0)
+    return wr_error (err, ENAMETOOLONG, WR_E_INVALID, "state dir path too long");
+  _cleanup_close_ int fd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0)
+    return wr_sys_error (err, "socket");
+  if (connect (fd, (struct sockaddr *) &sa, salen) < 0 && errno != EINPROGRESS)
+    return wr_error (err, errno, WR_E_UNAVAILABLE, "connect %s/" AGENT_SOCK, state_dir);
+  memset (ret, 0, sizeof *ret);
+  ret->pid = pid;
+  ret->pidfd = TAKE_FD (pidfd);
+  ret->start_time = st;
+  ret->agent_fd = TAKE_FD (fd);
+  snprintf (ret->id, sizeof ret->id, "%s", id);
+  return 0;
+}
+
+int
+wr_container_freeze (struct wr_runtime *rt, struct wr_container *c, bool frozen, wr_err_t *err)
+{
+  if (c == NULL || !valid_id (c->id))
+    return wr_error (err, EINVAL, WR_E_INVALID, "invalid sandbox id");
+  struct wr_cg_sandbox cgs;
+  if (wr_cg_open (&rt->cg, c->id, &cgs) == 0)
+    return wr_error (err, ENOENT, WR_E_GONE, "sandbox %s has no cgroup", c->id);
+  int r = wr_cg_freeze (&rt->cg, &cgs, frozen, err);
+  wr_cg_sandbox_close (&cgs);
+  return r;
+}
+
+int
+wr_container_stats (struct wr_runtime *rt, struct wr_container *c, struct wr_container_stats *ret,
+                    wr_err_t *err)
+{
+  if (c == NULL || !valid_id (c->id))
+    return wr_error (err, EINVAL, WR_E_INVALID, "invalid sandbox id");
+  struct wr_cg_sandbox cgs;
+  if (wr_cg_open (&rt->cg, c->id, &cgs) == 0)
+    return wr_error (err, ENOENT, WR_E_GONE, "sandbox %s has no cgroup", c->id);
+  int r = wr_cg_stats (&rt->cg, &cgs, ret, err);
+  wr_cg_sandbox_close (&cgs);
+  return r;
+}

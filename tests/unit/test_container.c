@@ -1,0 +1,569 @@
+/* Container backend tests (docs/containers.md). Runs as root; builds a
+ * busybox rootfs, starts sandboxes with the real warren-agent and checks
+ * isolation, limits, cleanup and speed through the agent protocol. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "backend/container.h"
+#include "common/proto.h"
+#include "common/util.h"
+#include "tap.h"
+
+static char tmp[256], rootfs[300], lower[300], state_root[300], agent[4096];
+static const char *lowerdir;
+static struct wr_runtime *rt;
+static uint32_t next_stream = 1;
+
+struct out
+{
+  char *stdout_buf, *stderr_buf;
+  size_t out_len, err_len;
+  int exit_code, sig;
+  bool timed_out, got_exit;
+};
+
+static void
+out_free (struct out *o)
+{
+  free (o->stdout_buf);
+  free (o->stderr_buf);
+  memset (o, 0, sizeof *o);
+}
+
+/* Read one frame (blocking with timeout) into a malloc'd payload. */
+static int
+read_frame (int fd, struct wr_frame *f, uint8_t **payload, int timeout_ms)
+{
+  static uint8_t buf[WR_FRAME_MAX + WR_FRAME_HDR];
+  static size_t have;
+  for (;;)
+    {
+      int r = wr_frame_parse (buf, have, f);
+      if (r < 0)
+        return r;
+      if (r > 0)
+        {
+          *payload = malloc (f->len + 1);
+          memcpy (*payload, f->payload, f->len);
+          (*payload)[f->len] = 0;
+          memmove (buf, buf + r, have - (size_t) r);
+          have -= (size_t) r;
+          return 0;
+        }
+      struct pollfd p = { .fd = fd, .events = POLLIN };
+      if (poll (&p, 1, timeout_ms) <= 0)
+        return -ETIMEDOUT;
+      ssize_t n = read (fd, buf + have, sizeof buf - have);
+      if (n == 0)
+        return -EPIPE;
+      if (n < 0)
+        {
+          if (errno == EAGAIN || errno == EINTR)
+            continue;
+          return -errno;
+        }
+      have += (size_t) n;
+    }
+}
+
+static void
+append (char **b, size_t *len, const void *p, size_t n)
+{
+  *b = realloc (*b, *len + n + 1);
+  memcpy (*b + *len, p, n);
+  *len += n;
+  (*b)[*len] = 0;
+}
+
+/* Run argv in the sandbox through the agent protocol. */
+static int
+run (int fd, struct out *o, int timeout_ms, const char *const *argv)
+{
+  memset (o, 0, sizeof *o);
+  o->stdout_buf = calloc (1, 1);
+  o->stderr_buf = calloc (1, 1);
+  json_t *cmd = json_array ();
+  for (int i = 0; argv[i]; i++)
+    json_array_append_new (cmd, json_string (argv[i]));
+  json_t *req = json_pack ("{s:o,s:i}", "cmd", cmd, "timeout_ms", timeout_ms);
+  char *txt = json_dumps (req, JSON_COMPACT);
+  json_decref (req);
+  uint32_t stream = next_stream++;
+  int r = wr_frame_write (fd, stream, WR_MSG_EXEC, txt, (uint32_t) strlen (txt));
+  free (txt);
+  if (r < 0)
+    return r;
+  for (;;)
+    {
+      struct wr_frame f;
+      uint8_t *p = NULL;
+      r = read_frame (fd, &f, &p, timeout_ms + 5000);
+      if (r < 0)
+        return r;
+      if (f.stream != stream)
+        {
+          free (p);
+          continue;
+        }
+      if (f.type == WR_MSG_STDOUT)
+        append (&o->stdout_buf, &o->out_len, p, f.len);
+      else if (f.type == WR_MSG_STDERR)
+        append (&o->stderr_buf, &o->err_len, p, f.len);
+      else if (f.type == WR_MSG_EXIT || f.type == WR_MSG_ERROR)
+        {
+          json_t *j = json_loads ((char *) p, 0, NULL);
+          o->exit_code = j ? (int) json_integer_value (json_object_get (j, "exit_code")) : -1;
+          o->sig = j ? (int) json_integer_value (json_object_get (j, "signal")) : 0;
+          o->timed_out = j && json_is_true (json_object_get (j, "timed_out"));
+          o->got_exit = f.type == WR_MSG_EXIT;
+          if (f.type == WR_MSG_ERROR)
+            append (&o->stderr_buf, &o->err_len, p, f.len);
+          json_decref (j);
+          free (p);
+          return 0;
+        }
+      free (p);
+    }
+}
+
+#define RUN(fd, o, ...) run ((fd), (o), 20000, (const char *const[]){ __VA_ARGS__, NULL })
+
+static int
+read_hello (int fd)
+{
+  struct wr_frame f;
+  uint8_t *p = NULL;
+  int r = read_frame (fd, &f, &p, 10000);
+  if (r < 0)
+    return r;
+  r = f.type == WR_MSG_HELLO && f.stream == 0 && strstr ((char *) p, "\"version\"") ? 0 : -EPROTO;
+  free (p);
+  return r;
+}
+
+static void
+make_rootfs (void)
+{
+  char path[600];
+  snprintf (path, sizeof path, "%s/bin", rootfs);
+  wr_mkdir_p (path, 0755);
+  snprintf (path, sizeof path, "cp /bin/busybox %s/bin/busybox", rootfs);
+  if (system (path) != 0)
+    exit (2);
+  FILE *l = popen ("/bin/busybox --list", "r");
+  char name[128];
+  while (l && fgets (name, sizeof name, l))
+    {
+      name[strcspn (name, "\n")] = 0;
+      if (!name[0] || strcmp (name, "busybox") == 0)
+        continue;
+      snprintf (path, sizeof path, "%s/bin/%s", rootfs, name);
+      symlink ("busybox", path);
+    }
+  if (l)
+    pclose (l);
+  snprintf (path, sizeof path, "%s/data/sub", rootfs);
+  wr_mkdir_p (path, 0755);
+  snprintf (path, sizeof path, "%s/data/sub/file", rootfs);
+  int fd = open (path, O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+  close (fd);
+  snprintf (path, sizeof path, "%s/etc", rootfs);
+  mkdir (path, 0755);
+  snprintf (path, sizeof path, "%s/etc/passwd", rootfs);
+  FILE *pw = fopen (path, "w");
+  fputs ("root:x:0:0:root:/root:/bin/sh\n", pw);
+  fclose (pw);
+}
+
+static int
+spec_create (const char *id, struct wr_container_spec *spec, char *sdir, size_t sdir_len,
+             struct wr_container *c, wr_err_t *err)
+{
+  snprintf (sdir, sdir_len, "%s/%s", state_root, id);
+  mkdir (sdir, 0700);
+  static const char *lowers[1];
+  lowers[0] = lowerdir;
+  spec->id = id;
+  spec->state_dir = sdir;
+  spec->lowerdirs = lowers;
+  spec->n_lowerdirs = 1;
+  return wr_container_create (rt, spec, c, err);
+}
+
+static bool __attribute__ ((format (printf, 1, 2)))
+path_exists (const char *fmt, ...)
+{
+  char p[512];
+  va_list ap;
+  va_start (ap, fmt);
+  vsnprintf (p, sizeof p, fmt, ap);
+  va_end (ap);
+  return access (p, F_OK) == 0;
+}
+
+static bool
+cgroups_gone (const char *id)
+{
+  return !path_exists ("/sys/fs/cgroup/unified/warren/%s", id)
+         && !path_exists ("/sys/fs/cgroup/memory/warren/%s", id)
+         && !path_exists ("/sys/fs/cgroup/pids/warren/%s", id)
+         && !path_exists ("/sys/fs/cgroup/cpu/warren/%s", id)
+         && !path_exists ("/sys/fs/cgroup/warren/%s", id);
+}
+
+static int
+count_mounts (void)
+{
+  FILE *f = fopen ("/proc/self/mountinfo", "r");
+  int n = 0, ch;
+  while ((ch = fgetc (f)) != EOF)
+    n += ch == '\n';
+  fclose (f);
+  return n;
+}
+
+static void
+test_main_sandbox (void)
+{
+  wr_err_t err = { 0 };
+  struct wr_container_spec spec = { .memory_mb = 64, .disk_mb = 16, .pids_max = 64 };
+  struct wr_container c;
+  char sdir[512];
+  int mounts_before = count_mounts ();
+  int r = spec_create ("t-main", &spec, sdir, sizeof sdir, &c, &err);
+  TAP_OK (r == 0, "create sandbox (%s)", r ? err.msg : "ok");
+  if (r)
+    return;
+  TAP_OK (c.pid > 0 && c.pidfd >= 0 && c.agent_fd >= 0 && c.start_time > 0, "handles filled");
+  TAP_OK ((fcntl (c.agent_fd, F_GETFL) & O_NONBLOCK) && (fcntl (c.agent_fd, F_GETFD) & FD_CLOEXEC),
+          "agent_fd is O_NONBLOCK|O_CLOEXEC");
+  r = read_hello (c.agent_fd);
+  TAP_OK (r == 0, "agent sends HELLO");
+  TAP_OK (count_mounts () == mounts_before, "no mount added to the host namespace");
+
+  struct out o;
+  r = RUN (c.agent_fd, &o, "/bin/busybox", "id");
+  TAP_OK (r == 0 && o.exit_code == 0 && strncmp (o.stdout_buf, "uid=0", 5) == 0, "id: uid 0 (%s)",
+          o.stdout_buf);
+  out_free (&o);
+  RUN (c.agent_fd, &o, "/bin/cat", "/proc/self/uid_map");
+  unsigned a = 1, b = 0, n = 0;
+  sscanf (o.stdout_buf, "%u %u %u", &a, &b, &n);
+  TAP_OK (a == 0 && b == 100000 && n == 65536, "uid_map 0 -> 100000 x 65536");
+  out_free (&o);
+  RUN (c.agent_fd, &o, "/bin/ls", "/");
+  TAP_OK (o.exit_code == 0 && strstr (o.stdout_buf, "bin") && !strstr (o.stdout_buf, "work")
+              && !strstr (o.stdout_buf, "home") && !strstr (o.stdout_buf, "usr"),
+          "ls / shows only the image: %s", o.stdout_buf);
+  out_free (&o);
+  RUN (c.agent_fd, &o, "/bin/sh", "-c", "cat /proc/self/mountinfo | grep -c ' / / '; stat /work");
+  TAP_OK (o.exit_code != 0, "no host path reachable (stat /work fails)");
+  out_free (&o);
+  RUN (c.agent_fd, &o, "/bin/hostname");
+  TAP_OK (strcmp (o.stdout_buf, "t-main\n") == 0, "hostname is the id (%s)", o.stdout_buf);
+  out_free (&o);
+  RUN (c.agent_fd, &o, "/bin/sh", "-c", "echo x > /proc/sys/kernel/hostname");
+  TAP_OK (o.exit_code != 0, "/proc/sys is read-only (%s)", o.stderr_buf);
+  out_free (&o);
+  RUN (c.agent_fd, &o, "/bin/sh", "-c", "touch /sys/x; echo 1 > /sys/kernel/profiling");
+  TAP_OK (o.exit_code != 0, "/sys is read-only");
+  out_free (&o);
+  RUN (c.agent_fd, &o, "/bin/ls", "/sys/class/net");
+  TAP_OK (strcmp (o.stdout_buf, "lo\n") == 0, "net: only lo (%s)", o.stdout_buf);
+  out_free (&o);
+  RUN (c.agent_fd, &o, "/bin/cat", "/sys/class/net/lo/operstate");
+  TAP_OK (o.exit_code == 0 && strstr (o.stdout_buf, "unknown"), "lo is up (%s)", o.stdout_buf);
+  out_free (&o);
+  RUN (c.agent_fd, &o, "/bin/mount", "-t", "tmpfs", "x", "/tmp");
+  TAP_OK (o.exit_code != 0
+              && (strstr (o.stderr_buf, "not permitted") || strstr (o.stderr_buf, "permission denied")),
+          "mount fails: %s",
+          o.stderr_buf);
+  out_free (&o);
+  RUN (c.agent_fd, &o, "/bin/unshare", "-U", "/bin/true");
+  TAP_OK (o.exit_code != 0 && strstr (o.stderr_buf, "not permitted"), "unshare -U fails: %s",
+          o.stderr_buf);
+  out_free (&o);
+  RUN (c.agent_fd, &o, "/bin/sh", "-c", "grep -E '^Cap(Bnd|Eff)|NoNewPrivs|Seccomp:' /proc/self/status");
+  TAP_OK (strstr (o.stdout_buf, "CapBnd:\t00000000a80425fb") && strstr (o.stdout_buf, "NoNewPrivs:\t1")
+              && strstr (o.stdout_buf, "Seccomp:\t2"),
+          "caps = docker default, no_new_privs, seccomp filter");
+  out_free (&o);
+  RUN (c.agent_fd, &o, "/bin/sh", "-c", "ls -ld /tmp /dev/null /dev/pts/ptmx /dev/shm && echo hi > /dev/null && test -c /dev/urandom");
+  TAP_OK (o.exit_code == 0, "/tmp and /dev nodes present (%s%s)", o.stdout_buf, o.stderr_buf);
+  out_free (&o);
+  RUN (c.agent_fd, &o, "/bin/sh", "-c", "ls -ln /bin/busybox | awk '{print $3}'");
+  printf ("# lower files owned by uid %s", o.stdout_buf);
+  out_free (&o);
+  RUN (c.agent_fd, &o, "/bin/sh", "-c",
+       "rm /data/sub/file && rm -r /data/sub && mkdir /data/sub && ls -A /data/sub | wc -l");
+  TAP_OK (o.exit_code == 0 && strcmp (o.stdout_buf, "0\n") == 0,
+          "overlay whiteout + opaque dir work (%s%s)", o.stdout_buf, o.stderr_buf);
+  out_free (&o);
+
+  /* disk: writing past disk_mb gives ENOSPC inside */
+  RUN (c.agent_fd, &o, "/bin/dd", "if=/dev/zero", "of=/big", "bs=1M", "count=64");
+  TAP_OK (o.exit_code != 0 && strstr (o.stderr_buf, "No space left"), "disk full -> ENOSPC: %s",
+          o.stderr_buf);
+  out_free (&o);
+  RUN (c.agent_fd, &o, "/bin/rm", "/big");
+  out_free (&o);
+
+  /* pids: a fork bomb stops at pids.max */
+  RUN (c.agent_fd, &o, "/bin/sh", "-c",
+       "i=0; while [ $i -lt 200 ]; do sleep 30 & i=$((i+1)); done 2>/dev/null; echo started");
+  struct wr_container_stats st;
+  r = wr_container_stats (rt, &c, &st, &err);
+  TAP_OK (r == 0 && st.pids > 0 && st.pids <= 64, "fork bomb contained: %llu pids",
+          (unsigned long long) st.pids);
+  out_free (&o);
+  RUN (c.agent_fd, &o, "/bin/sh", "-c", "kill -9 $(pidof sleep) 2>/dev/null; true");
+  out_free (&o);
+
+  /* memory: a 200 MiB allocation under a 64 MiB limit is OOM-killed inside */
+  RUN (c.agent_fd, &o, "/bin/dd", "if=/dev/zero", "of=/dev/null", "bs=200M", "count=1");
+  r = wr_container_stats (rt, &c, &st, &err);
+  TAP_OK (o.sig == 9 || o.exit_code == 137, "memory bomb killed (signal %d exit %d)", o.sig,
+          o.exit_code);
+  TAP_OK (r == 0 && st.oom_kills >= 1 && st.memory_bytes > 0,
+          "stats: oom_kills=%llu memory=%llu cpu_ns=%llu", (unsigned long long) st.oom_kills,
+          (unsigned long long) st.memory_bytes, (unsigned long long) st.cpu_usage_ns);
+  out_free (&o);
+  RUN (c.agent_fd, &o, "/bin/true");
+  TAP_OK (o.exit_code == 0, "agent survives the OOM kill");
+  out_free (&o);
+
+  /* freeze / thaw */
+  r = wr_container_freeze (rt, &c, true, &err);
+  char buf[64] = "";
+  int fd = open ("/sys/fs/cgroup/unified/warren/t-main/cgroup.freeze", O_RDONLY);
+  if (fd >= 0)
+    {
+      read (fd, buf, sizeof buf - 1);
+      close (fd);
+    }
+  TAP_OK (r == 0 && buf[0] == '1', "freeze");
+  r = wr_container_freeze (rt, &c, false, &err);
+  RUN (c.agent_fd, &o, "/bin/true");
+  TAP_OK (r == 0 && o.exit_code == 0, "thaw: exec works again");
+  out_free (&o);
+
+  /* adopt after a "daemon restart": drop our connection and reconnect */
+  pid_t pid = c.pid;
+  uint64_t stime = c.start_time;
+  close (c.agent_fd);
+  close (c.pidfd);
+  struct wr_container c2;
+  r = wr_container_adopt (rt, "t-main", pid, stime + 1, sdir, &c2, &err);
+  TAP_OK (r < 0, "adopt with a wrong start time fails");
+  r = wr_container_adopt (rt, "t-main", pid, stime, sdir, &c2, &err);
+  TAP_OK (r == 0, "adopt (%s)", r ? err.msg : "ok");
+  if (r == 0)
+    {
+      r = read_hello (c2.agent_fd);
+      TAP_OK (r == 0, "HELLO after reconnect");
+      RUN (c2.agent_fd, &o, "/bin/echo", "again");
+      TAP_OK (strcmp (o.stdout_buf, "again\n") == 0, "exec after adopt");
+      out_free (&o);
+    }
+  else
+    {
+      c2 = c;
+      c2.agent_fd = c2.pidfd = -1;
+    }
+
+  r = wr_container_destroy (rt, &c2, sdir, &err);
+  TAP_OK (r == 0, "destroy (%s)", r ? err.msg : "ok");
+  waitpid (pid, NULL, WNOHANG);
+  TAP_OK (cgroups_gone ("t-main"), "no cgroup dir left");
+  TAP_OK (kill (pid, 0) < 0 && errno == ESRCH, "agent process gone");
+  TAP_OK (!path_exists ("%s/agent.sock", sdir), "agent.sock removed");
+  TAP_OK (count_mounts () == mounts_before, "no mounts left");
+  r = wr_container_destroy (rt, &c2, sdir, &err);
+  TAP_OK (r == 0, "destroy is idempotent");
+  rmdir (sdir);
+}
+
+static void
+test_reap_without_pid (void)
+{
+  wr_err_t err = { 0 };
+  struct wr_container_spec spec = { .net_host = true, .hostname = "named-host" };
+  struct wr_container c;
+  char sdir[512];
+  int r = spec_create ("t-orphan", &spec, sdir, sizeof sdir, &c, &err);
+  TAP_OK (r == 0, "create net_host sandbox (%s)", r ? err.msg : "ok");
+  if (r)
+    return;
+  read_hello (c.agent_fd);
+  struct out o;
+  RUN (c.agent_fd, &o, "/bin/hostname");
+  TAP_OK (strcmp (o.stdout_buf, "named-host\n") == 0, "spec hostname used");
+  out_free (&o);
+  RUN (c.agent_fd, &o, "/bin/sh", "-c", "sleep 100 & sleep 100 & touch /sys/x; echo $?");
+  TAP_OK (strcmp (o.stdout_buf, "1\n") == 0, "net_host: /sys read-only rbind");
+  out_free (&o);
+  pid_t pid = c.pid;
+  struct wr_container lost = { .pid = 0, .pidfd = -1, .agent_fd = -1 };
+  snprintf (lost.id, sizeof lost.id, "t-orphan");
+  close (c.agent_fd);
+  close (c.pidfd);
+  r = wr_container_destroy (rt, &lost, sdir, &err);
+  TAP_OK (r == 0, "destroy with pid 0 via the cgroup (%s)", r ? err.msg : "ok");
+  int status;
+  pid_t w = waitpid (pid, &status, 0);
+  TAP_OK (w == pid && WIFSIGNALED (status), "agent was killed");
+  TAP_OK (cgroups_gone ("t-orphan"), "cgroups removed");
+  rmdir (sdir);
+}
+
+static void
+test_bad_input (void)
+{
+  wr_err_t err = { 0 };
+  struct wr_container c;
+  char sdir[512];
+  struct wr_container_spec spec = { 0 };
+  int r = spec_create ("../x", &spec, sdir, sizeof sdir, &c, &err);
+  TAP_OK (r < 0 && strcmp (err.code, WR_E_INVALID) == 0, "invalid id rejected");
+  const char *bad[] = { "/tmp/a,upperdir=/etc" };
+  spec = (struct wr_container_spec){ .id = "t-bad", .state_dir = state_root, .lowerdirs = bad,
+                                     .n_lowerdirs = 1 };
+  r = wr_container_create (rt, &spec, &c, &err);
+  TAP_OK (r < 0, "layer path with overlay syntax is not parsed as options");
+  spec = (struct wr_container_spec){ .hostname = "a b" };
+  r = spec_create ("t-bad", &spec, sdir, sizeof sdir, &c, &err);
+  TAP_OK (r < 0, "bad hostname rejected");
+  const char *missing[] = { "/nonexistent-layer" };
+  spec = (struct wr_container_spec){ .id = "t-bad", .state_dir = sdir, .lowerdirs = missing,
+                                     .n_lowerdirs = 1 };
+  r = wr_container_create (rt, &spec, &c, &err);
+  TAP_OK (r < 0 && strstr (err.msg, "overlay") && cgroups_gone ("t-bad")
+              && !path_exists ("%s/agent.sock", sdir),
+          "setup failure reported and cleaned up (%s)", err.msg);
+  rmdir (sdir);
+}
+
+static int
+cmp_u64 (const void *a, const void *b)
+{
+  uint64_t x = *(const uint64_t *) a, y = *(const uint64_t *) b;
+  return x < y ? -1 : x > y;
+}
+
+static void
+test_loop (int iters)
+{
+  wr_err_t err = { 0 };
+  uint64_t *create = calloc ((size_t) iters, 8), *destroy = calloc ((size_t) iters, 8);
+  int fails = 0;
+  char sdir[512];
+  uint64_t t0 = wr_now_ns ();
+  for (int i = 0; i < iters; i++)
+    {
+      struct wr_container_spec spec = { .memory_mb = 256 };
+      struct wr_container c;
+      uint64_t a = wr_now_ns ();
+      if (spec_create ("t-loop", &spec, sdir, sizeof sdir, &c, &err) < 0)
+        {
+          fails++;
+          continue;
+        }
+      uint64_t b = wr_now_ns ();
+      if (wr_container_destroy (rt, &c, sdir, &err) < 0)
+        fails++;
+      destroy[i] = wr_now_ns () - b;
+      create[i] = b - a;
+    }
+  uint64_t total = wr_now_ns () - t0;
+  qsort (create, (size_t) iters, 8, cmp_u64);
+  qsort (destroy, (size_t) iters, 8, cmp_u64);
+  printf ("# %d x create+destroy: %.2f ms/iter (create p50 %.2f p90 %.2f, destroy p50 %.2f p90 %.2f)\n",
+          iters, total / 1e6 / iters, create[iters / 2] / 1e6, create[iters * 9 / 10] / 1e6,
+          destroy[iters / 2] / 1e6, destroy[iters * 9 / 10] / 1e6);
+  TAP_OK (fails == 0, "%d create+destroy, %d failures (%s)", iters, fails, fails ? err.msg : "");
+  TAP_OK (cgroups_gone ("t-loop"), "loop left no cgroup");
+  rmdir (sdir);
+  free (create);
+  free (destroy);
+}
+
+int
+main (int argc, char **argv)
+{
+  if (geteuid () != 0)
+    {
+      TAP_SKIP ("needs root", "container tests");
+      return TAP_DONE ();
+    }
+  alarm (600);
+  const char *b = getenv ("WARREN_BUILD");
+  if (b)
+    snprintf (agent, sizeof agent, "%s/bin/warren-agent", b);
+  else
+    {
+      char self[2048];
+      ssize_t n = readlink ("/proc/self/exe", self, sizeof self - 1);
+      self[n > 0 ? n : 0] = 0;
+      char *s = strrchr (self, '/');
+      if (s)
+        *s = 0;
+      snprintf (agent, sizeof agent, "%s/../bin/warren-agent", self);
+    }
+  if (access (agent, X_OK) < 0)
+    {
+      TAP_OK (0, "agent binary %s missing", agent);
+      return TAP_DONE ();
+    }
+  wr_err_t err = { 0 };
+  int pr = wr_runtime_private_mountns (&err);
+  TAP_OK (pr == 0, "private mount namespace (%s)", err.msg);
+  snprintf (tmp, sizeof tmp, "/tmp/wr-ctr-XXXXXX");
+  if (!mkdtemp (tmp))
+    return 2;
+  snprintf (rootfs, sizeof rootfs, "%s/rootfs", tmp);
+  snprintf (lower, sizeof lower, "%s/lower", tmp);
+  snprintf (state_root, sizeof state_root, "%s/state", tmp);
+  mkdir (lower, 0755);
+  mkdir (state_root, 0700);
+  make_rootfs ();
+
+  struct wr_runtime_config cfg = { .root = state_root, .agent_path = agent, .uid_base = 100000,
+                                   .uid_count = 65536 };
+  int r = wr_runtime_new (&cfg, &rt, &err);
+  TAP_OK (r == 0, "runtime: %s", r ? err.msg : wr_runtime_describe (rt));
+  if (r)
+    return TAP_DONE ();
+  r = wr_idmap_mount (wr_runtime_userns_fd (rt), rootfs, lower, &err);
+  TAP_OK (r == 0, "idmapped lower layer (%s)", r ? err.msg : "ok");
+  lowerdir = r == 0 ? lower : rootfs;
+
+  test_bad_input ();
+  test_main_sandbox ();
+  test_reap_without_pid ();
+  int iters = argc > 1 ? atoi (argv[1]) : 200;
+  test_loop (iters > 0 ? iters : 200);
+
+  umount2 (lower, MNT_DETACH);
+  wr_runtime_free (rt);
+  bool parents_gone = access ("/sys/fs/cgroup/unified/warren", F_OK) < 0
+                      && access ("/sys/fs/cgroup/memory/warren", F_OK) < 0;
+  TAP_OK (parents_gone,
+          "runtime_free removed the warren parents");
+  char cmd[400];
+  snprintf (cmd, sizeof cmd, "rm -rf %s", tmp);
+  system (cmd);
+  return TAP_DONE ();
+}
