@@ -394,6 +394,13 @@ test_resolve_list (struct wr_store *s)
   r = wr_image_resolve (s, digest, &img, &err);
   CHECK (r == 0 && strcmp (img->digest, digest) == 0, "resolve by manifest digest");
   wr_image_free (img);
+  snprintf (ref, sizeof ref, "tree:again@%s", digest);
+  r = wr_image_resolve (s, ref, &img, &err);
+  CHECK (r == 0 && strcmp (img->name, "tree:again") == 0, "resolve name:tag@digest");
+  wr_image_free (img);
+  snprintf (ref, sizeof ref, "tree:nope@%s", digest);
+  r = wr_image_resolve (s, ref, &img, &err);
+  CHECK (r < 0 && strcmp (err.code, WR_E_NOT_FOUND) == 0, "name:tag@digest with another tag");
   snprintf (ref, sizeof ref, "fmt@%s", digest);
   r = wr_image_resolve (s, ref, &img, &err);
   CHECK (r < 0 && strcmp (err.code, WR_E_NOT_FOUND) == 0, "name@digest of another name: not_found");
@@ -611,8 +618,11 @@ test_remove_gc (struct wr_store *s, sqlite3 *db)
          "removing a missing tag: not_found");
 
   /* a layer in use survives the removal of its last image */
-  const char *dir = "/nonexistent";
-  CHECK (wr_layer_acquire (s, tar_layer, &dir, &err) == 0, "acquire before removal");
+  const char *acq = NULL;
+  char dir[600] = "/nonexistent"; /* acq is only valid until the release */
+  CHECK (wr_layer_acquire (s, tar_layer, &acq, &err) == 0, "acquire before removal");
+  if (acq)
+    snprintf (dir, sizeof dir, "%s", acq);
   CHECK (wr_image_remove (s, "fmt:v1", &err) == 0 && wr_image_remove (s, "fmt:v2", &err) == 0
              && wr_image_remove (s, "fmt", &err) < 0,
          "remove more tags");
