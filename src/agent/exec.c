@@ -32,6 +32,7 @@ struct out_pipe
   uint8_t type;
   uint64_t cap, sent;
   bool truncated;
+  bool eof;
 };
 
 struct exec
@@ -61,15 +62,18 @@ static bool
 out_read (struct out_pipe *o)
 {
   static uint8_t buf[AG_CHUNK];
-  if (o->w.fd < 0)
+  if (o->w.fd < 0 || o->eof)
     return false;
   ssize_t n = read (o->w.fd, buf, sizeof buf);
   if (n < 0 && (errno == EINTR || errno == EAGAIN))
     return false;
   if (n <= 0)
     {
-      /* EOF, or EIO from a pty master once the slave side is gone. */
-      ag_watch_close (&o->w);
+      /* EOF, or EIO from a pty master once the slave side is gone. The
+       * master stays open until the process is reaped: closing it hangs
+       * up the tty and would SIGHUP a process that is about to exit. */
+      o->eof = true;
+      ag_watch_set (&o->w, 0);
       return false;
     }
   size_t fwd = 0;
@@ -98,7 +102,7 @@ ag_exec_pause_output (bool pause)
       {
         struct exec *e = (struct exec *)r;
         for (int i = 0; i < 2; i++)
-          if (e->out[i].w.fd >= 0)
+          if (e->out[i].w.fd >= 0 && !e->out[i].eof)
             ag_watch_set (&e->out[i].w, pause ? 0 : EPOLLIN);
       }
 }

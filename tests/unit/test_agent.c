@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -75,6 +76,7 @@ agent_start (const char *root, bool no_openat2, int listen_fd, bool with_conn)
   pid_t pid = fork ();
   if (pid == 0)
     {
+      prctl (PR_SET_PDEATHSIG, SIGKILL); /* no agent outlives a crashed test */
       int c = with_conn ? fcntl (sv[1], F_DUPFD, 100) : -1;
       int l = listen_fd >= 0 ? fcntl (listen_fd, F_DUPFD, 100) : -1;
       const char *args[12];
