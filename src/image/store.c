@@ -24,6 +24,7 @@ struct layer_mount
   unsigned refs;
   bool base_mounted; /* ROOT/mnt/layers/<hex> */
   bool idmapped;     /* ROOT/mnt/idmap/<hex> */
+  bool gc_pending;   /* gc wanted it while in use: collect at the last release */
   char *dir;         /* what acquire hands out */
   struct layer_mount *next;
 };
@@ -914,6 +915,8 @@ wr_layer_acquire (struct wr_store *s, const char *digest, const char **ret_dir, 
   return 0;
 }
 
+static int gc_locked (struct wr_store *s, wr_err_t *err);
+
 void
 wr_layer_release (struct wr_store *s, const char *digest)
 {
@@ -923,9 +926,10 @@ wr_layer_release (struct wr_store *s, const char *digest)
   LOCK_GUARD (s);
   struct layer_mount *m = mount_find (s, hex);
   /* stays mounted at 0 as a cache: the next sandbox skips the mount; gc and
-   * close unmount unused layers */
-  if (m && m->refs > 0)
-    m->refs--;
+   * close unmount unused layers. A layer whose image was removed while in
+   * use goes now. */
+  if (m && m->refs > 0 && --m->refs == 0 && m->gc_pending)
+    gc_locked (s, NULL);
 }
 
 /* ---- gc ---- */
@@ -1016,7 +1020,10 @@ gc_locked (struct wr_store *s, wr_err_t *err)
           continue;
         struct layer_mount *m = mount_find (s, hex);
         if (m && m->refs > 0)
-          continue; /* in use by a sandbox: never removed */
+          {
+            m->gc_pending = true; /* in use by a sandbox: never removed now */
+            continue;
+          }
         if (hexset_add (&doomed, hex) < 0)
           {
             wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");

@@ -635,9 +635,9 @@ test_remove_gc (struct wr_store *s, sqlite3 *db)
   CHECK (layer_file_exists (tar_layer) && mount_count (dir) == 1,
          "acquired layer kept and still mounted");
   wr_layer_release (s, tar_layer);
+  CHECK (!layer_file_exists (tar_layer), "last release collects a removed image's layer");
+  CHECK (mount_count (dir) == 0, "and unmounts it");
   CHECK (wr_store_gc (s, &err) == 0, "gc");
-  CHECK (!layer_file_exists (tar_layer), "released unreferenced layer collected");
-  CHECK (mount_count (dir) == 0, "and unmounted");
   CHECK (layer_file_exists (dir_layer), "layers still referenced kept");
 
   /* moving a tag to new content collects the old manifest and layer */
