@@ -43,7 +43,7 @@ parse_mountinfo (char v2[256], char v1[WR_V1_N][256], wr_err_t *err)
       if (strcmp (fstype, "cgroup2") == 0)
         {
           if (v2[0] == '\0')
-            snprintf (v2, 256, "%s", mnt);
+            memcpy (v2, mnt, strlen (mnt) + 1);
         }
       else if (strcmp (fstype, "cgroup") == 0)
         {
@@ -51,7 +51,7 @@ parse_mountinfo (char v2[256], char v1[WR_V1_N][256], wr_err_t *err)
           for (char *o = strtok_r (opts, ",", &save); o; o = strtok_r (NULL, ",", &save))
             for (int i = 0; i < WR_V1_N; i++)
               if (strcmp (o, v1_names[i]) == 0 && v1[i][0] == '\0')
-                snprintf (v1[i], 256, "%s", mnt);
+                memcpy (v1[i], mnt, strlen (mnt) + 1);
         }
     }
   return 0;
