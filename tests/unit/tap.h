@@ -8,8 +8,9 @@ static int tap_n, tap_failed;
 #define TAP_OK(cond, ...)                                                                          \
   do                                                                                               \
     {                                                                                              \
+      int tap_c_ = !!(cond);                                                                       \
       tap_n++;                                                                                     \
-      if (cond)                                                                                    \
+      if (tap_c_)                                                                                  \
         printf ("ok %d - ", tap_n);                                                                \
       else                                                                                         \
         {                                                                                          \
@@ -17,7 +18,7 @@ static int tap_n, tap_failed;
           printf ("not ok %d - ", tap_n);                                                          \
         }                                                                                          \
       printf (__VA_ARGS__);                                                                        \
-      printf ("%s\n", (cond) ? "" : "  (" #cond ")");                                            \
+      printf ("%s\n", tap_c_ ? "" : "  (" #cond ")");                                            \
       fflush (stdout);                                                                             \
     }                                                                                              \
   while (0)
