@@ -67,6 +67,11 @@ reply_empty (struct evhttp_request *req, int status)
 static void
 json_set_bytes (json_t *o, const char *field, const void *data, size_t len)
 {
+  if (len == 0)
+    {
+      json_object_set_new (o, field, json_string (""));
+      return;
+    }
   if (wr_utf8_valid (data, len))
     {
       json_object_set_new (o, field, json_stringn (data, len));
@@ -215,6 +220,15 @@ exec_on_done (void *ud, json_t *res)
   json_object_set_new (usage, "oom_killed", json_boolean (oom));
   double secs = (double) (wr_now_ns () - x->t0) / 1e9;
   wrd_metrics_exec (x->d, secs, true);
+  /* A command that could not start: say why where a shell user looks. */
+  const char *why = json_string_value (json_object_get (r, "error"));
+  if (why && evbuffer_get_length (x->errb) == 0)
+    {
+      if (x->stream)
+        stream_line (x, json_pack ("{s:s,s:s++}", "stream", "stderr", "data", "warren: ", why, "\n"));
+      else
+        evbuffer_add_printf (x->errb, "warren: %s\n", why);
+    }
   if (x->stream)
     stream_line (x, r);
   else

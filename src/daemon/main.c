@@ -172,7 +172,12 @@ main (int argc, char **argv)
     }
   char defsock[1200];
   snprintf (defsock, sizeof defsock, "unix:%s/warrend.sock", d.root);
-  if (n_listen == 0)
+  /* The owner-only unix socket is always served (local administration),
+   * at DIR/warrend.sock unless another unix path was given. */
+  bool have_unix = false;
+  for (size_t i = 0; i < n_listen; i++)
+    have_unix |= strncmp (listens[i], "unix:", 5) == 0;
+  if (!have_unix && n_listen < WR_ARRAY_SIZE (listens))
     listens[n_listen++] = defsock;
   for (size_t i = 0; i < n_listen; i++)
     if (wrd_http_listen (&d, listens[i], &err) < 0)
