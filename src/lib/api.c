@@ -57,7 +57,7 @@ static int
 slow_timeout (warren_client_t *c)
 {
   return c->timeout_ms == 0 || c->timeout_ms > WL_SLOW_TIMEOUT_MS ? c->timeout_ms
-                                                                   : WL_SLOW_TIMEOUT_MS;
+                                                                  : WL_SLOW_TIMEOUT_MS;
 }
 
 /* An exec may legitimately run for its whole timeout_s: wait that long plus
@@ -72,7 +72,7 @@ exec_timeout (warren_client_t *c, const json_t *req)
   if (!(s > 0) || s > 86400)
     s = 86400;
   double ms = s * 1000 + 30000;
-  return ms > c->timeout_ms ? (int) ms : c->timeout_ms;
+  return ms > c->timeout_ms ? (int)ms : c->timeout_ms;
 }
 
 json_t *
@@ -83,7 +83,7 @@ warren_sandbox_create (warren_client_t *c, const json_t *req, warren_error_t *er
       wl_error (err, 0, WARREN_E_INVALID, 0, "sandbox request must be a JSON object");
       return NULL;
     }
-  _cleanup_(json_decrefp) json_t *empty = req ? NULL : json_object ();
+  _cleanup_ (json_decrefp) json_t *empty = req ? NULL : json_object ();
   /* Creation may wait for an image to be mounted or a VM to boot. */
   return call_json (c, "POST", "/v1/sandboxes", req ? req : empty, slow_timeout (c), err);
 }
@@ -139,7 +139,7 @@ warren_sandbox_pack (warren_client_t *c, const char *id, const char *name, warre
 {
   if (check_ref ("image name", name, err) < 0)
     return NULL;
-  _cleanup_(json_decrefp) json_t *body = json_pack ("{s:s}", "name", name);
+  _cleanup_ (json_decrefp) json_t *body = json_pack ("{s:s}", "name", name);
   if (body == NULL)
     {
       wl_error (err, 0, WARREN_E_INVALID, 0, "image name is not valid UTF-8");
@@ -227,7 +227,7 @@ warren_exec_stream (warren_client_t *c, const char *id, const json_t *req, warre
       wl_error (err, 0, WARREN_E_INVALID, 0, "exec request must be a JSON object");
       return NULL;
     }
-  _cleanup_(json_decrefp) json_t *body = json_copy ((json_t *) req);
+  _cleanup_ (json_decrefp) json_t *body = json_copy ((json_t *)req);
   if (body == NULL || json_object_set_new (body, "stream", json_true ()) < 0)
     {
       wl_error (err, ENOMEM, WARREN_E_INTERNAL, 0, "exec request");
@@ -241,8 +241,12 @@ warren_exec_stream (warren_client_t *c, const char *id, const json_t *req, warre
     }
   char target[256];
   snprintf (target, sizeof target, "/v1/sandboxes/%s/exec?stream=1", id);
-  wl_request_t hreq = { .method = "POST", .target = target, .content_type = "application/json",
-                        .body = text, .body_fd = -1, .body_len = strlen (text),
+  wl_request_t hreq = { .method = "POST",
+                        .target = target,
+                        .content_type = "application/json",
+                        .body = text,
+                        .body_fd = -1,
+                        .body_len = strlen (text),
                         .timeout_ms = exec_timeout (c, req) };
   wl_response_t resp;
   if (wl_http_begin (c, &hreq, &resp, err) < 0)
@@ -265,8 +269,7 @@ warren_exec_stream (warren_client_t *c, const char *id, const json_t *req, warre
       if (!json_is_object (res))
         {
           json_decref (res);
-          wl_error (err, 0, WARREN_E_PROTOCOL, resp.status, "invalid exec result from %s",
-                    c->host);
+          wl_error (err, 0, WARREN_E_PROTOCOL, resp.status, "invalid exec result from %s", c->host);
           return NULL;
         }
       if (emit_result_output (c, res, fn, userdata, err) < 0)
@@ -295,8 +298,8 @@ warren_exec_stream (warren_client_t *c, const char *id, const json_t *req, warre
       const char *p = buf, *end = buf + n;
       while (p < end || (eof && len > 0))
         {
-          const char *nl = p < end ? memchr (p, '\n', (size_t) (end - p)) : NULL;
-          size_t take = nl ? (size_t) (nl - p) : (size_t) (end - p);
+          const char *nl = p < end ? memchr (p, '\n', (size_t)(end - p)) : NULL;
+          size_t take = nl ? (size_t)(nl - p) : (size_t)(end - p);
           if (len + take > NDJSON_LINE_MAX)
             {
               wl_error (err, 0, WARREN_E_PROTOCOL, 0, "stream line from %s too long", c->host);
@@ -379,8 +382,7 @@ warren_exec_stream (warren_client_t *c, const char *id, const json_t *req, warre
       return NULL;
     }
   if (result == NULL)
-    wl_error (err, 0, WARREN_E_PROTOCOL, 0, "exec stream from %s ended without a result",
-              c->host);
+    wl_error (err, 0, WARREN_E_PROTOCOL, 0, "exec stream from %s ended without a result", c->host);
   return result;
 }
 
@@ -406,20 +408,25 @@ files_target (const char *id, const char *path, const char *extra, warren_error_
 }
 
 static int
-put_body (warren_client_t *c, const char *id, const char *path, const void *data, int fd,
-          off_t off, uint64_t len, int mode, unsigned flags, warren_error_t *err)
+put_body (warren_client_t *c, const char *id, const char *path, const void *data, int fd, off_t off,
+          uint64_t len, int mode, unsigned flags, warren_error_t *err)
 {
   char extra[64] = "";
   if (mode >= 0)
-    snprintf (extra, sizeof extra, "&mode=0%o", (unsigned) mode & 07777);
+    snprintf (extra, sizeof extra, "&mode=0%o", (unsigned)mode & 07777);
   if (flags & WARREN_PUT_APPEND)
     strcat (extra, "&append=1");
   _cleanup_free_ char *target = files_target (id, path, extra, err);
   if (target == NULL)
     return -1;
-  wl_request_t req = { .method = "PUT", .target = target,
-                       .content_type = "application/octet-stream", .body = data, .body_fd = fd,
-                       .body_off = off, .body_len = len, .timeout_ms = slow_timeout (c) };
+  wl_request_t req = { .method = "PUT",
+                       .target = target,
+                       .content_type = "application/octet-stream",
+                       .body = data,
+                       .body_fd = fd,
+                       .body_off = off,
+                       .body_len = len,
+                       .timeout_ms = slow_timeout (c) };
   wl_response_t resp;
   if (wl_http_begin (c, &req, &resp, err) < 0)
     return -1;
@@ -432,8 +439,8 @@ put_body (warren_client_t *c, const char *id, const char *path, const void *data
 }
 
 int
-warren_file_put (warren_client_t *c, const char *id, const char *path, const void *data,
-                 size_t len, int mode, unsigned flags, warren_error_t *err)
+warren_file_put (warren_client_t *c, const char *id, const char *path, const void *data, size_t len,
+                 int mode, unsigned flags, warren_error_t *err)
 {
   if (data == NULL && len > 0)
     return wl_error (err, 0, WARREN_E_INVALID, 0, "no data");
@@ -452,7 +459,7 @@ warren_file_put_fd (warren_client_t *c, const char *id, const char *path, int fd
       off_t off = lseek (fd, 0, SEEK_CUR);
       if (off < 0)
         off = 0;
-      uint64_t len = st.st_size > off ? (uint64_t) (st.st_size - off) : 0;
+      uint64_t len = st.st_size > off ? (uint64_t)(st.st_size - off) : 0;
       return put_body (c, id, path, NULL, len ? fd : -1, off, len, mode, flags, err);
     }
   if (S_ISDIR (st.st_mode))
@@ -472,10 +479,10 @@ warren_file_put_fd (warren_client_t *c, const char *id, const char *path, int fd
         return wl_error (err, errno, WARREN_E_IO, 0, "reading the upload");
       if (n == 0)
         break;
-      int r = wr_write_all (spool, buf, (size_t) n);
+      int r = wr_write_all (spool, buf, (size_t)n);
       if (r < 0)
         return wl_error (err, -r, WARREN_E_IO, 0, "spooling the upload");
-      total += (uint64_t) n;
+      total += (uint64_t)n;
     }
   return put_body (c, id, path, NULL, total ? spool : -1, 0, total, mode, flags, err);
 }
@@ -487,8 +494,8 @@ warren_file_get_fd (warren_client_t *c, const char *id, const char *path, int fd
   _cleanup_free_ char *target = files_target (id, path, "", err);
   if (target == NULL)
     return -1;
-  wl_request_t req = { .method = "GET", .target = target, .body_fd = -1,
-                       .timeout_ms = slow_timeout (c) };
+  wl_request_t req
+      = { .method = "GET", .target = target, .body_fd = -1, .timeout_ms = slow_timeout (c) };
   wl_response_t resp;
   if (wl_http_begin (c, &req, &resp, err) < 0)
     return -1;
@@ -507,13 +514,13 @@ warren_file_get_fd (warren_client_t *c, const char *id, const char *path, int fd
         }
       if (n == 0)
         break;
-      int w = wr_write_all (fd, buf, (size_t) n);
+      int w = wr_write_all (fd, buf, (size_t)n);
       if (w < 0)
         {
           r = wl_error (err, -w, WARREN_E_IO, 0, "writing %s", path);
           break;
         }
-      total += (uint64_t) n;
+      total += (uint64_t)n;
     }
   wl_http_end (c, &resp);
   if (r == 0 && ret_size)
@@ -522,14 +529,14 @@ warren_file_get_fd (warren_client_t *c, const char *id, const char *path, int fd
 }
 
 int
-warren_file_get (warren_client_t *c, const char *id, const char *path, void **ret,
-                 size_t *ret_len, size_t max, warren_error_t *err)
+warren_file_get (warren_client_t *c, const char *id, const char *path, void **ret, size_t *ret_len,
+                 size_t max, warren_error_t *err)
 {
   _cleanup_free_ char *target = files_target (id, path, "", err);
   if (target == NULL)
     return -1;
-  wl_request_t req = { .method = "GET", .target = target, .body_fd = -1,
-                       .timeout_ms = slow_timeout (c) };
+  wl_request_t req
+      = { .method = "GET", .target = target, .body_fd = -1, .timeout_ms = slow_timeout (c) };
   wl_response_t resp;
   if (wl_http_begin (c, &req, &resp, err) < 0)
     return -1;
@@ -585,7 +592,7 @@ warren_image_import (warren_client_t *c, const char *name, const char *path, war
 {
   if (check_ref ("image name", name, err) < 0 || check_ref ("import path", path, err) < 0)
     return NULL;
-  _cleanup_(json_decrefp) json_t *body = json_pack ("{s:s,s:s}", "name", name, "path", path);
+  _cleanup_ (json_decrefp) json_t *body = json_pack ("{s:s,s:s}", "name", name, "path", path);
   if (body == NULL)
     {
       wl_error (err, 0, WARREN_E_INVALID, 0, "image name or path is not valid UTF-8");
@@ -668,6 +675,6 @@ warren_pool_set (warren_client_t *c, const char *image, unsigned size, warren_er
   _cleanup_free_ char *target = ref_target ("/v1/pools/", image, err);
   if (target == NULL)
     return NULL;
-  _cleanup_(json_decrefp) json_t *body = json_pack ("{s:I}", "size", (json_int_t) size);
+  _cleanup_ (json_decrefp) json_t *body = json_pack ("{s:I}", "size", (json_int_t)size);
   return call_json (c, "PUT", target, body, 0, err);
 }

@@ -115,8 +115,7 @@ warren_client_new (const char *host, const char *token, warren_error_t *err)
   if (host == NULL || *host == '\0')
     {
       const char *root = getenv ("WARREN_ROOT");
-      if (asprintf (&dflt, "unix:%s/warrend.sock",
-                    root && *root ? root : "/var/lib/warren") < 0)
+      if (asprintf (&dflt, "unix:%s/warrend.sock", root && *root ? root : "/var/lib/warren") < 0)
         dflt = NULL;
       host = dflt;
     }
@@ -283,7 +282,7 @@ warren_base64_decode (const char *s, size_t len, void **ret, size_t *ret_len)
   out[n] = '\0';
   *ret = TAKE_PTR (out);
   if (ret_len)
-    *ret_len = (size_t) n;
+    *ret_len = (size_t)n;
   return 0;
 }
 
@@ -295,10 +294,10 @@ warren_result_status (const json_t *result)
   json_int_t sig = json_integer_value (json_object_get (result, "signal"));
   json_int_t code = json_integer_value (json_object_get (result, "exit_code"));
   if (sig > 0 && sig < 128)
-    return 128 + (int) sig;
+    return 128 + (int)sig;
   if (code < 0 || code > 255)
     return 255;
-  return (int) code;
+  return (int)code;
 }
 
 int
@@ -345,7 +344,7 @@ warren_json_set_bytes (json_t *obj, const char *key, const void *data, size_t le
                        warren_error_t *err)
 {
   char enc_key[64];
-  if (snprintf (enc_key, sizeof enc_key, "%s_encoding", key) >= (int) sizeof enc_key)
+  if (snprintf (enc_key, sizeof enc_key, "%s_encoding", key) >= (int)sizeof enc_key)
     return wl_error (err, 0, WARREN_E_INVALID, 0, "key too long");
   json_t *v;
   bool b64 = !wr_utf8_valid (data, len);

@@ -37,7 +37,7 @@ wl_error (warren_error_t *err, int errnum, const char *code, int status, const c
   va_end (ap);
   if (n < 0)
     n = 0;
-  if (errnum > 0 && (size_t) n < sizeof err->message)
+  if (errnum > 0 && (size_t)n < sizeof err->message)
     snprintf (err->message + n, sizeof err->message - n, ": %s", strerror (errnum));
   return ret;
 }
@@ -47,18 +47,30 @@ wl_code_for_status (int status)
 {
   switch (status)
     {
-    case 400: return WARREN_E_INVALID;
-    case 401: return WARREN_E_UNAUTHORIZED;
-    case 403: return WARREN_E_UNAUTHORIZED;
-    case 404: return WARREN_E_NOT_FOUND;
-    case 409: return WARREN_E_CONFLICT;
-    case 410: return WARREN_E_GONE;
-    case 413: return WARREN_E_TOO_LARGE;
-    case 429: return WARREN_E_EXHAUSTED;
-    case 501: return WARREN_E_UNSUPPORTED;
-    case 503: return WARREN_E_UNAVAILABLE;
-    case 504: return WARREN_E_TIMEOUT;
-    default: return status >= 500 ? WARREN_E_INTERNAL : WARREN_E_INVALID;
+    case 400:
+      return WARREN_E_INVALID;
+    case 401:
+      return WARREN_E_UNAUTHORIZED;
+    case 403:
+      return WARREN_E_UNAUTHORIZED;
+    case 404:
+      return WARREN_E_NOT_FOUND;
+    case 409:
+      return WARREN_E_CONFLICT;
+    case 410:
+      return WARREN_E_GONE;
+    case 413:
+      return WARREN_E_TOO_LARGE;
+    case 429:
+      return WARREN_E_EXHAUSTED;
+    case 501:
+      return WARREN_E_UNSUPPORTED;
+    case 503:
+      return WARREN_E_UNAVAILABLE;
+    case 504:
+      return WARREN_E_TIMEOUT;
+    default:
+      return status >= 500 ? WARREN_E_INTERNAL : WARREN_E_INVALID;
     }
 }
 
@@ -85,7 +97,7 @@ conn_wait (warren_client_t *c, short events, warren_error_t *err)
           uint64_t now = wr_now_ns ();
           if (now >= c->deadline_ns)
             return wl_error (err, 0, WARREN_E_TIMEOUT, 0, "no answer from %s in time", c->host);
-          slice = (int) ((c->deadline_ns - now + 999999) / 1000000);
+          slice = (int)((c->deadline_ns - now + 999999) / 1000000);
         }
       /* A signal may land between the flag check and poll(); slicing bounds
        * how long such a cancel goes unnoticed. */
@@ -121,7 +133,7 @@ conn_send (warren_client_t *c, const void *buf, size_t len, warren_error_t *err)
           return wl_error (err, errno, WARREN_E_CONNECT, 0, "sending to %s", c->host);
         }
       p += n;
-      len -= (size_t) n;
+      len -= (size_t)n;
     }
   return 0;
 }
@@ -167,7 +179,7 @@ conn_read (warren_client_t *c, void *buf, size_t n, warren_error_t *err)
         m = n;
       memcpy (buf, c->rbuf + c->rpos, m);
       c->rpos += m;
-      return (ssize_t) m;
+      return (ssize_t)m;
     }
   return conn_recv (c, buf, n, err);
 }
@@ -186,7 +198,7 @@ conn_fill (warren_client_t *c, warren_error_t *err)
     return wl_error (err, 0, WARREN_E_PROTOCOL, 0, "response line too long from %s", c->host);
   ssize_t r = conn_recv (c, c->rbuf + c->rlen, WL_RBUF_SIZE - c->rlen, err);
   if (r > 0)
-    c->rlen += (size_t) r;
+    c->rlen += (size_t)r;
   return r;
 }
 
@@ -199,7 +211,7 @@ conn_getline (warren_client_t *c, char *line, size_t cap, warren_error_t *err)
       char *nl = memchr (c->rbuf + c->rpos, '\n', c->rlen - c->rpos);
       if (nl)
         {
-          size_t len = (size_t) (nl - (c->rbuf + c->rpos));
+          size_t len = (size_t)(nl - (c->rbuf + c->rpos));
           if (len >= cap)
             return wl_error (err, 0, WARREN_E_PROTOCOL, 0, "response line too long from %s",
                              c->host);
@@ -207,7 +219,7 @@ conn_getline (warren_client_t *c, char *line, size_t cap, warren_error_t *err)
           if (len > 0 && line[len - 1] == '\r')
             len--;
           line[len] = '\0';
-          c->rpos += (size_t) (nl - (c->rbuf + c->rpos)) + 1;
+          c->rpos += (size_t)(nl - (c->rbuf + c->rpos)) + 1;
           return 0;
         }
       if (c->rlen - c->rpos >= cap)
@@ -244,7 +256,7 @@ connect_unix (warren_client_t *c, warren_error_t *err)
    * full; back off briefly until the deadline. */
   for (;;)
     {
-      if (connect (fd, (struct sockaddr *) &sa, sizeof sa) == 0)
+      if (connect (fd, (struct sockaddr *)&sa, sizeof sa) == 0)
         break;
       if (errno == EINTR)
         continue;
@@ -272,8 +284,7 @@ connect_tcp (warren_client_t *c, warren_error_t *err)
   int last = ECONNREFUSED;
   for (struct addrinfo *a = ai; a; a = a->ai_next)
     {
-      int fd = socket (a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                       a->ai_protocol);
+      int fd = socket (a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
       if (fd < 0)
         {
           last = errno;
@@ -329,7 +340,7 @@ static bool
 token_char_ok (const char *s)
 {
   for (; *s; s++)
-    if ((unsigned char) *s < 0x21 || (unsigned char) *s > 0x7e)
+    if ((unsigned char)*s < 0x21 || (unsigned char)*s > 0x7e)
       return false;
   return true;
 }
@@ -346,9 +357,9 @@ send_request (warren_client_t *c, const wl_request_t *req, warren_error_t *err)
   int hl = asprintf (&head,
                      "%s %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: libwarren/" WARREN_VERSION
                      "\r\nAccept: */*\r\n%s%s%s%s%s%s\r\n",
-                     req->method, req->target, c->host_header, c->token ? "Authorization: Bearer " : "",
-                     c->token ? c->token : "", c->token ? "\r\n" : "",
-                     req->content_type && has_body ? "Content-Type: " : "",
+                     req->method, req->target, c->host_header,
+                     c->token ? "Authorization: Bearer " : "", c->token ? c->token : "",
+                     c->token ? "\r\n" : "", req->content_type && has_body ? "Content-Type: " : "",
                      req->content_type && has_body ? req->content_type : "",
                      req->content_type && has_body ? "\r\n" : "");
   if (hl < 0)
@@ -362,14 +373,14 @@ send_request (warren_client_t *c, const wl_request_t *req, warren_error_t *err)
   if (req->body && req->body_len > 0 && req->body_len <= 65536)
     {
       /* One write for small requests: no extra segment, no extra syscall. */
-      _cleanup_free_ char *one = malloc ((size_t) fl + req->body_len);
+      _cleanup_free_ char *one = malloc ((size_t)fl + req->body_len);
       if (one == NULL)
         return wl_error (err, ENOMEM, WARREN_E_INTERNAL, 0, "request");
-      memcpy (one, full, (size_t) fl);
+      memcpy (one, full, (size_t)fl);
       memcpy (one + fl, req->body, req->body_len);
-      return conn_send (c, one, (size_t) fl + req->body_len, err);
+      return conn_send (c, one, (size_t)fl + req->body_len, err);
     }
-  if (conn_send (c, full, (size_t) fl, err) < 0)
+  if (conn_send (c, full, (size_t)fl, err) < 0)
     return -1;
   if (req->body && req->body_len > 0)
     return conn_send (c, req->body, req->body_len, err);
@@ -380,7 +391,7 @@ send_request (warren_client_t *c, const wl_request_t *req, warren_error_t *err)
       off_t off = req->body_off;
       while (left > 0)
         {
-          size_t want = left < sizeof buf ? (size_t) left : sizeof buf;
+          size_t want = left < sizeof buf ? (size_t)left : sizeof buf;
           ssize_t n = pread (req->body_fd, buf, want, off);
           if (n < 0 && errno == EINTR)
             continue;
@@ -388,10 +399,10 @@ send_request (warren_client_t *c, const wl_request_t *req, warren_error_t *err)
             return wl_error (err, errno, WARREN_E_IO, 0, "reading the upload");
           if (n == 0)
             return wl_error (err, 0, WARREN_E_IO, 0, "the upload shrank while it was being sent");
-          if (conn_send (c, buf, (size_t) n, err) < 0)
+          if (conn_send (c, buf, (size_t)n, err) < 0)
             return -1;
           off += n;
-          left -= (uint64_t) n;
+          left -= (uint64_t)n;
         }
     }
   return 0;
@@ -408,18 +419,18 @@ skip_ws (char *s)
 static int
 parse_u64 (const char *s, int base, uint64_t *ret)
 {
-  if (!isxdigit ((unsigned char) *s))
+  if (!isxdigit ((unsigned char)*s))
     return -1;
   uint64_t v = 0;
-  for (; isxdigit ((unsigned char) *s); s++)
+  for (; isxdigit ((unsigned char)*s); s++)
     {
-      int d = isdigit ((unsigned char) *s) ? *s - '0' : (tolower ((unsigned char) *s) - 'a' + 10);
-      if (d >= base || v > (UINT64_MAX - (uint64_t) d) / (uint64_t) base)
+      int d = isdigit ((unsigned char)*s) ? *s - '0' : (tolower ((unsigned char)*s) - 'a' + 10);
+      if (d >= base || v > (UINT64_MAX - (uint64_t)d) / (uint64_t)base)
         return -1;
-      v = v * (uint64_t) base + (uint64_t) d;
+      v = v * (uint64_t)base + (uint64_t)d;
     }
   *ret = v;
-  return *skip_ws ((char *) s) == '\0' ? 0 : -1;
+  return *skip_ws ((char *)s) == '\0' ? 0 : -1;
 }
 
 /* Read and parse one response head; 1xx interim responses are skipped. */
@@ -457,7 +468,7 @@ read_head (warren_client_t *c, const wl_request_t *req, wl_response_t *resp, war
             }
         }
       char *head = c->rbuf + c->rpos;
-      size_t hlen = (size_t) (end - head);
+      size_t hlen = (size_t)(end - head);
       if (hlen > WL_HEADER_MAX)
         return wl_error (err, 0, WARREN_E_PROTOCOL, 0, "response headers from %s exceed %d bytes",
                          c->host, WL_HEADER_MAX);
@@ -501,7 +512,7 @@ read_head (warren_client_t *c, const wl_request_t *req, wl_response_t *resp, war
           else if (strcasecmp (line, "Transfer-Encoding") == 0)
             {
               const char *last = strrchr (v, ',');
-              last = last ? skip_ws ((char *) last + 1) : v;
+              last = last ? skip_ws ((char *)last + 1) : v;
               if (strcasecmp (last, "chunked") != 0)
                 return wl_error (err, 0, WARREN_E_PROTOCOL, 0,
                                  "unsupported Transfer-Encoding '%.64s' from %s", v, c->host);
@@ -545,7 +556,7 @@ wl_http_begin (warren_client_t *c, const wl_request_t *req, wl_response_t *resp,
   if (c->token && !token_char_ok (c->token))
     return wl_error (err, 0, WARREN_E_INVALID, 0, "the token contains invalid characters");
   int timeout = req->timeout_ms ? req->timeout_ms : c->timeout_ms;
-  c->deadline_ns = timeout > 0 ? wr_now_ns () + (uint64_t) timeout * 1000000ull : 0;
+  c->deadline_ns = timeout > 0 ? wr_now_ns () + (uint64_t)timeout * 1000000ull : 0;
   bool idempotent = strcmp (req->method, "GET") == 0 || strcmp (req->method, "PUT") == 0
                     || strcmp (req->method, "DELETE") == 0 || strcmp (req->method, "HEAD") == 0;
   for (int attempt = 0;; attempt++)
@@ -644,13 +655,13 @@ wl_http_read (warren_client_t *c, wl_response_t *resp, void *buf, size_t n, warr
           resp->remaining = size;
           resp->in_chunk = true;
         }
-      size_t m = resp->remaining < n ? (size_t) resp->remaining : n;
+      size_t m = resp->remaining < n ? (size_t)resp->remaining : n;
       ssize_t r = conn_read (c, buf, m, err);
       if (r < 0)
         return -1;
       if (r == 0)
         return truncated (c, err);
-      resp->remaining -= (uint64_t) r;
+      resp->remaining -= (uint64_t)r;
       if (resp->remaining == 0)
         {
           resp->in_chunk = false;
@@ -658,13 +669,13 @@ wl_http_read (warren_client_t *c, wl_response_t *resp, void *buf, size_t n, warr
         }
       return r;
     }
-  size_t m = resp->remaining < n ? (size_t) resp->remaining : n;
+  size_t m = resp->remaining < n ? (size_t)resp->remaining : n;
   ssize_t r = conn_read (c, buf, m, err);
   if (r < 0)
     return -1;
   if (r == 0)
     return truncated (c, err);
-  resp->remaining -= (uint64_t) r;
+  resp->remaining -= (uint64_t)r;
   if (resp->remaining == 0)
     resp->done = true;
   return r;
@@ -679,12 +690,12 @@ wl_http_end (warren_client_t *c, wl_response_t *resp)
 }
 
 int
-wl_http_read_all (warren_client_t *c, wl_response_t *resp, size_t max, char **ret,
-                  size_t *ret_len, warren_error_t *err)
+wl_http_read_all (warren_client_t *c, wl_response_t *resp, size_t max, char **ret, size_t *ret_len,
+                  warren_error_t *err)
 {
   size_t cap = resp->done || resp->chunked || resp->until_close
                    ? 4096
-                   : (resp->remaining < max ? (size_t) resp->remaining + 1 : max + 1);
+                   : (resp->remaining < max ? (size_t)resp->remaining + 1 : max + 1);
   if (!resp->chunked && !resp->until_close && resp->remaining > max)
     return wl_error (err, 0, WARREN_E_TOO_LARGE, 0, "response from %s larger than %zu bytes",
                      c->host, max);
@@ -713,7 +724,7 @@ wl_http_read_all (warren_client_t *c, wl_response_t *resp, size_t max, char **re
       ssize_t r = wl_http_read (c, resp, buf + len, cap - 1 - len, err);
       if (r < 0)
         return -1;
-      len += (size_t) r;
+      len += (size_t)r;
     }
   buf[len] = '\0';
   *ret = TAKE_PTR (buf);
@@ -752,8 +763,8 @@ wl_http_error (warren_client_t *c, wl_response_t *resp, warren_error_t *err)
   for (size_t i = 0; body && i < len && k < sizeof snip - 1; i++)
     snip[k++] = (body[i] >= 0x20 && body[i] < 0x7f) ? body[i] : ' ';
   snip[k] = '\0';
-  return wl_error (err, 0, wl_code_for_status (status), status, "%s answered HTTP %d%s%s",
-                   c->host, status, k ? ": " : "", snip);
+  return wl_error (err, 0, wl_code_for_status (status), status, "%s answered HTTP %d%s%s", c->host,
+                   status, k ? ": " : "", snip);
 }
 
 char *
@@ -767,9 +778,9 @@ wl_urlencode (const char *s)
   char *o = out;
   for (; *s; s++)
     {
-      unsigned char ch = (unsigned char) *s;
+      unsigned char ch = (unsigned char)*s;
       if (isalnum (ch) || ch == '-' || ch == '_' || ch == '.' || ch == '~')
-        *o++ = (char) ch;
+        *o++ = (char)ch;
       else
         {
           *o++ = '%';

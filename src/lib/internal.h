@@ -10,26 +10,27 @@
 
 #define WL_HIDDEN __attribute__ ((visibility ("hidden")))
 
-#define WL_HEADER_MAX (32 * 1024)   /* status line + headers of one response */
-#define WL_RBUF_SIZE (64 * 1024)    /* must exceed WL_HEADER_MAX */
-#define WL_JSON_MAX (512u << 20)    /* a JSON response body (exec output is capped at 64 MiB x2, base64) */
+#define WL_HEADER_MAX (32 * 1024) /* status line + headers of one response */
+#define WL_RBUF_SIZE (64 * 1024)  /* must exceed WL_HEADER_MAX */
+#define WL_JSON_MAX                                                                                \
+  (512u << 20) /* a JSON response body (exec output is capped at 64 MiB x2, base64) */
 #define WL_ERROR_BODY_MAX (1u << 20)
 #define WL_DEFAULT_TIMEOUT_MS 60000
 #define WL_SLOW_TIMEOUT_MS (3600 * 1000) /* image import, pack */
 
 struct warren_client
 {
-  char *host;       /* as resolved, for messages */
-  char *unix_path;  /* unix socket, or NULL for TCP */
-  char *tcp_host;   /* TCP host and port */
+  char *host;      /* as resolved, for messages */
+  char *unix_path; /* unix socket, or NULL for TCP */
+  char *tcp_host;  /* TCP host and port */
   char *tcp_port;
   char *host_header;
   char *token;
   int timeout_ms;
   const volatile sig_atomic_t *cancel;
 
-  int fd;            /* cached connection, -1 when none */
-  unsigned requests; /* served on fd, to know whether it was reused */
+  int fd;               /* cached connection, -1 when none */
+  unsigned requests;    /* served on fd, to know whether it was reused */
   uint64_t deadline_ns; /* of the request in progress, 0 = none */
   bool conn_failed;     /* the last transport error was the peer going away */
   bool got_bytes;       /* some response bytes arrived for the request in progress */
@@ -42,11 +43,11 @@ typedef struct wl_request
   const char *method;
   const char *target; /* path and query, already encoded */
   const char *content_type;
-  const void *body;   /* in-memory body, or */
-  int body_fd;        /* -1, or a seekable fd streamed from body_off */
+  const void *body; /* in-memory body, or */
+  int body_fd;      /* -1, or a seekable fd streamed from body_off */
   off_t body_off;
   uint64_t body_len;
-  int timeout_ms;     /* 0 = the client's default */
+  int timeout_ms; /* 0 = the client's default */
 } wl_request_t;
 
 typedef struct wl_response
@@ -58,7 +59,7 @@ typedef struct wl_response
   bool done;          /* body fully consumed */
   uint64_t remaining; /* of the Content-Length body or the current chunk */
   bool in_chunk;
-  bool chunk_crlf;    /* the CRLF closing the previous chunk is still to read */
+  bool chunk_crlf; /* the CRLF closing the previous chunk is still to read */
   char content_type[128];
 } wl_response_t;
 

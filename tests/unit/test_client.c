@@ -45,7 +45,7 @@ now_ms (void)
 {
   struct timespec ts;
   clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (uint64_t) ts.tv_sec * 1000 + (uint64_t) ts.tv_nsec / 1000000;
+  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
 /* ---- fake daemon ---- */
@@ -128,7 +128,7 @@ srv_read_req (int fd, req_t *r)
       ssize_t k = read (fd, r->body + got, r->body_len - got);
       if (k <= 0)
         return -1;
-      got += (size_t) k;
+      got += (size_t)k;
     }
   r->body[r->body_len] = '\0';
   return 0;
@@ -144,7 +144,7 @@ srv_write (int fd, const void *data, size_t len)
       if (k <= 0)
         return;
       p += k;
-      len -= (size_t) k;
+      len -= (size_t)k;
     }
 }
 
@@ -204,7 +204,7 @@ srv_start (srv_t *s, void (*handler) (srv_t *), int arg)
   s->lfd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   struct sockaddr_un sa = { .sun_family = AF_UNIX };
   strcpy (sa.sun_path, s->path);
-  if (bind (s->lfd, (struct sockaddr *) &sa, sizeof sa) < 0 || listen (s->lfd, 16) < 0)
+  if (bind (s->lfd, (struct sockaddr *)&sa, sizeof sa) < 0 || listen (s->lfd, 16) < 0)
     {
       perror ("fake server");
       exit (2);
@@ -290,7 +290,8 @@ h_errors (srv_t *s)
   SCHECK (s, srv_read_req (fd, &r) == 0);
   SCHECK (s, strcmp (r.target, "/v1/sandboxes/zzz") == 0);
   free (r.body);
-  srv_json (fd, 404, "{\"error\":{\"code\":\"not_found\",\"message\":\"sandbox zzz: no such sandbox\"}}");
+  srv_json (fd, 404,
+            "{\"error\":{\"code\":\"not_found\",\"message\":\"sandbox zzz: no such sandbox\"}}");
   SCHECK (s, srv_read_req (fd, &r) == 0);
   free (r.body);
   srv_puts (fd, "HTTP/1.1 502 Bad Gateway\r\nContent-Length: 11\r\n\r\nproxy\x01oops!");
@@ -340,8 +341,8 @@ h_split (srv_t *s)
   SCHECK (s, srv_read_req (fd, &r) == 0);
   SCHECK (s, strcmp (r.target, "/v1/sandboxes/abc-1") == 0);
   free (r.body);
-  const char *parts[] = { "HTTP/1.1 2", "00 OK\r\nConte", "nt-Length: 34\r", "\n\r",
-                          "\n{\"id\":\"abc-1\",", "\"state\":\"r", "unning\"}  " };
+  const char *parts[] = { "HTTP/1.1 2",           "00 OK\r\nConte", "nt-Length: 34\r", "\n\r",
+                          "\n{\"id\":\"abc-1\",", "\"state\":\"r",  "unning\"}  " };
   for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
     {
       srv_puts (fd, parts[i]);
@@ -378,8 +379,8 @@ h_stream (srv_t *s)
   SCHECK (s, json_is_true (json_object_get (b, "stream")));
   SCHECK (s, json_array_size (json_object_get (b, "cmd")) == 2);
   SCHECK (s, strcmp (json_string_value (json_object_get (b, "stdin")) ?: "", "AP8=") == 0);
-  SCHECK (s, strcmp (json_string_value (json_object_get (b, "stdin_encoding")) ?: "", "base64")
-                 == 0);
+  SCHECK (s,
+          strcmp (json_string_value (json_object_get (b, "stdin_encoding")) ?: "", "base64") == 0);
   json_decref (b);
   free (r.body);
   srv_puts (fd, "HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
@@ -436,7 +437,7 @@ test_stream (void)
   warren_client_t *c = client_for (&s, NULL);
   warren_error_t err = { 0 };
   json_t *req = json_pack ("{s:[s,s]}", "cmd", "echo", "hi");
-  static const char in[] = { 0x00, (char) 0xff };
+  static const char in[] = { 0x00, (char)0xff };
   CHECK (warren_json_set_bytes (req, "stdin", in, 2, &err) == 0, "binary stdin set as base64");
   struct outbuf o = { 0 };
   json_t *res = warren_exec_stream (c, "abc", req, collect, &o, &err);
@@ -487,7 +488,7 @@ test_early_close (void)
       uint64_t dt = now_ms () - t0;
       CHECK (j == NULL && strcmp (err.code, "protocol_error") == 0 && strstr (err.message, "closed")
                  && dt < 2000,
-             "early close mode %d: clear error in %llu ms (%s)", mode, (unsigned long long) dt,
+             "early close mode %d: clear error in %llu ms (%s)", mode, (unsigned long long)dt,
              err.message);
       warren_client_free (c);
       CHECK (srv_join (&s) == 0 && s.accepts == 1, "early close mode %d: no retry of POST", mode);
@@ -604,8 +605,8 @@ test_oversize (void)
       warren_client_t *c = client_for (&s, NULL);
       warren_error_t err = { 0 };
       json_t *j = warren_healthz (c, &err);
-      CHECK (j == NULL && strcmp (err.code, "protocol_error") == 0,
-             "oversize %s rejected (%s)", mode ? "chunk size line" : "headers", err.message);
+      CHECK (j == NULL && strcmp (err.code, "protocol_error") == 0, "oversize %s rejected (%s)",
+             mode ? "chunk size line" : "headers", err.message);
       warren_client_free (c);
       CHECK (srv_join (&s) == 0, "oversize: server checks");
     }
@@ -651,7 +652,7 @@ test_timeout_cancel (void)
   json_t *j = warren_healthz (c, &err);
   uint64_t dt = now_ms () - t0;
   CHECK (j == NULL && strcmp (err.code, "timeout") == 0 && dt >= 250 && dt < 2000,
-         "silent daemon times out after %llu ms (%s)", (unsigned long long) dt, err.message);
+         "silent daemon times out after %llu ms (%s)", (unsigned long long)dt, err.message);
   warren_client_free (c);
   CHECK (srv_join (&s) == 0, "timeout: server checks");
 
@@ -667,8 +668,7 @@ test_timeout_cancel (void)
   dt = now_ms () - t0;
   pthread_join (th, NULL);
   CHECK (j == NULL && strcmp (err.code, "cancelled") == 0 && o.olen == 1 && dt < 1500,
-         "cancel flag stops a streaming exec in %llu ms (%s)", (unsigned long long) dt,
-         err.message);
+         "cancel flag stops a streaming exec in %llu ms (%s)", (unsigned long long)dt, err.message);
   json_decref (req);
   warren_client_free (c);
   CHECK (srv_join (&s) == 0, "cancel: server checks");
@@ -687,7 +687,7 @@ h_files (srv_t *s)
   SCHECK (s, strcmp (r.target, "/v1/sandboxes/abc/files?path=%2Fdir%2Fa%20b%26c&mode=0644") == 0);
   SCHECK (s, r.body_len == 256);
   for (size_t i = 0; i < r.body_len && i < 256; i++)
-    SCHECK (s, (unsigned char) r.body[i] == i);
+    SCHECK (s, (unsigned char)r.body[i] == i);
   free (r.body);
   srv_json (fd, 201, "{\"path\":\"/dir/a b&c\",\"size\":256}");
   /* 2: regular-file upload, streamed. */
@@ -696,7 +696,7 @@ h_files (srv_t *s)
   if (r.body_len != BIG)
     printf ("# got %zu bytes, target %s headers %s\n", r.body_len, r.target, r.headers);
   for (size_t i = 0; i < r.body_len; i++)
-    if ((unsigned char) r.body[i] != (unsigned char) (i * 7))
+    if ((unsigned char)r.body[i] != (unsigned char)(i * 7))
       {
         SCHECK (s, !"file upload bytes differ");
         break;
@@ -717,7 +717,7 @@ h_files (srv_t *s)
                 "Transfer-Encoding: chunked\r\n\r\n");
   unsigned char *big = malloc (BIG);
   for (size_t i = 0; i < BIG; i++)
-    big[i] = (unsigned char) (i * 7);
+    big[i] = (unsigned char)(i * 7);
   for (size_t off = 0; off < BIG; off += 10000)
     srv_chunk (fd, big + off, BIG - off < 10000 ? BIG - off : 10000);
   srv_puts (fd, "0\r\n\r\n");
@@ -765,7 +765,7 @@ test_files (void)
   warren_error_t err = { 0 };
   unsigned char buf[256];
   for (int i = 0; i < 256; i++)
-    buf[i] = (unsigned char) i;
+    buf[i] = (unsigned char)i;
   CHECK (warren_file_put (c, "abc", "/dir/a b&c", buf, 256, 0644, 0, &err) == 0,
          "binary buffer upload with mode and encoded path (%s)", err.message);
 
@@ -774,7 +774,7 @@ test_files (void)
   int f = open (fpath, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   unsigned char *big = malloc (BIG);
   for (size_t i = 0; i < BIG; i++)
-    big[i] = (unsigned char) (i * 7);
+    big[i] = (unsigned char)(i * 7);
   CHECK (write (f, big, BIG) == BIG && lseek (f, 0, SEEK_SET) == 0, "temp file written");
   CHECK (warren_file_put_fd (c, "abc", "/big", f, -1, 0, &err) == 0, "regular file streamed (%s)",
          err.message);
@@ -791,7 +791,7 @@ test_files (void)
   f = open (fpath, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   uint64_t got = 0;
   CHECK (warren_file_get_fd (c, "abc", "/big", f, &got, &err) == 0 && got == BIG,
-         "chunked download to fd (%llu bytes)", (unsigned long long) got);
+         "chunked download to fd (%llu bytes)", (unsigned long long)got);
   unsigned char *back = malloc (BIG);
   CHECK (pread (f, back, BIG, 0) == BIG && memcmp (back, big, BIG) == 0,
          "downloaded bytes identical");
@@ -819,8 +819,12 @@ test_files (void)
 static void
 test_base64 (void)
 {
-  static const char *vec[][2] = { { "", "" },         { "f", "Zg==" },         { "fo", "Zm8=" },
-                                  { "foo", "Zm9v" },  { "foob", "Zm9vYg==" },  { "fooba", "Zm9vYmE=" },
+  static const char *vec[][2] = { { "", "" },
+                                  { "f", "Zg==" },
+                                  { "fo", "Zm8=" },
+                                  { "foo", "Zm9v" },
+                                  { "foob", "Zm9vYg==" },
+                                  { "fooba", "Zm9vYmE=" },
                                   { "foobar", "Zm9vYmFy" } };
   int ok = 1;
   for (size_t i = 0; i < sizeof vec / sizeof vec[0]; i++)
@@ -833,7 +837,7 @@ test_base64 (void)
   CHECK (ok, "RFC 4648 test vectors");
   unsigned char src[300];
   for (size_t i = 0; i < sizeof src; i++)
-    src[i] = (unsigned char) (255 - i * 13);
+    src[i] = (unsigned char)(255 - i * 13);
   ok = 1;
   for (size_t len = 0; len <= sizeof src; len++)
     {

@@ -1,0 +1,87 @@
+/* The `warren` CLI: one function per verb over libwarren. */
+#ifndef WR_CLI_H
+#define WR_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <warren/warren.h>
+
+/* Exit statuses of warren itself (exec/run/call otherwise exit with the
+ * command's own status). */
+#define CLI_EXIT_FAIL 1  /* the request failed */
+#define CLI_EXIT_USAGE 2 /* bad command line */
+#define CLI_EXIT_TIMEOUT 124
+#define CLI_EXIT_OWN 125 /* exec/run/call: warren failed, not the command */
+
+typedef struct cli
+{
+  const char *host;
+  const char
+      *token; /* from --token-file / $WARREN_TOKEN_FILE; NULL: libwarren reads $WARREN_TOKEN */
+  warren_client_t *client;
+} cli_t;
+
+/* The client, created on first use; NULL after printing why. */
+warren_client_t *cli_client (cli_t *cli);
+
+/* "warren: <message>" on stderr. */
+void cli_errorf (const char *fmt, ...) __attribute__ ((format (printf, 1, 2)));
+/* Print e as "warren: [prefix: ]message"; returns CLI_EXIT_FAIL. */
+int cli_fail (const warren_error_t *e, const char *prefix);
+/* Usage error for verb: message, then a hint; returns CLI_EXIT_USAGE. */
+int cli_usage (const char *verb, const char *fmt, ...) __attribute__ ((format (printf, 2, 3)));
+/* Print the help of verb (e.g. "exec", "image import") to f. */
+void cli_help (const char *verb, FILE *f);
+
+bool cli_parse_u64 (const char *s, uint64_t min, uint64_t max, uint64_t *ret);
+bool cli_parse_seconds (const char *s, double max, double *ret);
+/* A copy of s with control characters replaced, safe to print in a table. */
+char *cli_printable (const char *s);
+/* Pretty JSON on stdout. */
+int cli_print_json (const json_t *j);
+/* "5s", "3m", "2h", "4d" since the epoch timestamp t (seconds, float). */
+void cli_age (double t, char *buf, size_t n);
+void cli_size (double bytes, char *buf, size_t n);
+/* Build {"cmd":[argv...]}; NULL after printing why (arguments must be UTF-8). */
+json_t *cli_cmd_request (int argc, char **argv);
+/* K=V into obj["env"]; false after printing why. */
+bool cli_add_env (json_t *req, const char *kv, const char *verb);
+/* Read a whole fd (max bytes); NULL after printing why. */
+char *cli_slurp (int fd, const char *what, size_t max, size_t *ret_len);
+
+/* SIGINT/SIGTERM/SIGHUP set cli_interrupted (the signal number) instead of
+ * killing warren, so run can remove its sandbox and exec can drop its stream. */
+extern volatile sig_atomic_t cli_interrupted;
+void cli_trap_signals (void);
+
+int cmd_create (cli_t *cli, int argc, char **argv);
+int cmd_ls (cli_t *cli, int argc, char **argv);
+int cmd_inspect (cli_t *cli, int argc, char **argv);
+int cmd_rm (cli_t *cli, int argc, char **argv);
+int cmd_pause (cli_t *cli, int argc, char **argv);
+int cmd_resume (cli_t *cli, int argc, char **argv);
+int cmd_pack (cli_t *cli, int argc, char **argv);
+int cmd_exec (cli_t *cli, int argc, char **argv);
+int cmd_run (cli_t *cli, int argc, char **argv);
+int cmd_call (cli_t *cli, int argc, char **argv);
+int cmd_cp (cli_t *cli, int argc, char **argv);
+int cmd_image (cli_t *cli, int argc, char **argv);
+int cmd_pool (cli_t *cli, int argc, char **argv);
+int cmd_health (cli_t *cli, int argc, char **argv);
+int cmd_metrics (cli_t *cli, int argc, char **argv);
+
+/* Shared by create and run: handle one create flag into req. Returns 1 when
+ * opt was a create flag, 0 when not, -1 on a bad value (already printed). */
+int cli_create_opt (int opt, const char *arg, json_t *req, const char *verb);
+#define CLI_CREATE_LONGOPTS                                                                        \
+  { "backend", required_argument, NULL, 'B' }, { "image", required_argument, NULL, 'I' },          \
+      { "layer", required_argument, NULL, 'L' }, { "memory", required_argument, NULL, 'M' },       \
+      { "cpus", required_argument, NULL, 'C' }, { "disk", required_argument, NULL, 'D' },          \
+      { "ttl", required_argument, NULL, 'T' },                                                     \
+  {                                                                                                \
+    "net", required_argument, NULL, 'N'                                                            \
+  }
+
+#endif
