@@ -106,7 +106,7 @@ dispatch (struct agent_conn *c, const struct wr_frame *f)
     }
   p = unlink_pending (c, f->stream);
   json_error_t jerr;
-  json_t *j = json_loadb ((const char *) f->payload, f->len, 0, &jerr);
+  json_t *j = json_loadb ((const char *)f->payload, f->len, 0, &jerr);
   if (f->type == WR_MSG_ERROR || j == NULL)
     {
       const char *code = j ? json_string_value (json_object_get (j, "code")) : NULL;
@@ -129,17 +129,17 @@ read_cb (struct bufferevent *bev, void *arg)
   for (;;)
     {
       uint8_t hdr[WR_FRAME_HDR];
-      if (evbuffer_copyout (in, hdr, sizeof hdr) < (ev_ssize_t) sizeof hdr)
+      if (evbuffer_copyout (in, hdr, sizeof hdr) < (ev_ssize_t)sizeof hdr)
         return;
       struct wr_frame f;
-      uint32_t len = (uint32_t) hdr[0] | (uint32_t) hdr[1] << 8 | (uint32_t) hdr[2] << 16
-                     | (uint32_t) hdr[3] << 24;
+      uint32_t len = (uint32_t)hdr[0] | (uint32_t)hdr[1] << 8 | (uint32_t)hdr[2] << 16
+                     | (uint32_t)hdr[3] << 24;
       if (len > WR_FRAME_MAX)
         {
           conn_lost (c, "protocol error from the sandbox agent");
           return;
         }
-      if (evbuffer_get_length (in) < WR_FRAME_HDR + (size_t) len)
+      if (evbuffer_get_length (in) < WR_FRAME_HDR + (size_t)len)
         return;
       uint8_t *buf = evbuffer_pullup (in, WR_FRAME_HDR + len);
       int n = wr_frame_parse (buf, WR_FRAME_HDR + len, &f);
@@ -151,7 +151,7 @@ read_cb (struct bufferevent *bev, void *arg)
       dispatch (c, &f);
       if (c->dead)
         return;
-      evbuffer_drain (in, (size_t) n);
+      evbuffer_drain (in, (size_t)n);
     }
 }
 
@@ -216,7 +216,7 @@ agent_send (struct agent_conn *c, uint32_t stream, uint8_t type, const void *dat
   const uint8_t *p = data;
   do
     {
-      uint32_t n = len > WR_FRAME_MAX ? WR_FRAME_MAX : (uint32_t) len;
+      uint32_t n = len > WR_FRAME_MAX ? WR_FRAME_MAX : (uint32_t)len;
       uint8_t hdr[WR_FRAME_HDR];
       wr_frame_hdr_encode (hdr, n, stream, type);
       if (evbuffer_add (out, hdr, sizeof hdr) < 0 || (n && evbuffer_add (out, p, n) < 0))

@@ -33,8 +33,9 @@ struct sandbox
   char backend[16];
   char image[256];
   char image_digest[72];
-  json_t *spec;     /* normalised create request */
-  json_t *img_conf; /* image config (env, workdir) */
+  json_t *spec;                  /* normalised create request */
+  json_t *img_conf;              /* image config (env, workdir) */
+  const struct wrd_backend *ops; /* backends.h */
   struct wr_container c;
   bool has_container;
   char (*layers)[72]; /* acquired layer digests */

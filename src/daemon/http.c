@@ -17,6 +17,8 @@
 #include "common/b64.h"
 #include "common/proto.h"
 #include "common/util.h"
+#include "daemon/backends.h"
+#include "daemon/http_util.h"
 
 #define JSON_BODY_MAX (1u << 20)
 #define FILE_BODY_MAX (64u << 20)
@@ -26,8 +28,8 @@
 
 /* ---- replies ---- */
 
-static void
-reply_json (struct evhttp_request *req, int status, json_t *j)
+void
+wrd_reply_json (struct evhttp_request *req, int status, json_t *j)
 {
   struct evbuffer *b = evbuffer_new ();
   char *text = json_dumps (j, JSON_COMPACT);
@@ -37,35 +39,34 @@ reply_json (struct evhttp_request *req, int status, json_t *j)
       evbuffer_add (b, "\n", 1);
       free (text);
     }
-  evhttp_add_header (evhttp_request_get_output_headers (req), "Content-Type",
-                     "application/json");
+  evhttp_add_header (evhttp_request_get_output_headers (req), "Content-Type", "application/json");
   evhttp_send_reply (req, status, NULL, b);
   evbuffer_free (b);
   json_decref (j);
 }
 
-static void
-reply_error_code (struct evhttp_request *req, const char *code, const char *msg)
+void
+wrd_reply_error_code (struct evhttp_request *req, const char *code, const char *msg)
 {
-  reply_json (req, wr_code_http_status (code),
-              json_pack ("{s:{s:s,s:s}}", "error", "code", code, "message", msg));
+  wrd_reply_json (req, wr_code_http_status (code),
+                  json_pack ("{s:{s:s,s:s}}", "error", "code", code, "message", msg));
 }
 
-static void
-reply_error (struct evhttp_request *req, const wr_err_t *err)
+void
+wrd_reply_error (struct evhttp_request *req, const wr_err_t *err)
 {
-  reply_error_code (req, err->code ? err->code : WR_E_INTERNAL, err->msg);
+  wrd_reply_error_code (req, err->code ? err->code : WR_E_INTERNAL, err->msg);
 }
 
-static void
-reply_empty (struct evhttp_request *req, int status)
+void
+wrd_reply_empty (struct evhttp_request *req, int status)
 {
   evhttp_send_reply (req, status, NULL, NULL);
 }
 
 /* Put bytes into a JSON object as text, or base64 with "<field>_encoding". */
-static void
-json_set_bytes (json_t *o, const char *field, const void *data, size_t len)
+void
+wrd_json_set_bytes (json_t *o, const char *field, const void *data, size_t len)
 {
   if (len == 0)
     {
@@ -88,8 +89,8 @@ json_set_bytes (json_t *o, const char *field, const void *data, size_t len)
   json_object_set_new (o, key, json_string ("base64"));
 }
 
-static int
-read_json_body (struct evhttp_request *req, bool required, json_t **ret, wr_err_t *err)
+int
+wrd_read_json_body (struct evhttp_request *req, bool required, json_t **ret, wr_err_t *err)
 {
   struct evbuffer *in = evhttp_request_get_input_buffer (req);
   size_t len = evbuffer_get_length (in);
@@ -104,8 +105,8 @@ read_json_body (struct evhttp_request *req, bool required, json_t **ret, wr_err_
       return 0;
     }
   json_error_t jerr;
-  json_t *j = json_loadb ((const char *) evbuffer_pullup (in, -1), len, JSON_REJECT_DUPLICATES,
-                          &jerr);
+  json_t *j
+      = json_loadb ((const char *)evbuffer_pullup (in, -1), len, JSON_REJECT_DUPLICATES, &jerr);
   if (j == NULL)
     return wr_error (err, 0, WR_E_INVALID, "malformed JSON at line %d column %d: %s", jerr.line,
                      jerr.column, jerr.text);
@@ -118,16 +119,16 @@ read_json_body (struct evhttp_request *req, bool required, json_t **ret, wr_err_
   return 0;
 }
 
-static const char *
-query_get (struct evkeyvalq *q, const char *key)
+const char *
+wrd_query_get (struct evkeyvalq *q, const char *key)
 {
   return evhttp_find_header (q, key);
 }
 
-static bool
-query_flag (struct evkeyvalq *q, const char *key)
+bool
+wrd_query_flag (struct evkeyvalq *q, const char *key)
 {
-  const char *v = query_get (q, key);
+  const char *v = wrd_query_get (q, key);
   return v && (strcmp (v, "1") == 0 || strcmp (v, "true") == 0);
 }
 
@@ -184,7 +185,7 @@ exec_on_data (void *ud, uint8_t type, const uint8_t *data, size_t len)
   if (x->stream)
     {
       json_t *j = json_pack ("{s:s}", "stream", type == WR_MSG_STDERR ? "stderr" : "stdout");
-      json_set_bytes (j, "data", data, len);
+      wrd_json_set_bytes (j, "data", data, len);
       stream_line (x, j);
       return;
     }
@@ -211,21 +212,22 @@ exec_on_done (void *ud, json_t *res)
   if (x->sb && x->sb->has_container && (sig == 9 || code == 137))
     {
       struct wr_container_stats st;
-      if (wr_container_stats (x->d->rt, &x->sb->c, &st, NULL) == 0 && st.oom_kills > x->sb->oom_seen)
+      if (x->sb->ops->stats (x->d, &x->sb->c, &st, NULL) == 0 && st.oom_kills > x->sb->oom_seen)
         {
           oom = true;
           x->sb->oom_seen = st.oom_kills;
         }
     }
   json_object_set_new (usage, "oom_killed", json_boolean (oom));
-  double secs = (double) (wr_now_ns () - x->t0) / 1e9;
+  double secs = (double)(wr_now_ns () - x->t0) / 1e9;
   wrd_metrics_exec (x->d, secs, true);
   /* A command that could not start: say why where a shell user looks. */
   const char *why = json_string_value (json_object_get (r, "error"));
   if (why && evbuffer_get_length (x->errb) == 0)
     {
       if (x->stream)
-        stream_line (x, json_pack ("{s:s,s:s++}", "stream", "stderr", "data", "warren: ", why, "\n"));
+        stream_line (x,
+                     json_pack ("{s:s,s:s++}", "stream", "stderr", "data", "warren: ", why, "\n"));
       else
         evbuffer_add_printf (x->errb, "warren: %s\n", why);
     }
@@ -234,14 +236,14 @@ exec_on_done (void *ud, json_t *res)
   else
     {
       size_t n = evbuffer_get_length (x->out);
-      json_set_bytes (r, "stdout", evbuffer_pullup (x->out, -1), n);
+      wrd_json_set_bytes (r, "stdout", evbuffer_pullup (x->out, -1), n);
       n = evbuffer_get_length (x->errb);
-      json_set_bytes (r, "stderr", evbuffer_pullup (x->errb, -1), n);
+      wrd_json_set_bytes (r, "stderr", evbuffer_pullup (x->errb, -1), n);
     }
   if (x->stream)
     evhttp_send_reply_end (x->req);
   else
-    reply_json (x->req, 200, r);
+    wrd_reply_json (x->req, 200, r);
   exec_ctx_free (x);
 }
 
@@ -249,14 +251,14 @@ static void
 exec_on_error (void *ud, const char *code, const char *message)
 {
   struct exec_ctx *x = ud;
-  wrd_metrics_exec (x->d, (double) (wr_now_ns () - x->t0) / 1e9, false);
+  wrd_metrics_exec (x->d, (double)(wr_now_ns () - x->t0) / 1e9, false);
   if (x->stream)
     {
       stream_line (x, json_pack ("{s:{s:s,s:s}}", "error", "code", code, "message", message));
       evhttp_send_reply_end (x->req);
     }
   else
-    reply_error_code (x->req, code, message);
+    wrd_reply_error_code (x->req, code, message);
   exec_ctx_free (x);
 }
 
@@ -286,7 +288,7 @@ build_env (struct sandbox *sb, json_t *req_env, json_t **ret, wr_err_t *err)
     if (eq)
       {
         char key[257];
-        snprintf (key, sizeof key, "%.*s", (int) (eq - kv), kv);
+        snprintf (key, sizeof key, "%.*s", (int)(eq - kv), kv);
         json_object_set_new (merged, key, json_string (eq + 1));
       }
   }
@@ -312,8 +314,9 @@ build_env (struct sandbox *sb, json_t *req_env, json_t **ret, wr_err_t *err)
       }
     }
   if (json_object_get (merged, "PATH") == NULL)
-    json_object_set_new (merged, "PATH",
-                         json_string ("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"));
+    json_object_set_new (
+        merged, "PATH",
+        json_string ("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"));
   if (json_object_get (merged, "HOME") == NULL)
     json_object_set_new (merged, "HOME", json_string ("/root"));
   const char *k;
@@ -355,7 +358,9 @@ parse_exec (struct sandbox *sb, json_t *req, json_t **ret, char **ret_stdin, siz
         }
       size_t i;
       json_t *v;
-      json_array_foreach (cmd, i, v) if (!json_is_string (v) || json_string_length (v) != strlen (json_string_value (v)))
+      json_array_foreach (cmd, i,
+                          v) if (!json_is_string (v)
+                                 || json_string_length (v) != strlen (json_string_value (v)))
       {
         json_decref (a);
         return wr_error (err, 0, WR_E_INVALID, "field \"cmd\"[%zu] must be a string without NUL",
@@ -365,7 +370,8 @@ parse_exec (struct sandbox *sb, json_t *req, json_t **ret, char **ret_stdin, siz
     }
   else
     {
-      if (!json_is_string (shell) || json_string_length (shell) != strlen (json_string_value (shell)))
+      if (!json_is_string (shell)
+          || json_string_length (shell) != strlen (json_string_value (shell)))
         {
           json_decref (a);
           return wr_error (err, 0, WR_E_INVALID, "field \"shell\" must be a string without NUL");
@@ -403,7 +409,7 @@ parse_exec (struct sandbox *sb, json_t *req, json_t **ret, char **ret_stdin, siz
         }
       timeout = json_number_value (t);
     }
-  json_object_set_new (a, "timeout_ms", json_integer ((json_int_t) (timeout * 1000)));
+  json_object_set_new (a, "timeout_ms", json_integer ((json_int_t)(timeout * 1000)));
   static const char *caps[] = { "stdout_cap", "stderr_cap" };
   for (size_t i = 0; i < 2; i++)
     {
@@ -444,7 +450,7 @@ parse_exec (struct sandbox *sb, json_t *req, json_t **ret, char **ret_stdin, siz
               json_decref (a);
               return wr_error (err, 0, WR_E_INVALID, "field \"stdin\" is not valid base64");
             }
-          n = (size_t) m;
+          n = (size_t)m;
         }
       else
         memcpy (buf, json_string_value (in), n);
@@ -460,8 +466,7 @@ static int
 sandbox_usable (struct sandbox *sb, wr_err_t *err)
 {
   if (sb->state == SB_DEAD || !agent_conn_alive (sb->conn))
-    return wr_error (err, 0, WR_E_GONE, "sandbox %s is dead (its agent exited); delete it",
-                     sb->id);
+    return wr_error (err, 0, WR_E_GONE, "sandbox %s is dead (its agent exited); delete it", sb->id);
   if (sb->state == SB_PAUSED)
     return wr_error (err, 0, WR_E_CONFLICT, "sandbox %s is paused; resume it first", sb->id);
   return 0;
@@ -472,9 +477,9 @@ handle_exec (struct wrd *d, struct evhttp_request *req, struct sandbox *sb, stru
 {
   wr_err_t err;
   json_t *body = NULL, *areq = NULL;
-  if (sandbox_usable (sb, &err) < 0 || read_json_body (req, true, &body, &err) < 0)
+  if (sandbox_usable (sb, &err) < 0 || wrd_read_json_body (req, true, &body, &err) < 0)
     {
-      reply_error (req, &err);
+      wrd_reply_error (req, &err);
       return;
     }
   char *in = NULL;
@@ -482,7 +487,7 @@ handle_exec (struct wrd *d, struct evhttp_request *req, struct sandbox *sb, stru
   if (parse_exec (sb, body, &areq, &in, &in_len, &err) < 0)
     {
       json_decref (body);
-      reply_error (req, &err);
+      wrd_reply_error (req, &err);
       return;
     }
   json_t *sv = json_object_get (body, "stream");
@@ -491,14 +496,14 @@ handle_exec (struct wrd *d, struct evhttp_request *req, struct sandbox *sb, stru
       json_decref (body);
       json_decref (areq);
       free (in);
-      reply_error_code (req, WR_E_INVALID, "field \"stream\" must be a boolean");
+      wrd_reply_error_code (req, WR_E_INVALID, "field \"stream\" must be a boolean");
       return;
     }
   struct exec_ctx *x = calloc (1, sizeof *x);
   x->d = d;
   x->sb = sb;
   x->req = req;
-  x->stream = json_is_true (sv) || query_flag (q, "stream");
+  x->stream = json_is_true (sv) || wrd_query_flag (q, "stream");
   x->out = evbuffer_new ();
   x->errb = evbuffer_new ();
   x->t0 = wr_now_ns ();
@@ -571,13 +576,13 @@ file_on_done (void *ud, json_t *res)
       evhttp_send_reply (f->req, 200, "OK", f->data);
     }
   else if (f->op_status == 204)
-    reply_empty (f->req, 204);
+    wrd_reply_empty (f->req, 204);
   else
     {
       json_t *r = json_deep_copy (res);
       if (f->op_status == 201)
         json_object_set_new (r, "path", json_string (f->path));
-      reply_json (f->req, f->op_status, r);
+      wrd_reply_json (f->req, f->op_status, r);
     }
   file_ctx_free (f);
 }
@@ -588,7 +593,7 @@ file_on_error (void *ud, const char *code, const char *message)
   struct file_ctx *f = ud;
   char msg[600];
   snprintf (msg, sizeof msg, "%s: %s", f->path, message);
-  reply_error_code (f->req, code, msg);
+  wrd_reply_error_code (f->req, code, msg);
   file_ctx_free (f);
 }
 
@@ -598,16 +603,16 @@ handle_files (struct wrd *d, struct evhttp_request *req, struct sandbox *sb, str
   wr_err_t err;
   if (sandbox_usable (sb, &err) < 0)
     {
-      reply_error (req, &err);
+      wrd_reply_error (req, &err);
       return;
     }
-  const char *path = query_get (q, "path");
+  const char *path = wrd_query_get (q, "path");
   if (path == NULL || path[0] != '/' || strlen (path) > 4096)
     {
-      reply_error_code (req, WR_E_INVALID, "query parameter \"path\" must be an absolute path");
+      wrd_reply_error_code (req, WR_E_INVALID, "query parameter \"path\" must be an absolute path");
       return;
     }
-  const char *op = query_get (q, "op");
+  const char *op = wrd_query_get (q, "op");
   enum evhttp_cmd_type m = evhttp_request_get_command (req);
   json_t *body = json_pack ("{s:s}", "path", path);
   struct file_ctx *f = calloc (1, sizeof *f);
@@ -629,7 +634,7 @@ handle_files (struct wrd *d, struct evhttp_request *req, struct sandbox *sb, str
   else if (m == EVHTTP_REQ_PUT)
     {
       long mode = 0644;
-      const char *ms = query_get (q, "mode");
+      const char *ms = wrd_query_get (q, "mode");
       if (ms)
         {
           char *end;
@@ -638,34 +643,34 @@ handle_files (struct wrd *d, struct evhttp_request *req, struct sandbox *sb, str
             {
               json_decref (body);
               file_ctx_free (f);
-              reply_error_code (req, WR_E_INVALID, "query parameter \"mode\" must be octal");
+              wrd_reply_error_code (req, WR_E_INVALID, "query parameter \"mode\" must be octal");
               return;
             }
         }
       json_object_set_new (body, "op", json_string ("write"));
       json_object_set_new (body, "mode", json_integer (mode));
-      json_object_set_new (body, "append", json_boolean (query_flag (q, "append")));
+      json_object_set_new (body, "append", json_boolean (wrd_query_flag (q, "append")));
       upload = evhttp_request_get_input_buffer (req);
       f->op_status = 201;
     }
   else if (m == EVHTTP_REQ_POST && op && strcmp (op, "mkdir") == 0)
     {
       json_object_set_new (body, "op", json_string ("mkdir"));
-      json_object_set_new (body, "parents", json_boolean (query_flag (q, "parents")));
+      json_object_set_new (body, "parents", json_boolean (wrd_query_flag (q, "parents")));
       json_object_set_new (body, "mode", json_integer (0755));
       f->op_status = 201;
     }
   else if (m == EVHTTP_REQ_DELETE)
     {
       json_object_set_new (body, "op", json_string ("remove"));
-      json_object_set_new (body, "recursive", json_boolean (query_flag (q, "recursive")));
+      json_object_set_new (body, "recursive", json_boolean (wrd_query_flag (q, "recursive")));
       f->op_status = 204;
     }
   else
     {
       json_decref (body);
       file_ctx_free (f);
-      reply_error_code (req, WR_E_INVALID, "unsupported file operation");
+      wrd_reply_error_code (req, WR_E_INVALID, "unsupported file operation");
       return;
     }
   sb->busy++;
@@ -681,122 +686,11 @@ handle_files (struct wrd *d, struct evhttp_request *req, struct sandbox *sb, str
   if (upload)
     {
       size_t n = evbuffer_get_length (upload);
-      agent_send (sb->conn, sid, WR_MSG_DATA, n ? evbuffer_pullup (upload, -1) : (const void *) "",
+      agent_send (sb->conn, sid, WR_MSG_DATA, n ? evbuffer_pullup (upload, -1) : (const void *)"",
                   n);
       if (n)
         agent_send (sb->conn, sid, WR_MSG_DATA, "", 0);
     }
-}
-
-/* ---- images (imports run on a worker thread) ---- */
-
-struct import_job
-{
-  struct wrd *d;
-  struct evhttp_request *req;
-  char ref[256];
-  char path[4096];
-  struct wr_image *img;
-  wr_err_t err;
-  int r;
-};
-
-static json_t *
-image_json (struct wr_image *img)
-{
-  json_t *layers = json_array ();
-  for (size_t i = 0; i < img->n_layers; i++)
-    json_array_append_new (layers, json_string (img->layers[i]));
-  return json_pack ("{s:s,s:s,s:o,s:O}", "name", img->name, "digest", img->digest, "layers",
-                    layers, "config", img->config ? img->config : json_null ());
-}
-
-static void
-import_work (void *arg)
-{
-  struct import_job *j = arg;
-  j->r = wr_image_import (j->d->store, j->ref, j->path, &j->img, &j->err);
-}
-
-static void
-import_done (void *arg)
-{
-  struct import_job *j = arg;
-  if (j->r < 0)
-    reply_error (j->req, &j->err);
-  else
-    {
-      reply_json (j->req, 201, image_json (j->img));
-      wr_image_free (j->img);
-    }
-  free (j);
-}
-
-static void
-handle_images (struct wrd *d, struct evhttp_request *req, const char *rest)
-{
-  wr_err_t err;
-  enum evhttp_cmd_type m = evhttp_request_get_command (req);
-  if (rest == NULL && m == EVHTTP_REQ_GET)
-    {
-      json_t *list;
-      if (wr_image_list (d->store, &list, &err) < 0)
-        reply_error (req, &err);
-      else
-        reply_json (req, 200, json_pack ("{s:o}", "images", list));
-      return;
-    }
-  if (rest && strcmp (rest, "import") == 0 && m == EVHTTP_REQ_POST)
-    {
-      json_t *body;
-      if (read_json_body (req, true, &body, &err) < 0)
-        {
-          reply_error (req, &err);
-          return;
-        }
-      const char *name = json_string_value (json_object_get (body, "name"));
-      const char *path = json_string_value (json_object_get (body, "path"));
-      if (name == NULL || !wr_ref_valid (name) || path == NULL || path[0] != '/'
-          || strlen (path) >= 4096)
-        {
-          json_decref (body);
-          reply_error_code (req, WR_E_INVALID,
-                            "fields \"name\" (an image reference) and \"path\" (an absolute "
-                            "path on the daemon's host) are required");
-          return;
-        }
-      struct import_job *j = calloc (1, sizeof *j);
-      j->d = d;
-      j->req = req;
-      snprintf (j->ref, sizeof j->ref, "%s", name);
-      snprintf (j->path, sizeof j->path, "%s", path);
-      json_decref (body);
-      if (wrd_job_run (d, import_work, import_done, j) < 0)
-        {
-          free (j);
-          reply_error_code (req, WR_E_INTERNAL, "cannot start the import worker");
-        }
-      return;
-    }
-  if (rest && (m == EVHTTP_REQ_GET || m == EVHTTP_REQ_DELETE))
-    {
-      char *ref = evhttp_uridecode (rest, 0, NULL);
-      struct wr_image *img = NULL;
-      int r = m == EVHTTP_REQ_GET ? wr_image_resolve (d->store, ref, &img, &err)
-                                  : wr_image_remove (d->store, ref, &err);
-      free (ref);
-      if (r < 0)
-        reply_error (req, &err);
-      else if (img)
-        {
-          reply_json (req, 200, image_json (img));
-          wr_image_free (img);
-        }
-      else
-        reply_empty (req, 204);
-      return;
-    }
-  reply_error_code (req, WR_E_NOT_FOUND, "no such route");
 }
 
 /* ---- routing ---- */
@@ -811,7 +705,7 @@ token_ok (struct wrd *d, struct evhttp_request *req)
   size_t a = strlen (h), b = strlen (d->token);
   unsigned char diff = a != b;
   for (size_t i = 0; i < a && i < b; i++)
-    diff |= (unsigned char) (h[i] ^ d->token[i]);
+    diff |= (unsigned char)(h[i] ^ d->token[i]);
   return diff == 0 && b > 0;
 }
 
@@ -827,8 +721,7 @@ valid_id (const char *s, size_t n)
 }
 
 static void
-handle_sandboxes (struct wrd *d, struct evhttp_request *req, const char *rest,
-                  struct evkeyvalq *q)
+handle_sandboxes (struct wrd *d, struct evhttp_request *req, const char *rest, struct evkeyvalq *q)
 {
   wr_err_t err;
   enum evhttp_cmd_type m = evhttp_request_get_command (req);
@@ -838,17 +731,17 @@ handle_sandboxes (struct wrd *d, struct evhttp_request *req, const char *rest,
         {
           json_t *body;
           struct sandbox *sb;
-          if (read_json_body (req, false, &body, &err) < 0)
+          if (wrd_read_json_body (req, false, &body, &err) < 0)
             {
-              reply_error (req, &err);
+              wrd_reply_error (req, &err);
               return;
             }
           int r = wrd_sandbox_create (d, body, &sb, &err);
           json_decref (body);
           if (r < 0)
-            reply_error (req, &err);
+            wrd_reply_error (req, &err);
           else
-            reply_json (req, 201, wrd_sandbox_json (d, sb, false));
+            wrd_reply_json (req, 201, wrd_sandbox_json (d, sb, false));
           return;
         }
       if (m == EVHTTP_REQ_GET)
@@ -858,18 +751,18 @@ handle_sandboxes (struct wrd *d, struct evhttp_request *req, const char *rest,
             for (struct sandbox *s = d->table[i]; s; s = s->hnext)
               if (s->state != SB_POOLED)
                 json_array_append_new (a, wrd_sandbox_json (d, s, false));
-          reply_json (req, 200, json_pack ("{s:o}", "sandboxes", a));
+          wrd_reply_json (req, 200, json_pack ("{s:o}", "sandboxes", a));
           return;
         }
-      reply_error_code (req, WR_E_INVALID, "method not allowed");
+      wrd_reply_error_code (req, WR_E_INVALID, "method not allowed");
       return;
     }
   const char *slash = strchr (rest, '/');
-  size_t idlen = slash ? (size_t) (slash - rest) : strlen (rest);
+  size_t idlen = slash ? (size_t)(slash - rest) : strlen (rest);
   char id[65];
   if (!valid_id (rest, idlen))
     {
-      reply_error_code (req, WR_E_NOT_FOUND, "malformed sandbox id");
+      wrd_reply_error_code (req, WR_E_NOT_FOUND, "malformed sandbox id");
       return;
     }
   memcpy (id, rest, idlen);
@@ -879,23 +772,23 @@ handle_sandboxes (struct wrd *d, struct evhttp_request *req, const char *rest,
     {
       char msg[128];
       snprintf (msg, sizeof msg, "sandbox %s: no such sandbox", id);
-      reply_error_code (req, WR_E_NOT_FOUND, msg);
+      wrd_reply_error_code (req, WR_E_NOT_FOUND, msg);
       return;
     }
   const char *sub = slash ? slash + 1 : "";
   if (*sub == '\0')
     {
       if (m == EVHTTP_REQ_GET)
-        reply_json (req, 200, wrd_sandbox_json (d, sb, true));
+        wrd_reply_json (req, 200, wrd_sandbox_json (d, sb, true));
       else if (m == EVHTTP_REQ_DELETE)
         {
           if (wrd_sandbox_destroy (d, sb, &err) < 0)
-            reply_error (req, &err);
+            wrd_reply_error (req, &err);
           else
-            reply_empty (req, 204);
+            wrd_reply_empty (req, 204);
         }
       else
-        reply_error_code (req, WR_E_INVALID, "method not allowed");
+        wrd_reply_error_code (req, WR_E_INVALID, "method not allowed");
       return;
     }
   if (strcmp (sub, "exec") == 0 && m == EVHTTP_REQ_POST)
@@ -905,12 +798,12 @@ handle_sandboxes (struct wrd *d, struct evhttp_request *req, const char *rest,
   else if ((strcmp (sub, "pause") == 0 || strcmp (sub, "resume") == 0) && m == EVHTTP_REQ_POST)
     {
       if (wrd_sandbox_pause (d, sb, strcmp (sub, "pause") == 0, &err) < 0)
-        reply_error (req, &err);
+        wrd_reply_error (req, &err);
       else
-        reply_json (req, 200, wrd_sandbox_json (d, sb, false));
+        wrd_reply_json (req, 200, wrd_sandbox_json (d, sb, false));
     }
   else
-    reply_error_code (req, WR_E_NOT_FOUND, "no such route");
+    wrd_reply_error_code (req, WR_E_NOT_FOUND, "no such route");
 }
 
 static void
@@ -920,32 +813,32 @@ handle_pools (struct wrd *d, struct evhttp_request *req, const char *rest)
   enum evhttp_cmd_type m = evhttp_request_get_command (req);
   if (rest == NULL && m == EVHTTP_REQ_GET)
     {
-      reply_json (req, 200, wrd_pools_json (d));
+      wrd_reply_json (req, 200, wrd_pools_json (d));
       return;
     }
   if (rest && m == EVHTTP_REQ_PUT)
     {
       json_t *body;
-      if (read_json_body (req, true, &body, &err) < 0)
+      if (wrd_read_json_body (req, true, &body, &err) < 0)
         {
-          reply_error (req, &err);
+          wrd_reply_error (req, &err);
           return;
         }
       json_t *size = json_object_get (body, "size");
       char *ref = evhttp_uridecode (rest, 0, NULL);
       if (!json_is_integer (size) || json_integer_value (size) < 0)
-        reply_error_code (req, WR_E_INVALID, "field \"size\" must be a non-negative integer");
+        wrd_reply_error_code (req, WR_E_INVALID, "field \"size\" must be a non-negative integer");
       else if (!wr_ref_valid (ref))
-        reply_error_code (req, WR_E_INVALID, "malformed image reference");
-      else if (wrd_pool_set (d, ref, (unsigned) json_integer_value (size), &err) < 0)
-        reply_error (req, &err);
+        wrd_reply_error_code (req, WR_E_INVALID, "malformed image reference");
+      else if (wrd_pool_set (d, ref, (unsigned)json_integer_value (size), &err) < 0)
+        wrd_reply_error (req, &err);
       else
-        reply_json (req, 200, wrd_pools_json (d));
+        wrd_reply_json (req, 200, wrd_pools_json (d));
       free (ref);
       json_decref (body);
       return;
     }
-  reply_error_code (req, WR_E_NOT_FOUND, "no such route");
+  wrd_reply_error_code (req, WR_E_NOT_FOUND, "no such route");
 }
 
 static void
@@ -955,12 +848,12 @@ route (struct evhttp_request *req, void *arg, bool tcp)
   d->m.http_requests++;
   if (tcp && !token_ok (d, req))
     {
-      reply_error_code (req, WR_E_UNAUTHORIZED, "a valid bearer token is required");
+      wrd_reply_error_code (req, WR_E_UNAUTHORIZED, "a valid bearer token is required");
       return;
     }
   if (d->stopping)
     {
-      reply_error_code (req, WR_E_UNAVAILABLE, "warrend is shutting down");
+      wrd_reply_error_code (req, WR_E_UNAVAILABLE, "warrend is shutting down");
       return;
     }
   const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri (req);
@@ -970,15 +863,15 @@ route (struct evhttp_request *req, void *arg, bool tcp)
   const char *qs = evhttp_uri_get_query (uri);
   if (qs && evhttp_parse_query_str (qs, &q) < 0)
     {
-      reply_error_code (req, WR_E_INVALID, "malformed query string");
+      wrd_reply_error_code (req, WR_E_INVALID, "malformed query string");
       return;
     }
   if (path == NULL)
     path = "/";
   if (strcmp (path, "/healthz") == 0)
-    reply_json (req, 200,
-                json_pack ("{s:s,s:I,s:s}", "status", "ok", "sandboxes", (json_int_t) d->count,
-                           "version", "0.1.0"));
+    wrd_reply_json (req, 200,
+                    json_pack ("{s:s,s:I,s:s}", "status", "ok", "sandboxes", (json_int_t)d->count,
+                               "version", "0.1.0"));
   else if (strcmp (path, "/metrics") == 0)
     {
       char *text = wrd_metrics_text (d);
@@ -995,15 +888,15 @@ route (struct evhttp_request *req, void *arg, bool tcp)
   else if (strncmp (path, "/v1/sandboxes/", 14) == 0)
     handle_sandboxes (d, req, path + 14, &q);
   else if (strcmp (path, "/v1/images") == 0)
-    handle_images (d, req, NULL);
+    wrd_http_images (d, req, NULL, &q);
   else if (strncmp (path, "/v1/images/", 11) == 0)
-    handle_images (d, req, path + 11);
+    wrd_http_images (d, req, path + 11, &q);
   else if (strcmp (path, "/v1/pools") == 0)
     handle_pools (d, req, NULL);
   else if (strncmp (path, "/v1/pools/", 10) == 0)
     handle_pools (d, req, path + 10);
   else
-    reply_error_code (req, WR_E_NOT_FOUND, "no such route");
+    wrd_reply_error_code (req, WR_E_NOT_FOUND, "no such route");
   evhttp_clear_headers (&q);
 }
 
@@ -1047,7 +940,7 @@ wrd_http_listen (struct wrd *d, const char *spec, wr_err_t *err)
         return wr_sys_error (err, "socket");
       unlink (path);
       mode_t old = umask (0077); /* owner-only from the start: no window */
-      int r = bind (fd, (struct sockaddr *) &sa, sizeof sa);
+      int r = bind (fd, (struct sockaddr *)&sa, sizeof sa);
       umask (old);
       if (r < 0 || chmod (path, 0600) < 0 || listen (fd, 4096) < 0)
         {
@@ -1079,7 +972,7 @@ wrd_http_listen (struct wrd *d, const char *spec, wr_err_t *err)
         return wr_error (err, 0, WR_E_INVALID, "bad port in %s", spec);
       if (d->http_tcp == NULL)
         d->http_tcp = http_new (d, true);
-      if (evhttp_bind_socket (d->http_tcp, host, (ev_uint16_t) port) < 0)
+      if (evhttp_bind_socket (d->http_tcp, host, (ev_uint16_t)port) < 0)
         return wr_error (err, errno, WR_E_INTERNAL, "bind %s", spec);
       return 0;
     }

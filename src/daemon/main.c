@@ -18,18 +18,19 @@
 static void
 usage (FILE *f)
 {
-  fprintf (f,
-           "usage: warrend --root DIR [--listen unix:PATH]... [--listen tcp:ADDR:PORT --token-file F]\n"
-           "               [--default-image REF] [--pool REF=N]... [--uid-base UID]\n"
-           "Runs the Warren node daemon in the foreground; all state lives under DIR.\n"
-           "Default listener: unix:DIR/warrend.sock (owner-only).\n");
+  fprintf (
+      f,
+      "usage: warrend --root DIR [--listen unix:PATH]... [--listen tcp:ADDR:PORT --token-file F]\n"
+      "               [--default-image REF] [--pool REF=N]... [--uid-base UID]\n"
+      "Runs the Warren node daemon in the foreground; all state lives under DIR.\n"
+      "Default listener: unix:DIR/warrend.sock (owner-only).\n");
 }
 
 static void
 on_signal (evutil_socket_t sig, short what WR_UNUSED, void *arg)
 {
   struct wrd *d = arg;
-  fprintf (stderr, "warrend: signal %d, shutting down\n", (int) sig);
+  fprintf (stderr, "warrend: signal %d, shutting down\n", (int)sig);
   event_base_loopbreak (d->base);
 }
 
@@ -60,10 +61,14 @@ main (int argc, char **argv)
   unsigned long uid_base = 100000;
   snprintf (d.default_image, sizeof d.default_image, "busybox:latest");
   static const struct option opts[] = {
-    { "root", required_argument, NULL, 'r' },     { "listen", required_argument, NULL, 'l' },
-    { "token-file", required_argument, NULL, 't' }, { "default-image", required_argument, NULL, 'i' },
-    { "pool", required_argument, NULL, 'p' },     { "uid-base", required_argument, NULL, 'u' },
-    { "agent", required_argument, NULL, 'a' },    { "help", no_argument, NULL, 'h' },
+    { "root", required_argument, NULL, 'r' },
+    { "listen", required_argument, NULL, 'l' },
+    { "token-file", required_argument, NULL, 't' },
+    { "default-image", required_argument, NULL, 'i' },
+    { "pool", required_argument, NULL, 'p' },
+    { "uid-base", required_argument, NULL, 'u' },
+    { "agent", required_argument, NULL, 'a' },
+    { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 },
   };
   int c;
@@ -160,7 +165,7 @@ main (int argc, char **argv)
   struct wr_runtime_config rc = {
     .root = d.root,
     .agent_path = agent ? agent : agent_default,
-    .uid_base = (uid_t) uid_base,
+    .uid_base = (uid_t)uid_base,
     .uid_count = 65536,
   };
   if (wrd_db_open (&d, &err) < 0 || wr_runtime_new (&rc, &d.rt, &err) < 0
@@ -197,7 +202,7 @@ main (int argc, char **argv)
           return 2;
         }
       *eq = '\0';
-      if (wrd_pool_set (&d, ref, (unsigned) atoi (eq + 1), &err) < 0)
+      if (wrd_pool_set (&d, ref, (unsigned)atoi (eq + 1), &err) < 0)
         fprintf (stderr, "warrend: pool %s: %s\n", ref, err.msg);
     }
   struct event *sigint = evsignal_new (d.base, SIGINT, on_signal, &d);

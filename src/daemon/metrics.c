@@ -6,9 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const double exec_bounds[WRD_EXEC_BUCKETS] = { 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025,
-                                                      0.05,   0.1,   0.25,  0.5,   1,    2.5,
-                                                      10,     60 };
+static const double exec_bounds[WRD_EXEC_BUCKETS]
+    = { 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60 };
 
 void
 wrd_metrics_exec (struct wrd *d, double seconds, bool ok)
@@ -37,7 +36,7 @@ wrd_metrics_text (struct wrd *d)
   fprintf (f, "# HELP warren_sandboxes Sandboxes on this node by state.\n"
               "# TYPE warren_sandboxes gauge\n");
   for (int s = 0; s <= SB_POOLED; s++)
-    fprintf (f, "warren_sandboxes{state=\"%s\"} %u\n", sb_state_name ((enum sb_state) s),
+    fprintf (f, "warren_sandboxes{state=\"%s\"} %u\n", sb_state_name ((enum sb_state)s),
              by_state[s]);
   fprintf (f,
            "# HELP warren_sandbox_creations_total Sandboxes handed out by create requests.\n"
@@ -58,10 +57,10 @@ wrd_metrics_text (struct wrd *d)
            "warren_file_ops_total %llu\n"
            "# TYPE warren_http_requests_total counter\n"
            "warren_http_requests_total %llu\n",
-           (unsigned long long) d->m.creations, (unsigned long long) d->m.creations_pooled,
-           (unsigned long long) d->m.create_failures, (unsigned long long) d->m.destroys,
-           (unsigned long long) d->m.execs, (unsigned long long) d->m.exec_failures,
-           (unsigned long long) d->m.files, (unsigned long long) d->m.http_requests);
+           (unsigned long long)d->m.creations, (unsigned long long)d->m.creations_pooled,
+           (unsigned long long)d->m.create_failures, (unsigned long long)d->m.destroys,
+           (unsigned long long)d->m.execs, (unsigned long long)d->m.exec_failures,
+           (unsigned long long)d->m.files, (unsigned long long)d->m.http_requests);
   fprintf (f, "# HELP warren_exec_duration_seconds Exec round trip inside the daemon.\n"
               "# TYPE warren_exec_duration_seconds histogram\n");
   unsigned long long cum = 0;
@@ -97,8 +96,8 @@ struct job
 static void
 job_done_cb (evutil_socket_t fd, short what, void *arg)
 {
-  (void) fd;
-  (void) what;
+  (void)fd;
+  (void)what;
   struct job *j = arg;
   j->done (j->arg);
   event_free (j->ev);

@@ -8,21 +8,21 @@
 
 #include "common/util.h"
 
-static const char schema[] = "CREATE TABLE IF NOT EXISTS sandboxes ("
-                             " id TEXT PRIMARY KEY, backend TEXT NOT NULL, image TEXT NOT NULL,"
-                             " state TEXT NOT NULL, pid INTEGER NOT NULL, start_time INTEGER NOT NULL,"
-                             " created_at REAL NOT NULL, expires_at REAL NOT NULL,"
-                             " spec TEXT NOT NULL, layers TEXT NOT NULL);"
-                             "CREATE TABLE IF NOT EXISTS pools (image TEXT PRIMARY KEY, size INTEGER NOT NULL);";
+static const char schema[]
+    = "CREATE TABLE IF NOT EXISTS sandboxes ("
+      " id TEXT PRIMARY KEY, backend TEXT NOT NULL, image TEXT NOT NULL,"
+      " state TEXT NOT NULL, pid INTEGER NOT NULL, start_time INTEGER NOT NULL,"
+      " created_at REAL NOT NULL, expires_at REAL NOT NULL,"
+      " spec TEXT NOT NULL, layers TEXT NOT NULL);"
+      "CREATE TABLE IF NOT EXISTS pools (image TEXT PRIMARY KEY, size INTEGER NOT NULL);";
 
 int
 wrd_db_open (struct wrd *d, wr_err_t *err)
 {
   char path[1100];
   snprintf (path, sizeof path, "%s/warren.db", d->root);
-  int rc = sqlite3_open_v2 (path, &d->db,
-                            SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
-                            NULL);
+  int rc = sqlite3_open_v2 (
+      path, &d->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, NULL);
   if (rc != SQLITE_OK)
     return wr_error (err, 0, WR_E_INTERNAL, "open %s: %s", path,
                      d->db ? sqlite3_errmsg (d->db) : sqlite3_errstr (rc));
@@ -67,7 +67,7 @@ wrd_db_put (struct wrd *d, struct sandbox *sb, wr_err_t *err)
   sqlite3_bind_text (st, 3, sb->image, -1, SQLITE_STATIC);
   sqlite3_bind_text (st, 4, sb_state_name (sb->state), -1, SQLITE_STATIC);
   sqlite3_bind_int64 (st, 5, sb->c.pid);
-  sqlite3_bind_int64 (st, 6, (sqlite3_int64) sb->c.start_time);
+  sqlite3_bind_int64 (st, 6, (sqlite3_int64)sb->c.start_time);
   sqlite3_bind_double (st, 7, sb->created_at);
   sqlite3_bind_double (st, 8, sb->expires_at);
   sqlite3_bind_text (st, 9, spec ? spec : "{}", -1, SQLITE_STATIC);
@@ -106,16 +106,16 @@ wrd_db_each (struct wrd *d, wrd_db_row_cb cb, void *ud, wr_err_t *err)
   int rc;
   while ((rc = sqlite3_step (st)) == SQLITE_ROW)
     {
-      json_t *spec = json_loads ((const char *) sqlite3_column_text (st, 8), 0, NULL);
-      json_t *layers = json_loads ((const char *) sqlite3_column_text (st, 9), 0, NULL);
+      json_t *spec = json_loads ((const char *)sqlite3_column_text (st, 8), 0, NULL);
+      json_t *layers = json_loads ((const char *)sqlite3_column_text (st, 9), 0, NULL);
       json_array_append_new (
           rows, json_pack ("{s:s,s:s,s:s,s:s,s:I,s:I,s:f,s:f,s:o,s:o}", "id",
-                           (const char *) sqlite3_column_text (st, 0), "backend",
-                           (const char *) sqlite3_column_text (st, 1), "image",
-                           (const char *) sqlite3_column_text (st, 2), "state",
-                           (const char *) sqlite3_column_text (st, 3), "pid",
-                           (json_int_t) sqlite3_column_int64 (st, 4), "start_time",
-                           (json_int_t) sqlite3_column_int64 (st, 5), "created_at",
+                           (const char *)sqlite3_column_text (st, 0), "backend",
+                           (const char *)sqlite3_column_text (st, 1), "image",
+                           (const char *)sqlite3_column_text (st, 2), "state",
+                           (const char *)sqlite3_column_text (st, 3), "pid",
+                           (json_int_t)sqlite3_column_int64 (st, 4), "start_time",
+                           (json_int_t)sqlite3_column_int64 (st, 5), "created_at",
                            sqlite3_column_double (st, 6), "expires_at",
                            sqlite3_column_double (st, 7), "spec", spec ? spec : json_object (),
                            "layers", layers ? layers : json_array ()));
@@ -142,7 +142,7 @@ wrd_db_pool_put (struct wrd *d, const char *image, unsigned size, wr_err_t *err)
   if (sqlite3_prepare_v2 (d->db, sql, -1, &st, NULL) != SQLITE_OK)
     return db_err (d, err, "prepare");
   sqlite3_bind_text (st, 1, image, -1, SQLITE_STATIC);
-  sqlite3_bind_int (st, 2, (int) size);
+  sqlite3_bind_int (st, 2, (int)size);
   int rc = sqlite3_step (st);
   sqlite3_finalize (st);
   return rc == SQLITE_DONE ? 0 : db_err (d, err, "pool");
@@ -156,7 +156,7 @@ wrd_pools_load (struct wrd *d, wr_err_t *err)
     return db_err (d, err, "prepare");
   json_t *pools = json_object ();
   while (sqlite3_step (st) == SQLITE_ROW)
-    json_object_set_new (pools, (const char *) sqlite3_column_text (st, 0),
+    json_object_set_new (pools, (const char *)sqlite3_column_text (st, 0),
                          json_integer (sqlite3_column_int (st, 1)));
   sqlite3_finalize (st);
   const char *k;
@@ -164,7 +164,7 @@ wrd_pools_load (struct wrd *d, wr_err_t *err)
   json_object_foreach (pools, k, v)
   {
     wr_err_t e;
-    if (wrd_pool_set (d, k, (unsigned) json_integer_value (v), &e) < 0)
+    if (wrd_pool_set (d, k, (unsigned)json_integer_value (v), &e) < 0)
       fprintf (stderr, "warrend: pool %s: %s\n", k, e.msg);
   }
   json_decref (pools);

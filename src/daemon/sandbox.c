@@ -10,6 +10,7 @@
 #include <sys/time.h>
 
 #include "common/util.h"
+#include "daemon/backends.h"
 
 #define DEFAULT_MEMORY_MB 1024
 #define DEFAULT_DISK_MB 1024
@@ -29,7 +30,7 @@ now_s (void)
 {
   struct timeval tv;
   gettimeofday (&tv, NULL);
-  return (double) tv.tv_sec + (double) tv.tv_usec / 1e6;
+  return (double)tv.tv_sec + (double)tv.tv_usec / 1e6;
 }
 
 /* ---- the sandbox table: chained hash on the id ---- */
@@ -39,7 +40,7 @@ hash_id (const char *id)
 {
   size_t h = 1469598103934665603ull;
   for (; *id; id++)
-    h = (h ^ (unsigned char) *id) * 1099511628211ull;
+    h = (h ^ (unsigned char)*id) * 1099511628211ull;
   return h;
 }
 
@@ -75,8 +76,7 @@ table_remove (struct wrd *d, struct sandbox *sb)
 {
   if (d->table_size == 0)
     return;
-  for (struct sandbox **l = &d->table[hash_id (sb->id) & (d->table_size - 1)]; *l;
-       l = &(*l)->hnext)
+  for (struct sandbox **l = &d->table[hash_id (sb->id) & (d->table_size - 1)]; *l; l = &(*l)->hnext)
     if (*l == sb)
       {
         *l = sb->hnext;
@@ -99,8 +99,8 @@ wrd_sandbox_find (struct wrd *d, const char *id)
 /* ---- request validation ---- */
 
 static int
-get_uint (json_t *req, const char *field, uint64_t def, uint64_t min, uint64_t max,
-          uint64_t *ret, wr_err_t *err)
+get_uint (json_t *req, const char *field, uint64_t def, uint64_t min, uint64_t max, uint64_t *ret,
+          wr_err_t *err)
 {
   json_t *v = json_object_get (req, field);
   if (v == NULL || json_is_null (v))
@@ -108,11 +108,11 @@ get_uint (json_t *req, const char *field, uint64_t def, uint64_t min, uint64_t m
       *ret = def;
       return 0;
     }
-  if (!json_is_integer (v) || json_integer_value (v) < (json_int_t) min
-      || (uint64_t) json_integer_value (v) > max)
-    return wr_error (err, 0, WR_E_INVALID, "field \"%s\" must be an integer in [%llu, %llu]",
-                     field, (unsigned long long) min, (unsigned long long) max);
-  *ret = (uint64_t) json_integer_value (v);
+  if (!json_is_integer (v) || json_integer_value (v) < (json_int_t)min
+      || (uint64_t)json_integer_value (v) > max)
+    return wr_error (err, 0, WR_E_INVALID, "field \"%s\" must be an integer in [%llu, %llu]", field,
+                     (unsigned long long)min, (unsigned long long)max);
+  *ret = (uint64_t)json_integer_value (v);
   return 0;
 }
 
@@ -147,7 +147,7 @@ wrd_parse_create (struct wrd *d, json_t *req, json_t **ret, wr_err_t *err)
       if (!json_is_string (v))
         return wr_error (err, 0, WR_E_INVALID, "field \"backend\" must be a string");
       backend = json_string_value (v);
-      if (strcmp (backend, "container") != 0)
+      if (wrd_backend_get (backend) == NULL)
         {
           if (strcmp (backend, "fncall") == 0 || strcmp (backend, "microvm") == 0
               || strcmp (backend, "vm") == 0)
@@ -173,9 +173,12 @@ wrd_parse_create (struct wrd *d, json_t *req, json_t **ret, wr_err_t *err)
                          "field \"layers\" must be an array of at most 32 image references");
       size_t i;
       json_t *l;
-      json_array_foreach (layers, i, l) if (!json_is_string (l)
-                                            || !wr_ref_valid (json_string_value (l))) return
-          wr_error (err, 0, WR_E_INVALID, "field \"layers\"[%zu] is not an image reference", i);
+      json_array_foreach (
+          layers, i,
+          l) if (!json_is_string (l)
+                 || !wr_ref_valid (json_string_value (
+                     l))) return wr_error (err, 0, WR_E_INVALID,
+                                           "field \"layers\"[%zu] is not an image reference", i);
     }
   else
     layers = NULL;
@@ -189,8 +192,7 @@ wrd_parse_create (struct wrd *d, json_t *req, json_t **ret, wr_err_t *err)
   v = json_object_get (req, "cpus");
   if (v && !json_is_null (v))
     {
-      if (!json_is_number (v) || !(json_number_value (v) >= 0.01)
-          || json_number_value (v) > 1024)
+      if (!json_is_number (v) || !(json_number_value (v) >= 0.01) || json_number_value (v) > 1024)
         return wr_error (err, 0, WR_E_INVALID, "field \"cpus\" must be a number in [0.01, 1024]");
       cpus = json_number_value (v);
     }
@@ -207,10 +209,10 @@ wrd_parse_create (struct wrd *d, json_t *req, json_t **ret, wr_err_t *err)
   if (check_string_map (json_object_get (req, "env"), "env", err) < 0
       || check_string_map (json_object_get (req, "labels"), "labels", err) < 0)
     return -EINVAL;
-  json_t *out = json_pack ("{s:s,s:s,s:I,s:I,s:I,s:I,s:f,s:s}", "backend", backend, "image",
-                           image, "memory_mb", (json_int_t) mem, "disk_mb", (json_int_t) disk,
-                           "pids_max", (json_int_t) pids, "ttl_s", (json_int_t) ttl, "cpus",
-                           cpus, "network", net);
+  json_t *out
+      = json_pack ("{s:s,s:s,s:I,s:I,s:I,s:I,s:f,s:s}", "backend", backend, "image", image,
+                   "memory_mb", (json_int_t)mem, "disk_mb", (json_int_t)disk, "pids_max",
+                   (json_int_t)pids, "ttl_s", (json_int_t)ttl, "cpus", cpus, "network", net);
   json_t *env = json_object_get (req, "env"), *labels = json_object_get (req, "labels");
   json_object_set_new (out, "layers", layers ? json_deep_copy (layers) : json_array ());
   json_object_set_new (out, "env", json_is_object (env) ? json_deep_copy (env) : json_object ());
@@ -261,7 +263,7 @@ arm_ttl (struct sandbox *sb)
   double left = sb->expires_at - now_s ();
   if (left < 0)
     left = 0;
-  struct timeval tv = { (time_t) left, (suseconds_t) ((left - floor (left)) * 1e6) };
+  struct timeval tv = { (time_t)left, (suseconds_t)((left - floor (left)) * 1e6) };
   evtimer_add (sb->ttl_ev, &tv);
 }
 
@@ -283,8 +285,8 @@ static int
 resolve_layers (struct wrd *d, struct sandbox *sb, json_t *spec, const char **dirs, wr_err_t *err)
 {
   struct wr_image *img = NULL;
-  int r = wr_image_resolve (d->store, json_string_value (json_object_get (spec, "image")), &img,
-                            err);
+  int r
+      = wr_image_resolve (d->store, json_string_value (json_object_get (spec, "image")), &img, err);
   if (r < 0)
     return r;
   snprintf (sb->image_digest, sizeof sb->image_digest, "%s", img->digest);
@@ -364,13 +366,14 @@ sandbox_build (struct wrd *d, json_t *spec, enum sb_state state, struct sandbox 
     .state_dir = sdir,
     .lowerdirs = lowers,
     .n_lowerdirs = sb->n_layers,
-    .memory_mb = (uint64_t) json_integer_value (json_object_get (spec, "memory_mb")),
-    .disk_mb = (uint64_t) json_integer_value (json_object_get (spec, "disk_mb")),
+    .memory_mb = (uint64_t)json_integer_value (json_object_get (spec, "memory_mb")),
+    .disk_mb = (uint64_t)json_integer_value (json_object_get (spec, "disk_mb")),
     .cpus = json_number_value (json_object_get (spec, "cpus")),
-    .pids_max = (uint64_t) json_integer_value (json_object_get (spec, "pids_max")),
+    .pids_max = (uint64_t)json_integer_value (json_object_get (spec, "pids_max")),
     .net_host = strcmp (json_string_value (json_object_get (spec, "network")), "host") == 0,
   };
-  r = wr_container_create (d->rt, &cs, &sb->c, err);
+  sb->ops = wrd_backend_get (sb->backend);
+  r = sb->ops->create (d, &cs, &sb->c, err);
   if (r < 0)
     {
       wr_rm_rf_at (AT_FDCWD, sdir);
@@ -381,7 +384,7 @@ sandbox_build (struct wrd *d, json_t *spec, enum sb_state state, struct sandbox 
   sb->conn = agent_conn_new (d->base, sb->c.agent_fd, agent_lost, sb);
   if (sb->conn == NULL)
     {
-      wr_container_destroy (d->rt, &sb->c, sdir, NULL);
+      sb->ops->destroy (d, &sb->c, sdir, NULL);
       wr_rm_rf_at (AT_FDCWD, sdir);
       sb_free (sb);
       return wr_error (err, ENOMEM, WR_E_INTERNAL, "agent connection");
@@ -391,7 +394,7 @@ sandbox_build (struct wrd *d, json_t *spec, enum sb_state state, struct sandbox 
   r = wrd_db_put (d, sb, err);
   if (r < 0)
     {
-      wr_container_destroy (d->rt, &sb->c, sdir, NULL);
+      sb->ops->destroy (d, &sb->c, sdir, NULL);
       wr_rm_rf_at (AT_FDCWD, sdir);
       sb_free (sb);
       return r;
@@ -408,7 +411,8 @@ static void pool_kick (struct wrd *d);
 static void
 pool_key (json_t *spec, char *buf, size_t len)
 {
-  snprintf (buf, len, "%s|%lld|%lld|%lld|%g|%s", json_string_value (json_object_get (spec, "image")),
+  snprintf (buf, len, "%s|%lld|%lld|%lld|%g|%s",
+            json_string_value (json_object_get (spec, "image")),
             json_integer_value (json_object_get (spec, "memory_mb")),
             json_integer_value (json_object_get (spec, "disk_mb")),
             json_integer_value (json_object_get (spec, "pids_max")),
@@ -553,7 +557,7 @@ wrd_pools_json (struct wrd *d)
   json_t *a = json_array ();
   for (struct pool *p = d->pools; p; p = p->next)
     json_array_append_new (a, json_pack ("{s:s,s:I,s:I}", "image", p->image, "size",
-                                         (json_int_t) p->target, "ready", (json_int_t) p->ready));
+                                         (json_int_t)p->target, "ready", (json_int_t)p->ready));
   return json_pack ("{s:o}", "pools", a);
 }
 
@@ -586,8 +590,8 @@ wrd_sandbox_create (struct wrd *d, json_t *req, struct sandbox **ret, wr_err_t *
           return r;
         }
     }
-  uint64_t ttl = (uint64_t) json_integer_value (json_object_get (sb->spec, "ttl_s"));
-  sb->expires_at = ttl ? sb->created_at + (double) ttl : 0;
+  uint64_t ttl = (uint64_t)json_integer_value (json_object_get (sb->spec, "ttl_s"));
+  sb->expires_at = ttl ? sb->created_at + (double)ttl : 0;
   arm_ttl (sb);
   if ((r = wrd_db_put (d, sb, err)) < 0)
     {
@@ -595,7 +599,7 @@ wrd_sandbox_create (struct wrd *d, json_t *req, struct sandbox **ret, wr_err_t *
       return r;
     }
   d->m.creations++;
-  d->m.create_sum_s += (double) (wr_now_ns () - t0) / 1e9;
+  d->m.create_sum_s += (double)(wr_now_ns () - t0) / 1e9;
   *ret = sb;
   return 0;
 }
@@ -621,7 +625,7 @@ wrd_sandbox_destroy (struct wrd *d, struct sandbox *sb, wr_err_t *err)
   state_dir (d, sb->id, sdir, sizeof sdir);
   int r = 0;
   if (sb->has_container)
-    r = wr_container_destroy (d->rt, &sb->c, sdir, err);
+    r = sb->ops->destroy (d, &sb->c, sdir, err);
   if (r < 0)
     return r; /* keep the record: a later DELETE or restart retries */
   wr_rm_rf_at (AT_FDCWD, sdir);
@@ -639,7 +643,7 @@ wrd_sandbox_pause (struct wrd *d, struct sandbox *sb, bool pause, wr_err_t *err)
     return wr_error (err, 0, WR_E_GONE, "sandbox %s is dead (its agent exited)", sb->id);
   if ((pause && sb->state == SB_PAUSED) || (!pause && sb->state == SB_RUNNING))
     return 0;
-  int r = wr_container_freeze (d->rt, &sb->c, pause, err);
+  int r = sb->ops->freeze (d, &sb->c, pause, err);
   if (r < 0)
     return r;
   sb->state = pause ? SB_PAUSED : SB_RUNNING;
@@ -649,29 +653,27 @@ wrd_sandbox_pause (struct wrd *d, struct sandbox *sb, bool pause, wr_err_t *err)
 json_t *
 wrd_sandbox_json (struct wrd *d, struct sandbox *sb, bool detail)
 {
-  json_t *j = json_pack ("{s:s,s:s,s:s,s:s,s:f,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O}", "id", sb->id,
-                         "backend", sb->backend, "image", sb->image, "state",
-                         sb_state_name (sb->state), "created_at", sb->created_at, "memory_mb",
-                         json_object_get (sb->spec, "memory_mb"), "cpus",
-                         json_object_get (sb->spec, "cpus"), "disk_mb",
-                         json_object_get (sb->spec, "disk_mb"), "pids_max",
-                         json_object_get (sb->spec, "pids_max"), "network",
-                         json_object_get (sb->spec, "network"), "layers",
-                         json_object_get (sb->spec, "layers"), "labels",
-                         json_object_get (sb->spec, "labels"), "ttl_s",
-                         json_object_get (sb->spec, "ttl_s"));
-  json_object_set_new (j, "expires_at", sb->expires_at > 0 ? json_real (sb->expires_at) : json_null ());
+  json_t *j = json_pack (
+      "{s:s,s:s,s:s,s:s,s:f,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O}", "id", sb->id, "backend", sb->backend,
+      "image", sb->image, "state", sb_state_name (sb->state), "created_at", sb->created_at,
+      "memory_mb", json_object_get (sb->spec, "memory_mb"), "cpus",
+      json_object_get (sb->spec, "cpus"), "disk_mb", json_object_get (sb->spec, "disk_mb"),
+      "pids_max", json_object_get (sb->spec, "pids_max"), "network",
+      json_object_get (sb->spec, "network"), "layers", json_object_get (sb->spec, "layers"),
+      "labels", json_object_get (sb->spec, "labels"), "ttl_s", json_object_get (sb->spec, "ttl_s"));
+  json_object_set_new (j, "expires_at",
+                       sb->expires_at > 0 ? json_real (sb->expires_at) : json_null ());
   json_object_set_new (j, "image_digest", json_string (sb->image_digest));
   if (detail && sb->has_container && sb->state != SB_DEAD)
     {
       struct wr_container_stats st;
-      if (wr_container_stats (d->rt, &sb->c, &st, NULL) == 0)
+      if (sb->ops->stats (d, &sb->c, &st, NULL) == 0)
         json_object_set_new (j, "usage",
                              json_pack ("{s:I,s:I,s:I,s:I,s:I}", "memory_bytes",
-                                        (json_int_t) st.memory_bytes, "memory_peak_bytes",
-                                        (json_int_t) st.memory_peak_bytes, "oom_kills",
-                                        (json_int_t) st.oom_kills, "pids", (json_int_t) st.pids,
-                                        "cpu_usage_ns", (json_int_t) st.cpu_usage_ns));
+                                        (json_int_t)st.memory_bytes, "memory_peak_bytes",
+                                        (json_int_t)st.memory_peak_bytes, "oom_kills",
+                                        (json_int_t)st.oom_kills, "pids", (json_int_t)st.pids,
+                                        "cpu_usage_ns", (json_int_t)st.cpu_usage_ns));
       json_object_set_new (j, "pid", json_integer (sb->c.pid));
     }
   return j;
@@ -686,8 +688,8 @@ recover_row (struct wrd *d, json_t *row, void *ud WR_UNUSED)
   const char *state = json_string_value (json_object_get (row, "state"));
   char sdir[1200];
   state_dir (d, id, sdir, sizeof sdir);
-  pid_t pid = (pid_t) json_integer_value (json_object_get (row, "pid"));
-  uint64_t st = (uint64_t) json_integer_value (json_object_get (row, "start_time"));
+  pid_t pid = (pid_t)json_integer_value (json_object_get (row, "pid"));
+  uint64_t st = (uint64_t)json_integer_value (json_object_get (row, "start_time"));
   double expires = json_number_value (json_object_get (row, "expires_at"));
   wr_err_t err;
   bool keep = strcmp (state, "running") == 0 || strcmp (state, "paused") == 0;
@@ -696,7 +698,10 @@ recover_row (struct wrd *d, json_t *row, void *ud WR_UNUSED)
   struct sandbox *sb = calloc (1, sizeof *sb);
   sb->d = d;
   snprintf (sb->id, sizeof sb->id, "%s", id);
-  if (keep && wr_container_adopt (d->rt, id, pid, st, sdir, &sb->c, &err) == 0)
+  sb->ops = wrd_backend_get (json_string_value (json_object_get (row, "backend")));
+  if (sb->ops == NULL)
+    sb->ops = wrd_backend_get ("container");
+  if (keep && sb->ops->adopt (d, id, pid, st, sdir, &sb->c, &err) == 0)
     {
       sb->has_container = true;
       sb->spec = json_incref (json_object_get (row, "spec"));
@@ -727,7 +732,7 @@ recover_row (struct wrd *d, json_t *row, void *ud WR_UNUSED)
       sb->conn = agent_conn_new (d->base, sb->c.agent_fd, agent_lost, sb);
       table_insert (d, sb);
       arm_ttl (sb);
-      fprintf (stderr, "warrend: re-adopted sandbox %s (pid %d)\n", id, (int) pid);
+      fprintf (stderr, "warrend: re-adopted sandbox %s (pid %d)\n", id, (int)pid);
       return 0;
     }
   /* Reap: the sandbox is gone, pooled, expired or cannot be reached. */
@@ -738,7 +743,7 @@ recover_row (struct wrd *d, json_t *row, void *ud WR_UNUSED)
   if (pid > 0 && keep == false)
     {
       struct wr_container tmp;
-      if (wr_container_adopt (d->rt, id, pid, st, sdir, &tmp, NULL) == 0)
+      if (sb->ops->adopt (d, id, pid, st, sdir, &tmp, NULL) == 0)
         {
           if (tmp.agent_fd >= 0)
             close (tmp.agent_fd);
@@ -746,7 +751,7 @@ recover_row (struct wrd *d, json_t *row, void *ud WR_UNUSED)
           sb->c.agent_fd = -1;
         }
     }
-  if (wr_container_destroy (d->rt, &sb->c, sdir, &err) < 0)
+  if (sb->ops->destroy (d, &sb->c, sdir, &err) < 0)
     fprintf (stderr, "warrend: reap %s: %s\n", id, err.msg);
   wr_rm_rf_at (AT_FDCWD, sdir);
   wrd_db_delete (d, id, NULL);

@@ -1,0 +1,29 @@
+/* Helpers shared by the HTTP route files (http.c, http_images.c, ...). */
+#ifndef WRD_HTTP_UTIL_H
+#define WRD_HTTP_UTIL_H
+
+#include <stdbool.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <jansson.h>
+
+#include "daemon/daemon.h"
+
+/* Reply with j (consumed) as JSON. */
+void wrd_reply_json (struct evhttp_request *req, int status, json_t *j);
+void wrd_reply_error_code (struct evhttp_request *req, const char *code, const char *msg);
+void wrd_reply_error (struct evhttp_request *req, const wr_err_t *err);
+void wrd_reply_empty (struct evhttp_request *req, int status);
+/* Bytes as a JSON string, or base64 with "<field>_encoding":"base64". */
+void wrd_json_set_bytes (json_t *o, const char *field, const void *data, size_t len);
+/* Parse the body as a JSON object (1 MiB max); an empty body gives {} unless required. */
+int wrd_read_json_body (struct evhttp_request *req, bool required, json_t **ret, wr_err_t *err);
+const char *wrd_query_get (struct evkeyvalq *q, const char *key);
+bool wrd_query_flag (struct evkeyvalq *q, const char *key);
+
+/* Route handlers living in their own files. rest is the path after the
+ * prefix (NULL when the path is exactly the prefix). */
+void wrd_http_images (struct wrd *d, struct evhttp_request *req, const char *rest,
+                      struct evkeyvalq *q);
+
+#endif
