@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <jansson.h>
 
 #include "../common/err.h"
 
@@ -50,6 +51,11 @@ struct wr_container_spec
   uint64_t pids_max;      /* 0 = default */
   bool net_host;          /* false: own netns with loopback only */
   const char *hostname;   /* NULL = id */
+  /* The same layers as EROFS image files, bottom-most first: VM backends
+   * attach these as read-only disks (the container backend ignores them). */
+  const char **layer_files;
+  size_t n_layer_files;
+  json_t *image_config; /* image config (env, workdir, ...); may be NULL */
 };
 
 struct wr_container

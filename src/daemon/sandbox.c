@@ -351,8 +351,15 @@ sandbox_build (struct wrd *d, json_t *spec, enum sb_state state, struct sandbox 
     }
   /* overlay wants lowerdirs top-most first */
   const char *lowers[64];
+  char files[64][1200];
+  const char *file_ptrs[64];
   for (size_t k = 0; k < sb->n_layers; k++)
-    lowers[sb->n_layers - 1 - k] = dirs[k];
+    {
+      lowers[sb->n_layers - 1 - k] = dirs[k];
+      snprintf (files[k], sizeof files[k], "%s/layers/sha256/%s.erofs", d->root,
+                sb->layers[k] + strlen ("sha256:"));
+      file_ptrs[k] = files[k];
+    }
   char sdir[1200];
   state_dir (d, sb->id, sdir, sizeof sdir);
   if (mkdir (sdir, 0700) < 0)
@@ -371,6 +378,9 @@ sandbox_build (struct wrd *d, json_t *spec, enum sb_state state, struct sandbox 
     .cpus = json_number_value (json_object_get (spec, "cpus")),
     .pids_max = (uint64_t)json_integer_value (json_object_get (spec, "pids_max")),
     .net_host = strcmp (json_string_value (json_object_get (spec, "network")), "host") == 0,
+    .layer_files = file_ptrs,
+    .n_layer_files = sb->n_layers,
+    .image_config = sb->img_conf,
   };
   sb->ops = wrd_backend_get (sb->backend);
   r = sb->ops->create (d, &cs, &sb->c, err);
