@@ -145,7 +145,7 @@ cli_usage (const char *verb, const char *fmt, ...)
   vfprintf (stderr, fmt, ap);
   fputc ('\n', stderr);
   va_end (ap);
-  fprintf (stderr, "Try 'warren %s --help'.\n", verb ? verb : "");
+  fprintf (stderr, "Try 'warren %s%s--help'.\n", verb ? verb : "", verb && *verb ? " " : "");
   return CLI_EXIT_USAGE;
 }
 
