@@ -32,6 +32,8 @@ void cli_errorf (const char *fmt, ...) __attribute__ ((format (printf, 1, 2)));
 int cli_fail (const warren_error_t *e, const char *prefix);
 /* Usage error for verb: message, then a hint; returns CLI_EXIT_USAGE. */
 int cli_usage (const char *verb, const char *fmt, ...) __attribute__ ((format (printf, 2, 3)));
+/* The option getopt just refused (unknown, or missing its value). */
+int cli_bad_option (const char *verb, char **argv);
 /* Print the help of verb (e.g. "exec", "image import") to f. */
 void cli_help (const char *verb, FILE *f);
 

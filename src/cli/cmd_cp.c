@@ -166,7 +166,7 @@ cmd_cp (cli_t *cli, int argc, char **argv)
     {
       if (opt == 'h')
         return cli_help ("cp", stdout), 0;
-      return cli_usage ("cp", "bad option");
+      return cli_bad_option ("cp", argv);
     }
   if (argc - optind != 2)
     return cli_usage ("cp", "expected SRC DST");

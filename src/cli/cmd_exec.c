@@ -199,7 +199,7 @@ cmd_exec (cli_t *cli, int argc, char **argv)
         continue;
       if (opt == 'h')
         return cli_help ("exec", stdout), 0;
-      return cli_usage ("exec", "bad option");
+      return cli_bad_option ("exec", argv);
     }
   if (optind >= argc)
     return cli_usage ("exec", "expected ID -- CMD [ARG...]");
@@ -244,7 +244,7 @@ cmd_run (cli_t *cli, int argc, char **argv)
         continue;
       if (opt == 'h')
         return cli_help ("run", stdout), 0;
-      return cli_usage ("run", "bad option");
+      return cli_bad_option ("run", argv);
     }
   if (optind >= argc)
     return cli_usage ("run", "expected IMAGE -- CMD [ARG...]");
@@ -333,7 +333,7 @@ cmd_call (cli_t *cli, int argc, char **argv)
         continue;
       if (opt == 'h')
         return cli_help ("call", stdout), 0;
-      return cli_usage ("call", "bad option");
+      return cli_bad_option ("call", argv);
     }
   int ci = cmd_start (argc, argv, optind);
   if (ci < 0)

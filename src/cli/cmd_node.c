@@ -23,7 +23,7 @@ opts_json (const char *verb, int argc, char **argv, bool *as_json)
       if (opt == 'j' && as_json)
         *as_json = true;
       else
-        return cli_usage (verb, "bad option");
+        return cli_bad_option (verb, argv);
     }
   return -1;
 }

@@ -109,7 +109,7 @@ cmd_create (cli_t *cli, int argc, char **argv)
       else if (opt == 'h')
         return cli_help ("create", stdout), 0;
       else
-        return cli_usage ("create", "bad option");
+        return cli_bad_option ("create", argv);
     }
   if (optind < argc)
     return cli_usage ("create", "unexpected argument '%.64s'", argv[optind]);
@@ -149,9 +149,10 @@ simple_opts (const char *verb, int argc, char **argv, bool *as_json)
           cli_help (verb, stdout);
           return 0;
         }
+      else if (opt == 'j')
+        return cli_usage (verb, "--json is not an option of this command");
       else
-        return cli_usage (verb,
-                          opt == 'j' ? "--json is not an option of this command" : "bad option");
+        return cli_bad_option (verb, argv);
     }
   return -1;
 }

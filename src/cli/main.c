@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <getopt.h>
 #include <math.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -147,6 +148,15 @@ cli_usage (const char *verb, const char *fmt, ...)
   va_end (ap);
   fprintf (stderr, "Try 'warren %s%s--help'.\n", verb ? verb : "", verb && *verb ? " " : "");
   return CLI_EXIT_USAGE;
+}
+
+int
+cli_bad_option (const char *verb, char **argv)
+{
+  const char *a = optind > 0 ? argv[optind - 1] : "";
+  if (optopt && a[0] == '-' && a[1] != '-')
+    return cli_usage (verb, "unknown option '-%c' or missing value", optopt);
+  return cli_usage (verb, "unknown option '%.64s' or missing value", a);
 }
 
 warren_client_t *
@@ -425,6 +435,7 @@ int
 main (int argc, char **argv)
 {
   cli_t cli = { 0 };
+  opterr = 0; /* cli_bad_option says it once, with the verb's help hint */
   _cleanup_free_ char *token = NULL;
   const char *token_file = getenv ("WARREN_TOKEN_FILE");
   int i = 1;
