@@ -97,6 +97,8 @@ class Daemon:
             except OSError:
                 pass
             time.sleep(0.05)
+        self.proc.kill()
+        self.proc.wait()
         raise RuntimeError("warrend did not come up: " + self.logtext())
 
     def logtext(self):
