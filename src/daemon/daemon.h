@@ -21,6 +21,7 @@ enum sb_state
   SB_PAUSED,
   SB_DEAD, /* agent gone: only DELETE (or the TTL) is left to do */
   SB_POOLED,
+  SB_DESTROYING, /* killed, resources being released off the request path */
 };
 const char *sb_state_name (enum sb_state s);
 
@@ -46,7 +47,11 @@ struct sandbox
   struct pool *pool;             /* set while waiting in a warm pool */
   struct sandbox *pool_next;
   struct sandbox *hnext; /* hash chain */
+  struct sandbox *reap_next; /* in wrd.reaping while SB_DESTROYING */
+  struct event *reap_ev;
+  unsigned reap_tries;
   uint64_t oom_seen;
+  bool from_pool; /* handed out by a warm pool */
   unsigned busy; /* requests in flight */
   struct wrd *d;
 };
@@ -86,6 +91,7 @@ struct wrd
   struct sandbox **table;
   size_t table_size, count;
   struct pool *pools;
+  struct sandbox *reaping; /* destroyed, waiting for their processes to exit */
   struct event *pool_ev;
   struct wrd_metrics m;
   bool stopping;

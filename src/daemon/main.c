@@ -159,6 +159,9 @@ main (int argc, char **argv)
     }
   evthread_use_pthreads ();
   d.base = event_base_new ();
+  /* 0: urgent, 1: requests (the default), 2: background work such as pool
+   * refills, which only runs when no request is waiting. */
+  event_base_priority_init (d.base, 3);
   wr_random_hex (d.node, 4);
   wr_err_t err;
   _cleanup_free_ char *agent_default = exe_dir_agent ();

@@ -29,13 +29,13 @@ wrd_metrics_text (struct wrd *d)
   FILE *f = open_memstream (&buf, &len);
   if (f == NULL)
     return strdup ("");
-  unsigned by_state[SB_POOLED + 1] = { 0 };
+  unsigned by_state[SB_DESTROYING + 1] = { 0 };
   for (size_t i = 0; i < d->table_size; i++)
     for (struct sandbox *s = d->table[i]; s; s = s->hnext)
       by_state[s->state]++;
   fprintf (f, "# HELP warren_sandboxes Sandboxes on this node by state.\n"
               "# TYPE warren_sandboxes gauge\n");
-  for (int s = 0; s <= SB_POOLED; s++)
+  for (int s = 0; s <= SB_DESTROYING; s++)
     fprintf (f, "warren_sandboxes{state=\"%s\"} %u\n", sb_state_name ((enum sb_state)s),
              by_state[s]);
   fprintf (f,

@@ -3,6 +3,9 @@
 #include "daemon/daemon.h"
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -21,8 +24,8 @@
 const char *
 sb_state_name (enum sb_state s)
 {
-  static const char *names[] = { "creating", "running", "paused", "dead", "pooled" };
-  return s <= SB_POOLED ? names[s] : "?";
+  static const char *names[] = { "creating", "running", "paused", "dead", "pooled", "destroying" };
+  return s <= SB_DESTROYING ? names[s] : "?";
 }
 
 static double
@@ -229,6 +232,8 @@ sb_free (struct sandbox *sb)
 {
   if (sb->ttl_ev)
     event_free (sb->ttl_ev);
+  if (sb->reap_ev)
+    event_free (sb->reap_ev);
   agent_conn_free (sb->conn);
   for (size_t i = 0; i < sb->n_layers; i++)
     wr_layer_release (sb->d->store, sb->layers[i]);
@@ -507,7 +512,10 @@ static void
 pool_kick (struct wrd *d)
 {
   if (d->pool_ev == NULL)
-    d->pool_ev = evtimer_new (d->base, pool_fill_cb, d);
+    {
+      d->pool_ev = evtimer_new (d->base, pool_fill_cb, d);
+      event_priority_set (d->pool_ev, 2);
+    }
   if (!evtimer_pending (d->pool_ev, NULL))
     {
       struct timeval tv = { 0, 0 };
@@ -588,6 +596,7 @@ wrd_sandbox_create (struct wrd *d, json_t *req, struct sandbox **ret, wr_err_t *
       sb->spec = spec;
       sb->state = SB_RUNNING;
       sb->created_at = now_s ();
+      sb->from_pool = true;
       d->m.creations_pooled++;
     }
   else
@@ -614,9 +623,63 @@ wrd_sandbox_create (struct wrd *d, json_t *req, struct sandbox **ret, wr_err_t *
   return 0;
 }
 
+/* Release what a killed sandbox holds: processes (already dying), cgroups,
+ * state dir, registry row. */
+static int
+sandbox_release (struct wrd *d, struct sandbox *sb, wr_err_t *err)
+{
+  char sdir[1200];
+  state_dir (d, sb->id, sdir, sizeof sdir);
+  int r = 0;
+  if (sb->has_container)
+    r = sb->ops->destroy (d, &sb->c, sdir, err);
+  if (r < 0)
+    return r; /* keep the record: a later attempt or a restart retries */
+  wr_rm_rf_at (AT_FDCWD, sdir);
+  wrd_db_delete (d, sb->id, NULL);
+  d->m.destroys++;
+  return 0;
+}
+
+static void
+reaping_unlink (struct wrd *d, struct sandbox *sb)
+{
+  for (struct sandbox **l = &d->reaping; *l; l = &(*l)->reap_next)
+    if (*l == sb)
+      {
+        *l = sb->reap_next;
+        return;
+      }
+}
+
+static void
+reap_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
+{
+  struct sandbox *sb = arg;
+  struct wrd *d = sb->d;
+  wr_err_t err;
+  if (sandbox_release (d, sb, &err) < 0)
+    {
+      /* e.g. a cgroup still busy while the kernel finishes the exit */
+      if (++sb->reap_tries < 50)
+        {
+          event_free (sb->reap_ev);
+          sb->reap_ev = evtimer_new (d->base, reap_cb, sb);
+          struct timeval tv = { 0, 20000 };
+          evtimer_add (sb->reap_ev, &tv);
+          return;
+        }
+      fprintf (stderr, "warrend: destroy %s: %s (a restart retries)\n", sb->id, err.msg);
+    }
+  reaping_unlink (d, sb);
+  sb_free (sb);
+}
+
 int
 wrd_sandbox_destroy (struct wrd *d, struct sandbox *sb, wr_err_t *err)
 {
+  if (sb->state == SB_DESTROYING)
+    return 0;
   if (sb->pool)
     {
       for (struct sandbox **l = &sb->pool->head; *l; l = &(*l)->pool_next)
@@ -631,17 +694,30 @@ wrd_sandbox_destroy (struct wrd *d, struct sandbox *sb, wr_err_t *err)
     }
   agent_conn_free (sb->conn);
   sb->conn = NULL;
-  char sdir[1200];
-  state_dir (d, sb->id, sdir, sizeof sdir);
-  int r = 0;
-  if (sb->has_container)
-    r = sb->ops->destroy (d, &sb->c, sdir, err);
+  if (sb->ttl_ev)
+    evtimer_del (sb->ttl_ev);
+  /* Fast path: SIGKILL the sandbox's first process (for a container, init of
+   * its pid namespace: the kernel kills every other process with it), answer
+   * at once, and release cgroups and state when its pidfd reports the exit.
+   * Nothing waits on the request path. If the daemon dies before that, the
+   * registry row is still there and the restart reaps it. */
+  if (!d->stopping && sb->has_container && sb->c.pidfd >= 0
+      && syscall (SYS_pidfd_send_signal, sb->c.pidfd, SIGKILL, NULL, 0) == 0)
+    {
+      sb->reap_ev = event_new (d->base, sb->c.pidfd, EV_READ, reap_cb, sb);
+      if (sb->reap_ev && event_add (sb->reap_ev, NULL) == 0)
+        {
+          table_remove (d, sb);
+          sb->state = SB_DESTROYING;
+          sb->reap_next = d->reaping;
+          d->reaping = sb;
+          return 0;
+        }
+    }
+  int r = sandbox_release (d, sb, err);
   if (r < 0)
-    return r; /* keep the record: a later DELETE or restart retries */
-  wr_rm_rf_at (AT_FDCWD, sdir);
-  wrd_db_delete (d, sb->id, NULL);
+    return r;
   table_remove (d, sb);
-  d->m.destroys++;
   sb_free (sb);
   return 0;
 }
@@ -674,6 +750,7 @@ wrd_sandbox_json (struct wrd *d, struct sandbox *sb, bool detail)
   json_object_set_new (j, "expires_at",
                        sb->expires_at > 0 ? json_real (sb->expires_at) : json_null ());
   json_object_set_new (j, "image_digest", json_string (sb->image_digest));
+  json_object_set_new (j, "pooled", json_boolean (sb->from_pool));
   if (detail && sb->has_container && sb->state != SB_DEAD)
     {
       struct wr_container_stats st;
@@ -803,6 +880,14 @@ void
 wrd_shutdown (struct wrd *d)
 {
   d->stopping = true;
+  /* finish releasing what was destroyed just before the stop */
+  while (d->reaping)
+    {
+      struct sandbox *sb = d->reaping;
+      d->reaping = sb->reap_next;
+      sandbox_release (d, sb, NULL);
+      sb_free (sb);
+    }
   /* Pooled sandboxes are only a cache: destroy them. Claimed ones survive
    * the daemon and are re-adopted by the next one. */
   for (struct pool *p = d->pools; p; p = p->next)
