@@ -53,7 +53,9 @@ struct wr_cg_limits
   double cpus;
 };
 
-int wr_cg_init (struct wr_cgroups *cg, wr_err_t *err);
+/* name: the parent group under each hierarchy, one per daemon root
+ * ("warren-<hash of root>"), so daemons on one host never share a parent. */
+int wr_cg_init (struct wr_cgroups *cg, const char *name, wr_err_t *err);
 void wr_cg_fini (struct wr_cgroups *cg);
 /* Create (or reuse) the sandbox cgroups and apply limits. */
 int wr_cg_create (struct wr_cgroups *cg, const char *id, const struct wr_cg_limits *lim,
@@ -77,6 +79,7 @@ int wr_seccomp_build (struct sock_fprog *ret, wr_err_t *err);
 struct wr_runtime
 {
   char *root;
+  char cg_name[32];
   char *mnt_dir; /* ROOT/run/mnt: mount point every child overmounts in its own ns */
   int agent_fd;
   int userns_fd;

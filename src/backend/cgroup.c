@@ -68,9 +68,9 @@ word_in (const char *list, const char *w)
 }
 
 static int
-open_parent (const char *mnt, char path[256], wr_err_t *err)
+open_parent (const char *mnt, const char *name, char path[256], wr_err_t *err)
 {
-  snprintf (path, 256, "%s/warren", mnt);
+  snprintf (path, 256, "%s/%s", mnt, name);
   if (mkdir (path, 0755) < 0 && errno != EEXIST)
     return wr_sys_error (err, "mkdir %s", path);
   int fd = open (path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -80,7 +80,7 @@ open_parent (const char *mnt, char path[256], wr_err_t *err)
 }
 
 int
-wr_cg_init (struct wr_cgroups *cg, wr_err_t *err)
+wr_cg_init (struct wr_cgroups *cg, const char *name, wr_err_t *err)
 {
   char v2[256] = "", v1[WR_V1_N][256] = { { 0 } };
   memset (cg, 0, sizeof *cg);
@@ -112,7 +112,7 @@ wr_cg_init (struct wr_cgroups *cg, wr_err_t *err)
       else
         return wr_error (err, ENOTSUP, WR_E_UNSUPPORTED,
                          "cgroup2 at %s lacks memory/pids/cpu and no v1 controllers either", v2);
-      r = open_parent (v2, cg->v2_path, err);
+      r = open_parent (v2, name, cg->v2_path, err);
       if (r < 0)
         return r;
       cg->v2_fd = r;
@@ -139,7 +139,7 @@ wr_cg_init (struct wr_cgroups *cg, wr_err_t *err)
         /* cpu,cpuacct co-mounted: one directory serves both */
         if (i == WR_V1_CPUACCT && strcmp (v1[i], v1[WR_V1_CPU]) == 0)
           continue;
-        r = open_parent (v1[i], cg->v1_path[i], err);
+        r = open_parent (v1[i], name, cg->v1_path[i], err);
         if (r < 0)
           return r;
         cg->v1_fd[i] = r;

@@ -26,6 +26,8 @@ void wr_runtime_free (struct wr_runtime *rt);
 const char *wr_runtime_describe (struct wr_runtime *rt);
 /* fd of the user namespace whose mapping sandboxes use; for idmapped layer mounts. */
 int wr_runtime_userns_fd (struct wr_runtime *rt);
+/* Name of this runtime's parent cgroup under each hierarchy ("warren-<hash of root>"). */
+const char *wr_runtime_cgroup_name (struct wr_runtime *rt);
 
 /* Give the calling process a private mount namespace (unshare(CLONE_NEWNS) +
  * MS_REC|MS_PRIVATE on /). The daemon calls it once at startup, before

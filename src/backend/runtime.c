@@ -146,7 +146,15 @@ wr_runtime_new (const struct wr_runtime_config *cfg, struct wr_runtime **ret, wr
       if (s != SIGKILL && s != SIGSTOP && sigaction (s, NULL, &sa) == 0 && sa.sa_handler == SIG_IGN)
         rt->ign_signals[rt->n_ign++] = s;
     }
-  if ((r = wr_cg_init (&rt->cg, err)) < 0)
+  {
+    /* One cgroup parent per daemon root: stable across restarts (recovery
+     * finds the sandboxes), distinct between daemons on one host. */
+    uint32_t h = 2166136261u;
+    for (const char *c = rt->root; *c; c++)
+      h = (h ^ (unsigned char) *c) * 16777619u;
+    snprintf (rt->cg_name, sizeof rt->cg_name, "warren-%08x", h);
+  }
+  if ((r = wr_cg_init (&rt->cg, rt->cg_name, err)) < 0)
     goto fail;
   if ((r = make_userns (rt, err)) < 0)
     goto fail;
@@ -207,4 +215,10 @@ int
 wr_runtime_userns_fd (struct wr_runtime *rt)
 {
   return rt->userns_fd;
+}
+
+const char *
+wr_runtime_cgroup_name (struct wr_runtime *rt)
+{
+  return rt->cg_name;
 }

@@ -23,13 +23,23 @@ def cgroup_dirs(sid):
     return out
 
 
+def eventually(cond, timeout=10.0):
+    """Destroy answers at once; processes, cgroups and files go within moments."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
+
+
 def test_ttl_destroys_without_request(api):
     sid = api.create(ttl_s=1)
     info = api.raw("GET", f"/v1/sandboxes/{sid}").json()
     assert info["expires_at"] is not None
     time.sleep(2.5)
     assert api.raw("GET", f"/v1/sandboxes/{sid}").status == 404
-    assert cgroup_dirs(sid) == []
+    assert eventually(lambda: cgroup_dirs(sid) == [])
 
 
 def test_destroy_leaves_nothing(api, daemon):
@@ -38,9 +48,10 @@ def test_destroy_leaves_nothing(api, daemon):
     api.sh(sid, "sleep 1000 & sleep 1000 & true")
     assert cgroup_dirs(sid)
     assert api.delete(sid).status == 204
-    assert not os.path.exists(f"/proc/{pid}")
-    assert cgroup_dirs(sid) == []
-    assert not os.path.exists(os.path.join(daemon.root, "sandboxes", sid))
+    assert api.raw("GET", f"/v1/sandboxes/{sid}").status == 404
+    assert eventually(lambda: not os.path.exists(f"/proc/{pid}"))
+    assert eventually(lambda: cgroup_dirs(sid) == [])
+    assert eventually(lambda: not os.path.exists(os.path.join(daemon.root, "sandboxes", sid)))
 
 
 def test_warm_pool_serves_burst(api):
@@ -94,9 +105,9 @@ def test_restart_after_kill9_readopts(rootfs):
         r = d.api.sh(sid, "cat /tmp/state")
         assert r["stdout"] == "before\n"
         assert d.api.raw("GET", f"/v1/sandboxes/{expiring}").status == 404
-        assert cgroup_dirs(expiring) == []
+        assert eventually(lambda: cgroup_dirs(expiring) == [])
         assert d.api.delete(sid).status == 204
-        assert cgroup_dirs(sid) == []
+        assert eventually(lambda: cgroup_dirs(sid) == [])
     finally:
         d.stop()
         shutil.rmtree(d.root, ignore_errors=True)
@@ -114,7 +125,7 @@ def test_agent_death_is_reported(api):
     r = api.raw("POST", f"/v1/sandboxes/{sid}/exec", {"cmd": ["true"]})
     assert r.status == 410 and r.json()["error"]["code"] == "gone"
     assert api.delete(sid).status == 204
-    assert cgroup_dirs(sid) == []
+    assert eventually(lambda: cgroup_dirs(sid) == [])
 
 
 def test_tcp_requires_token(rootfs, tmp_path):

@@ -202,6 +202,8 @@ spec_create (const char *id, struct wr_container_spec *spec, char *sdir, size_t 
   return wr_container_create (rt, spec, c, err);
 }
 
+static char cgname[32] = "warren";
+
 static bool __attribute__ ((format (printf, 1, 2)))
 path_exists (const char *fmt, ...)
 {
@@ -216,11 +218,11 @@ path_exists (const char *fmt, ...)
 static bool
 cgroups_gone (const char *id)
 {
-  return !path_exists ("/sys/fs/cgroup/unified/warren/%s", id)
-         && !path_exists ("/sys/fs/cgroup/memory/warren/%s", id)
-         && !path_exists ("/sys/fs/cgroup/pids/warren/%s", id)
-         && !path_exists ("/sys/fs/cgroup/cpu/warren/%s", id)
-         && !path_exists ("/sys/fs/cgroup/warren/%s", id);
+  return !path_exists ("/sys/fs/cgroup/unified/%s/%s", cgname, id)
+         && !path_exists ("/sys/fs/cgroup/memory/%s/%s", cgname, id)
+         && !path_exists ("/sys/fs/cgroup/pids/%s/%s", cgname, id)
+         && !path_exists ("/sys/fs/cgroup/cpu/%s/%s", cgname, id)
+         && !path_exists ("/sys/fs/cgroup/%s/%s", cgname, id);
 }
 
 static int
@@ -348,7 +350,9 @@ test_main_sandbox (void)
   /* freeze / thaw */
   r = wr_container_freeze (rt, &c, true, &err);
   char buf[64] = "";
-  int fd = open ("/sys/fs/cgroup/unified/warren/t-main/cgroup.freeze", O_RDONLY);
+  char fzp[256];
+  snprintf (fzp, sizeof fzp, "/sys/fs/cgroup/unified/%s/t-main/cgroup.freeze", cgname);
+  int fd = open (fzp, O_RDONLY);
   if (fd >= 0)
     {
       read (fd, buf, sizeof buf - 1);
@@ -543,6 +547,8 @@ main (int argc, char **argv)
   struct wr_runtime_config cfg = { .root = state_root, .agent_path = agent, .uid_base = 100000,
                                    .uid_count = 65536 };
   int r = wr_runtime_new (&cfg, &rt, &err);
+  if (r == 0)
+    snprintf (cgname, sizeof cgname, "%s", wr_runtime_cgroup_name (rt));
   TAP_OK (r == 0, "runtime: %s", r ? err.msg : wr_runtime_describe (rt));
   if (r)
     return TAP_DONE ();
@@ -559,8 +565,8 @@ main (int argc, char **argv)
 
   umount2 (lower, MNT_DETACH);
   wr_runtime_free (rt);
-  bool parents_gone = access ("/sys/fs/cgroup/unified/warren", F_OK) < 0
-                      && access ("/sys/fs/cgroup/memory/warren", F_OK) < 0;
+  bool parents_gone = !path_exists ("/sys/fs/cgroup/unified/%s", cgname)
+                      && !path_exists ("/sys/fs/cgroup/memory/%s", cgname);
   TAP_OK (parents_gone,
           "runtime_free removed the warren parents");
   char cmd[400];
