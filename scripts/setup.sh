@@ -6,7 +6,7 @@ PKGS=(
   gcc make pkg-config libc6-dev
   libevent-dev libsqlite3-dev libjansson-dev libseccomp-dev libarchive-dev libzstd-dev zlib1g-dev
   erofs-utils busybox-static tar gzip zstd util-linux iproute2 procps
-  python3 python3-pytest python3-pytest-timeout
+  python3 python3-pytest python3-pytest-timeout python3-pip python3-setuptools python3-venv
   crun bubblewrap clang-format
 )
 missing=()
