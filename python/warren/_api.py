@@ -1,0 +1,199 @@
+"""Request builders for every API call (docs/api.md); both clients run them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, Optional
+
+from ._common import (DEFAULT_TIMEOUT, SLOW_TIMEOUT, Json, Request, Response, check_id,
+                      files_path, json_req, quote)
+from .errors import InvalidArgument, ProtocolError
+from .types import ExecResult, FileStat, Image, SandboxInfo
+
+
+def _obj(r: Response) -> Json:
+    j = r.json()
+    if not isinstance(j, dict):
+        raise ProtocolError(f"expected a JSON object, got {str(j)[:100]}")
+    return j
+
+
+def _list_of(key: str, cls: Any):
+    def parse(r: Response) -> List[Any]:
+        j = _obj(r)
+        items = j.get(key)
+        if not isinstance(items, list):
+            raise ProtocolError(f"response has no {key!r} list")
+        return [cls.from_json(x) for x in items]
+    return parse
+
+
+def _t(timeout: Optional[float], default: float = DEFAULT_TIMEOUT) -> float:
+    if timeout is None:
+        return default
+    if not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise InvalidArgument("timeout must be a positive number of seconds")
+    return float(timeout)
+
+
+def _ref(ref: str) -> str:
+    if not isinstance(ref, str) or not ref or "\0" in ref:
+        raise InvalidArgument(f"malformed image reference {ref!r}")
+    return quote(ref)
+
+
+def create(body: Json, timeout: Optional[float]) -> Request:
+    return json_req("POST", "/v1/sandboxes", body, ok=(201, 200), timeout=_t(timeout),
+                    parse=lambda r: SandboxInfo.from_json(_obj(r)))
+
+
+def list_sandboxes(timeout: Optional[float]) -> Request:
+    return json_req("GET", "/v1/sandboxes", timeout=_t(timeout),
+                    parse=_list_of("sandboxes", SandboxInfo))
+
+
+def get(sid: str, timeout: Optional[float]) -> Request:
+    return json_req("GET", f"/v1/sandboxes/{check_id(sid)}", timeout=_t(timeout),
+                    parse=lambda r: SandboxInfo.from_json(_obj(r)))
+
+
+def delete(sid: str, timeout: Optional[float]) -> Request:
+    return json_req("DELETE", f"/v1/sandboxes/{check_id(sid)}", ok=(204, 200),
+                    timeout=_t(timeout), parse=lambda r: None)
+
+
+def exec_(sid: str, body: Json, deadline: float, stream: bool = False) -> Request:
+    if stream:
+        body = dict(body, stream=True)
+    return json_req("POST", f"/v1/sandboxes/{check_id(sid)}/exec", body, timeout=deadline,
+                    stream=stream, parse=lambda r: ExecResult.from_json(_obj(r)))
+
+
+def call(body: Json, deadline: float, stream: bool = False) -> Request:
+    if stream:
+        body = dict(body, stream=True)
+    return json_req("POST", "/v1/calls", body, timeout=deadline, stream=stream,
+                    parse=lambda r: ExecResult.from_json(_obj(r)))
+
+
+def state(sid: str, verb: str, timeout: Optional[float]) -> Request:
+    return json_req("POST", f"/v1/sandboxes/{check_id(sid)}/{verb}", timeout=_t(timeout),
+                    parse=lambda r: SandboxInfo.from_json(_obj(r)))
+
+
+def pack(sid: str, name: str, timeout: Optional[float]) -> Request:
+    if not isinstance(name, str) or not name:
+        raise InvalidArgument("pack needs an image name NAME[:TAG]")
+    return json_req("POST", f"/v1/sandboxes/{check_id(sid)}/pack", {"name": name}, ok=(201, 200),
+                    timeout=_t(timeout, SLOW_TIMEOUT), parse=lambda r: Image.from_json(_obj(r)))
+
+
+def write_file(sid: str, path: str, data: "bytes | str", mode: Optional[int], append: bool,
+               timeout: Optional[float]) -> Request:
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise InvalidArgument("file data must be bytes or str")
+    if mode is not None and (not isinstance(mode, int) or not 0 <= mode <= 0o7777):
+        raise InvalidArgument("mode must be an int in [0, 0o7777]")
+    target = files_path(sid, path, mode=None if mode is None else format(mode, "o"), append=append)
+    # An append is not idempotent: never re-sent.
+    return Request("PUT", target, bytes(data), "application/octet-stream", timeout=_t(timeout),
+                   idempotent=not append, ok=(201, 200),
+                   parse=lambda r: int(_obj(r).get("size", len(data))))
+
+
+def read_file(sid: str, path: str, timeout: Optional[float]) -> Request:
+    return Request("GET", files_path(sid, path), timeout=_t(timeout), parse=lambda r: r.body)
+
+
+def stat(sid: str, path: str, timeout: Optional[float]) -> Request:
+    return Request("GET", files_path(sid, path, op="stat"), timeout=_t(timeout),
+                   parse=lambda r: FileStat.from_json(_obj(r)))
+
+
+def list_dir(sid: str, path: str, timeout: Optional[float]) -> Request:
+    return Request("GET", files_path(sid, path, op="list"), timeout=_t(timeout),
+                   parse=_list_of("entries", FileStat))
+
+
+def mkdir(sid: str, path: str, parents: bool, timeout: Optional[float]) -> Request:
+    return Request("POST", files_path(sid, path, op="mkdir", parents=parents), b"",
+                   timeout=_t(timeout), ok=(201, 200), idempotent=parents, parse=lambda r: None)
+
+
+def remove(sid: str, path: str, recursive: bool, timeout: Optional[float]) -> Request:
+    return Request("DELETE", files_path(sid, path, recursive=recursive), timeout=_t(timeout),
+                   ok=(204, 200), parse=lambda r: None)
+
+
+def health(timeout: Optional[float]) -> Request:
+    return json_req("GET", "/healthz", timeout=_t(timeout), parse=_obj)
+
+
+def metrics(timeout: Optional[float]) -> Request:
+    return Request("GET", "/metrics", timeout=_t(timeout),
+                   parse=lambda r: r.body.decode("utf-8", "replace"))
+
+
+def pools(timeout: Optional[float]) -> Request:
+    return json_req("GET", "/v1/pools", timeout=_t(timeout), parse=_obj)
+
+
+def set_pool(image: str, size: int, timeout: Optional[float]) -> Request:
+    if not isinstance(size, int) or size < 0:
+        raise InvalidArgument("pool size must be a non-negative int")
+    return json_req("PUT", f"/v1/pools/{_ref(image)}", {"size": size}, timeout=_t(timeout),
+                    parse=_obj)
+
+
+# ---- images ----
+
+def images_list(timeout: Optional[float]) -> Request:
+    return json_req("GET", "/v1/images", timeout=_t(timeout), parse=_list_of("images", Image))
+
+
+def image_get(ref: str, timeout: Optional[float]) -> Request:
+    return json_req("GET", f"/v1/images/{_ref(ref)}", timeout=_t(timeout),
+                    parse=lambda r: Image.from_json(_obj(r)))
+
+
+def image_delete(ref: str, timeout: Optional[float]) -> Request:
+    return json_req("DELETE", f"/v1/images/{_ref(ref)}", ok=(204, 200), timeout=_t(timeout),
+                    parse=lambda r: None)
+
+
+def image_import(name: str, path: str, timeout: Optional[float]) -> Request:
+    return json_req("POST", "/v1/images/import", {"name": name, "path": path}, ok=(201, 200),
+                    timeout=_t(timeout, SLOW_TIMEOUT), parse=lambda r: Image.from_json(_obj(r)))
+
+
+def image_pull(ref: str, name: Optional[str], timeout: Optional[float]) -> Request:
+    body: Dict[str, Any] = {"ref": ref}
+    if name is not None:
+        body["name"] = name
+    return json_req("POST", "/v1/images/pull", body, ok=(201, 200),
+                    timeout=_t(timeout, SLOW_TIMEOUT), parse=lambda r: Image.from_json(_obj(r)))
+
+
+def image_build(name: str, spec: str, context: Optional[str], timeout: Optional[float]) -> Request:
+    body: Dict[str, Any] = {"name": name, "spec": spec}
+    if context is not None:
+        body["context"] = context
+    return json_req("POST", "/v1/images/build", body, ok=(201, 200),
+                    timeout=_t(timeout, SLOW_TIMEOUT), parse=lambda r: Image.from_json(_obj(r)))
+
+
+def image_tag(source: str, name: str, timeout: Optional[float]) -> Request:
+    return json_req("POST", "/v1/images/tag", {"source": source, "name": name}, ok=(201, 200),
+                    timeout=_t(timeout), parse=lambda r: Image.from_json(_obj(r)))
+
+
+def stream_line(line: bytes) -> Json:
+    try:
+        j = json.loads(line)
+    except ValueError as e:
+        raise ProtocolError(f"malformed NDJSON line: {e}") from None
+    if not isinstance(j, dict):
+        raise ProtocolError("NDJSON line is not an object")
+    return j

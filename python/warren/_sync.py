@@ -1,0 +1,295 @@
+"""Blocking HTTP/1.1 transport: a thread-safe pool of keep-alive connections
+over a unix socket or TCP, with per-call deadlines."""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+import time
+from typing import Iterator, List, Optional, Tuple
+
+from ._common import (MAX_HEAD, Request, Response, Target, body_mode, keep_alive,
+                      parse_chunk_size, parse_header_line, parse_status_line)
+from .errors import ConnectError, ConnectionLost, ProtocolError, Timeout, WarrenError
+
+
+class _Conn:
+    """One socket with a read buffer; every read honours the call's deadline."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = bytearray()
+        self.got_bytes = False   # any response byte seen for the current request
+        self.reused = False
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def stale(self) -> bool:
+        """An idle keep-alive connection is readable only if the daemon closed
+        it (or sent garbage): either way it must not carry a request."""
+        try:
+            r, _, _ = select.select([self.sock], [], [], 0)
+        except (OSError, ValueError):
+            return True
+        return bool(r) or bool(self.buf)
+
+    def _settimeout(self, deadline: float) -> None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise Timeout("the call's deadline passed")
+        self.sock.settimeout(left)
+
+    def send(self, data: bytes, deadline: float) -> None:
+        self._settimeout(deadline)
+        self.sock.sendall(data)
+
+    def _fill(self, deadline: float) -> None:
+        self._settimeout(deadline)
+        data = self.sock.recv(256 * 1024)
+        if not data:
+            raise ConnectionLost("the daemon closed the connection"
+                                 + (" mid-response" if self.got_bytes else " before answering"))
+        self.got_bytes = True
+        self.buf += data
+
+    def readline(self, deadline: float, limit: int = MAX_HEAD) -> bytes:
+        while True:
+            i = self.buf.find(b"\n")
+            if i >= 0:
+                line = bytes(self.buf[:i + 1])
+                del self.buf[:i + 1]
+                return line
+            if len(self.buf) > limit:
+                raise ProtocolError("response line too long")
+            self._fill(deadline)
+
+    def read(self, n: int, deadline: float) -> bytes:
+        while len(self.buf) < n:
+            self._fill(deadline)
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+    def read_some(self, deadline: float) -> bytes:
+        if not self.buf:
+            try:
+                self._fill(deadline)
+            except ConnectionLost:
+                return b""
+        out = bytes(self.buf)
+        self.buf.clear()
+        return out
+
+
+def _read_head(c: _Conn, deadline: float) -> Tuple[int, dict]:
+    while True:
+        status = parse_status_line(c.readline(deadline))
+        headers: dict = {}
+        size = 0
+        while True:
+            line = c.readline(deadline)
+            if line in (b"\r\n", b"\n"):
+                break
+            size += len(line)
+            if size > MAX_HEAD:
+                raise ProtocolError("response headers too large")
+            parse_header_line(line, headers)
+        if status != 100:
+            return status, headers
+
+
+def _body_chunks(c: _Conn, method: str, status: int, headers: dict,
+                 deadline: float) -> Iterator[bytes]:
+    mode, n = body_mode(method, status, headers)
+    if mode == "length":
+        while n > 0:
+            part = c.read(min(n, 1 << 20), deadline)
+            n -= len(part)
+            yield part
+    elif mode == "chunked":
+        while True:
+            size = parse_chunk_size(c.readline(deadline))
+            if size == 0:
+                while c.readline(deadline) not in (b"\r\n", b"\n"):
+                    pass
+                return
+            yield c.read(size, deadline)
+            if c.read(2, deadline) != b"\r\n":
+                raise ProtocolError("malformed chunk terminator")
+    elif mode == "close":
+        while True:
+            part = c.read_some(deadline)
+            if not part:
+                return
+            yield part
+
+
+class SyncTransport:
+    """Pool of keep-alive connections to one daemon, safe to share by threads."""
+
+    def __init__(self, target: Target, token: Optional[str], max_idle: int = 16) -> None:
+        self.target = target
+        self.token = token
+        self.max_idle = max_idle
+        self._idle: List[_Conn] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _connect(self, deadline: float) -> _Conn:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise Timeout("the call's deadline passed before connecting")
+        try:
+            if self.target.unix_path:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.settimeout(left)
+                try:
+                    s.connect(self.target.unix_path)
+                except BaseException:
+                    s.close()
+                    raise
+            else:
+                s = socket.create_connection((self.target.host, self.target.port), timeout=left)
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except socket.timeout:
+            raise Timeout(f"connecting to {self.target} timed out") from None
+        except OSError as e:
+            raise ConnectError(f"cannot connect to warrend at {self.target}: {e.strerror or e}") from None
+        return _Conn(s)
+
+    def _get(self, deadline: float) -> _Conn:
+        with self._lock:
+            if self._closed:
+                raise ConnectError("the client is closed")
+            while self._idle:
+                c = self._idle.pop()
+                if c.stale():
+                    c.close()
+                    continue
+                c.reused = True
+                return c
+        return self._connect(deadline)
+
+    def _put(self, c: _Conn) -> None:
+        with self._lock:
+            if not self._closed and len(self._idle) < self.max_idle and not c.buf:
+                c.got_bytes = False
+                self._idle.append(c)
+                return
+        c.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for c in idle:
+            c.close()
+
+    def _start(self, req: Request, deadline: float) -> Tuple[_Conn, int, dict]:
+        """Send the request and read the response head, retrying an idempotent
+        request once on a fresh connection if a reused one turned out dead
+        before any response byte arrived."""
+        attempts = 2 if req.retryable else 1
+        head = req.head(self.token, "localhost" if self.target.unix_path else
+                        f"{self.target.host}:{self.target.port}")
+        for attempt in range(attempts):
+            c = self._get(deadline)
+            try:
+                try:
+                    if req.body and len(req.body) < 65536:
+                        c.send(head + req.body, deadline)
+                    else:
+                        c.send(head, deadline)
+                        if req.body:
+                            c.send(req.body, deadline)
+                    status, headers = _read_head(c, deadline)
+                    return c, status, headers
+                except socket.timeout:
+                    raise Timeout(f"{req.method} {req.path.split('?')[0]}: no answer before the deadline") from None
+                except (ConnectionLost, OSError) as e:
+                    if attempt + 1 < attempts and not c.got_bytes:
+                        c.close()
+                        continue
+                    if isinstance(e, WarrenError):
+                        raise
+                    raise ConnectionLost(f"{req.method} {req.path.split('?')[0]}: {e}") from None
+            except BaseException:
+                c.close()
+                raise
+        raise AssertionError("unreachable")
+
+    def call(self, req: Request) -> object:
+        """Run one request to completion and return its parsed result."""
+        deadline = time.monotonic() + req.timeout
+        c, status, headers = self._start(req, deadline)
+        try:
+            body = bytearray()
+            for part in _body_chunks(c, req.method, status, headers, deadline):
+                body += part
+                if len(body) > 256 * 1024 * 1024:
+                    raise ProtocolError("response body too large")
+        except socket.timeout:
+            c.close()
+            raise Timeout(f"{req.method} {req.path.split('?')[0]}: response not complete before the deadline") from None
+        except OSError as e:
+            c.close()
+            raise ConnectionLost(f"{req.method} {req.path.split('?')[0]}: {e}") from None
+        except BaseException:
+            c.close()
+            raise
+        if keep_alive(headers) and body_mode(req.method, status, headers)[0] != "close":
+            self._put(c)
+        else:
+            c.close()
+        return req.result(Response(status, headers, bytes(body)))
+
+    def stream(self, req: Request) -> "SyncStream":
+        """Start a streaming request; the caller iterates the body chunks."""
+        deadline = time.monotonic() + req.timeout
+        c, status, headers = self._start(req, deadline)
+        return SyncStream(self, req, c, status, headers, deadline)
+
+
+class SyncStream:
+    """An open streaming response. Iterate :meth:`chunks`; :meth:`close`
+    drops the connection unless the body was read to its end."""
+
+    def __init__(self, t: SyncTransport, req: Request, c: _Conn, status: int, headers: dict,
+                 deadline: float) -> None:
+        self.t, self.req, self.c = t, req, c
+        self.status, self.headers, self.deadline = status, headers, deadline
+        self.done = False
+
+    def error_body(self) -> bytes:
+        return b"".join(self.chunks())
+
+    def chunks(self) -> Iterator[bytes]:
+        if self.c is None:
+            return
+        try:
+            for part in _body_chunks(self.c, self.req.method, self.status, self.headers,
+                                     self.deadline):
+                yield part
+        except socket.timeout:
+            self.close()
+            raise Timeout("the stream did not finish before the deadline") from None
+        except OSError as e:
+            self.close()
+            raise ConnectionLost(f"stream broken: {e}") from None
+        self.done = True
+        if keep_alive(self.headers) and body_mode(self.req.method, self.status, self.headers)[0] != "close":
+            c, self.c = self.c, None
+            if c is not None:
+                self.t._put(c)
+        else:
+            self.close()
+
+    def close(self) -> None:
+        c, self.c = self.c, None
+        if c is not None:
+            c.close()

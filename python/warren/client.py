@@ -1,0 +1,395 @@
+"""Blocking client: :class:`Client`, :class:`Sandbox`, :class:`Images`."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+
+from . import _api
+from ._common import (SDK_LABEL, LineSplitter, Request, Response, create_body, exec_body,
+                      exec_deadline, raise_for, resolve_target, resolve_token)
+from ._sync import SyncStream, SyncTransport
+from .errors import NotFound, ProtocolError, WarrenError, error_from_response
+from .types import ExecResult, FileStat, Image, OutputChunk, SandboxInfo, decode_field
+
+__all__ = ["Client", "Sandbox", "Images", "ExecStream"]
+
+Cmd = Union[str, Sequence[str], None]
+
+
+class Client:
+    """A connection pool to one ``warrend``; safe to share between threads.
+
+    Args:
+        host: ``unix:/path/sock`` or ``http://host:port``; default
+            ``$WARREN_HOST``, else ``unix:$WARREN_ROOT/warrend.sock``, else
+            ``unix:/var/lib/warren/warrend.sock``.
+        token: bearer token for TCP (default ``$WARREN_TOKEN``).
+        timeout: default deadline in seconds of every call that does not run
+            a command (exec and call derive theirs from the command timeout).
+        max_idle: keep-alive connections kept open between calls.
+    """
+
+    def __init__(self, host: Optional[str] = None, *, token: Optional[str] = None,
+                 timeout: float = 60.0, max_idle: int = 16) -> None:
+        self.target = resolve_target(host)
+        self.timeout = timeout
+        self._t = SyncTransport(self.target, resolve_token(token), max_idle=max_idle)
+        self.images = Images(self)
+
+    def __repr__(self) -> str:
+        return f"Client({str(self.target)!r})"
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close pooled connections (sandboxes are left alone)."""
+        self._t.close()
+
+    def _call(self, req: Request) -> Any:
+        return self._t.call(req)
+
+    def _to(self, timeout: Optional[float]) -> float:
+        return self.timeout if timeout is None else timeout
+
+    # ---- sandboxes ----
+
+    def create(self, *, backend: Optional[str] = None, image: Optional[str] = None,
+               layers: Optional[Sequence[str]] = None, memory_mb: Optional[int] = None,
+               cpus: Optional[float] = None, disk_mb: Optional[int] = None,
+               pids_max: Optional[int] = None, ttl_s: Optional[float] = None,
+               network: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
+               labels: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None,
+               **extra: Any) -> "Sandbox":
+        """Create a sandbox (``POST /v1/sandboxes``); use it as a context
+        manager to delete it on exit. Unset arguments take the daemon's
+        defaults; unknown keyword arguments are passed through to the API.
+
+        If the call is interrupted (KeyboardInterrupt, lost connection, the
+        deadline) after the request went out, the sandbox it may have created
+        is found by a client-generated label and deleted.
+        """
+        tag = uuid.uuid4().hex
+        body = create_body(backend, image, layers, memory_mb, cpus, disk_mb, pids_max, ttl_s,
+                           network, env, dict(labels or {}, **{SDK_LABEL: tag}), extra)
+        try:
+            info = self._call(_api.create(body, self._to(timeout)))
+        except WarrenError as e:
+            if e.status == 0:  # no answer: the daemon may still have created it
+                self._reap_label(tag)
+            raise
+        except BaseException:
+            self._reap_label(tag)
+            raise
+        return Sandbox(self, info)
+
+    def _reap_label(self, tag: str, passes: int = 3) -> int:
+        """Delete sandboxes carrying our create label (best effort)."""
+        n = 0
+        for i in range(passes):
+            try:
+                for s in self._call(_api.list_sandboxes(10.0)):
+                    if s.labels.get(SDK_LABEL) == tag:
+                        try:
+                            self._call(_api.delete(s.id, 10.0))
+                            n += 1
+                        except NotFound:
+                            pass
+                        return n
+            except WarrenError:
+                pass
+            if i + 1 < passes:
+                time.sleep(0.1)
+        return n
+
+    def sandbox(self, sandbox_id: str) -> "Sandbox":
+        """A handle on an existing sandbox, without a request."""
+        return Sandbox(self, SandboxInfo(id=sandbox_id))
+
+    def get(self, sandbox_id: str, *, timeout: Optional[float] = None) -> "Sandbox":
+        """Fetch an existing sandbox (raises :class:`NotFound`)."""
+        return Sandbox(self, self._call(_api.get(sandbox_id, self._to(timeout))))
+
+    def list(self, *, labels: Optional[Mapping[str, str]] = None,
+             timeout: Optional[float] = None) -> List[SandboxInfo]:
+        """Sandboxes on the node, optionally only those carrying all ``labels``."""
+        out = self._call(_api.list_sandboxes(self._to(timeout)))
+        if labels:
+            out = [s for s in out if all(s.labels.get(k) == v for k, v in labels.items())]
+        return out
+
+    def delete(self, sandbox_id: str, *, missing_ok: bool = False,
+               timeout: Optional[float] = None) -> None:
+        """Destroy a sandbox by id."""
+        try:
+            self._call(_api.delete(sandbox_id, self._to(timeout)))
+        except NotFound:
+            if not missing_ok:
+                raise
+
+    def call(self, cmd: Cmd = None, *, shell: Optional[str] = None, image: Optional[str] = None,
+             stdin: Union[None, bytes, str] = None, timeout: Optional[float] = None,
+             env: Optional[Mapping[str, str]] = None, request_timeout: Optional[float] = None,
+             **extra: Any) -> ExecResult:
+        """fncall: run one stateless command in a warm pool (``POST /v1/calls``).
+        ``cmd`` is an argv list, or a ``str`` run by ``/bin/sh -c``."""
+        if image is not None:
+            extra["image"] = image
+        body = exec_body(cmd, shell, env, None, stdin, timeout, None, None, None, extra)
+        return self._call(_api.call(body, exec_deadline(body, request_timeout)))
+
+    # ---- node ----
+
+    def health(self, *, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """``GET /healthz``: ``{"status", "sandboxes", "version"}``."""
+        return self._call(_api.health(self._to(timeout)))
+
+    def metrics(self, *, timeout: Optional[float] = None) -> str:
+        """Prometheus text from ``GET /metrics``."""
+        return self._call(_api.metrics(self._to(timeout)))
+
+    def pools(self, *, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Warm pool sizes (``GET /v1/pools``)."""
+        return self._call(_api.pools(self._to(timeout)))
+
+    def set_pool(self, image: str, size: int, *, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Keep ``size`` warm sandboxes of ``image`` ready (0 disables)."""
+        return self._call(_api.set_pool(image, size, self._to(timeout)))
+
+
+class Images:
+    """``client.images``: the node's image store."""
+
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def list(self, *, timeout: Optional[float] = None) -> List[Image]:
+        return self._c._call(_api.images_list(self._c._to(timeout)))
+
+    def get(self, ref: str, *, timeout: Optional[float] = None) -> Image:
+        """Resolve ``NAME[:TAG]`` or a digest (raises :class:`NotFound`)."""
+        return self._c._call(_api.image_get(ref, self._c._to(timeout)))
+
+    def exists(self, ref: str, *, timeout: Optional[float] = None) -> bool:
+        try:
+            self.get(ref, timeout=timeout)
+            return True
+        except NotFound:
+            return False
+
+    def import_(self, name: str, path: str, *, timeout: Optional[float] = None) -> Image:
+        """Import a rootfs directory or a tarball at ``path`` on the daemon's host."""
+        return self._c._call(_api.image_import(name, path, timeout))
+
+    def pull(self, ref: str, *, name: Optional[str] = None,
+             timeout: Optional[float] = None) -> Image:
+        """Pull ``ref`` from an OCI registry into the store (as ``name`` if given)."""
+        return self._c._call(_api.image_pull(ref, name, timeout))
+
+    def build(self, name: str, spec: str, *, context: Optional[str] = None,
+              timeout: Optional[float] = None) -> Image:
+        """Build ``name`` from a spec text (FROM / RUN / COPY / ENV / WORKDIR)."""
+        return self._c._call(_api.image_build(name, spec, context, timeout))
+
+    def tag(self, source: str, name: str, *, timeout: Optional[float] = None) -> Image:
+        """Give the image ``source`` another name ``name``."""
+        return self._c._call(_api.image_tag(source, name, self._c._to(timeout)))
+
+    def delete(self, ref: str, *, timeout: Optional[float] = None) -> None:
+        self._c._call(_api.image_delete(ref, self._c._to(timeout)))
+
+    remove = delete
+
+
+class Sandbox:
+    """A live sandbox. Use as a context manager (``with client.create() as
+    sb``) or call :meth:`close` to delete it."""
+
+    def __init__(self, client: Client, info: SandboxInfo) -> None:
+        self.client = client
+        self.info = info
+        self.closed = False
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    def __repr__(self) -> str:
+        return f"Sandbox({self.id!r})"
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _call(self, req: Request) -> Any:
+        return self.client._call(req)
+
+    def _to(self, timeout: Optional[float]) -> float:
+        return self.client._to(timeout)
+
+    def close(self, *, timeout: Optional[float] = None) -> None:
+        """Delete the sandbox; a sandbox already gone is not an error."""
+        if self.closed:
+            return
+        try:
+            self._call(_api.delete(self.id, self._to(timeout)))
+        except NotFound:
+            pass
+        self.closed = True
+
+    def refresh(self, *, timeout: Optional[float] = None) -> SandboxInfo:
+        """Re-read the sandbox's state (with ``usage`` when running)."""
+        self.info = self._call(_api.get(self.id, self._to(timeout)))
+        return self.info
+
+    def exec(self, cmd: Cmd = None, *, shell: Optional[str] = None,
+             env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+             stdin: Union[None, bytes, str] = None, timeout: Optional[float] = None,
+             stdout_cap: Optional[int] = None, stderr_cap: Optional[int] = None,
+             step: Optional[str] = None, request_timeout: Optional[float] = None,
+             **extra: Any) -> ExecResult:
+        """Run a command and wait for it.
+
+        ``cmd`` is an argv list, or a ``str`` run by ``/bin/sh -c`` (same as
+        ``shell=``). ``timeout`` is the command's own limit in seconds (the
+        daemon kills the process tree and sets ``timed_out``); the HTTP call
+        waits that long plus 30 s unless ``request_timeout`` says otherwise.
+        A non-zero exit status is a result, not an exception.
+        """
+        body = exec_body(cmd, shell, env, cwd, stdin, timeout, stdout_cap, stderr_cap, step, extra)
+        return self._call(_api.exec_(self.id, body, exec_deadline(body, request_timeout)))
+
+    def exec_stream(self, cmd: Cmd = None, *, shell: Optional[str] = None,
+                    env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+                    stdin: Union[None, bytes, str] = None, timeout: Optional[float] = None,
+                    step: Optional[str] = None, request_timeout: Optional[float] = None,
+                    collect: bool = False, **extra: Any) -> "ExecStream":
+        """Run a command and iterate its output as it is produced::
+
+            with sb.exec_stream("make test") as s:
+                for chunk in s:
+                    print(chunk.stream, chunk.text, end="")
+            print(s.result.exit_code)
+
+        Leaving the ``with`` block before the end drops the connection and
+        the daemon kills the command. ``collect=True`` also keeps the output
+        in ``s.result.stdout_bytes`` / ``stderr_bytes``.
+        """
+        body = exec_body(cmd, shell, env, cwd, stdin, timeout, None, None, step, extra)
+        req = _api.exec_(self.id, body, exec_deadline(body, request_timeout), stream=True)
+        return ExecStream(self.client._t.stream(req), collect)
+
+    def write_file(self, path: str, data: Union[bytes, str], *, mode: Optional[int] = None,
+                   append: bool = False, timeout: Optional[float] = None) -> int:
+        """Write (or with ``append`` extend) a file; returns its size. Parent
+        directories must exist (see :meth:`mkdir`). Appends are never retried."""
+        return self._call(_api.write_file(self.id, path, data, mode, append, self._to(timeout)))
+
+    def read_file(self, path: str, *, timeout: Optional[float] = None) -> bytes:
+        """The whole file as bytes (up to 64 MiB)."""
+        return self._call(_api.read_file(self.id, path, self._to(timeout)))
+
+    def stat(self, path: str, *, timeout: Optional[float] = None) -> FileStat:
+        return self._call(_api.stat(self.id, path, self._to(timeout)))
+
+    def list_dir(self, path: str, *, timeout: Optional[float] = None) -> List[FileStat]:
+        """Entries of a directory (not recursive)."""
+        return self._call(_api.list_dir(self.id, path, self._to(timeout)))
+
+    def mkdir(self, path: str, *, parents: bool = False, timeout: Optional[float] = None) -> None:
+        self._call(_api.mkdir(self.id, path, parents, self._to(timeout)))
+
+    def remove(self, path: str, *, recursive: bool = False,
+               timeout: Optional[float] = None) -> None:
+        """Remove a file, or a directory tree with ``recursive=True``."""
+        self._call(_api.remove(self.id, path, recursive, self._to(timeout)))
+
+    def pause(self, *, timeout: Optional[float] = None) -> SandboxInfo:
+        """Freeze every process of the sandbox (exec is refused until resumed)."""
+        self.info = self._call(_api.state(self.id, "pause", self._to(timeout)))
+        return self.info
+
+    def resume(self, *, timeout: Optional[float] = None) -> SandboxInfo:
+        self.info = self._call(_api.state(self.id, "resume", self._to(timeout)))
+        return self.info
+
+    def pack(self, name: str, *, timeout: Optional[float] = None) -> Image:
+        """Snapshot the sandbox's writable layer into the image ``name``."""
+        return self._call(_api.pack(self.id, name, timeout))
+
+
+class ExecStream:
+    """Output of a streaming exec; iterate for :class:`OutputChunk`s, then
+    read :attr:`result`."""
+
+    def __init__(self, stream: SyncStream, collect: bool = False) -> None:
+        self._s = stream
+        self._collect = collect
+        self._out = bytearray()
+        self._err = bytearray()
+        self.result: Optional[ExecResult] = None
+        if stream.status != 200:
+            body = b"".join(stream.chunks())
+            stream.close()
+            raise_for(Response(stream.status, stream.headers, body))
+
+    def __enter__(self) -> "ExecStream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop reading; an unfinished command is killed by the daemon."""
+        self._s.close()
+
+    def __iter__(self) -> Iterator[OutputChunk]:
+        if self.result is not None:
+            return
+        split = LineSplitter()
+        try:
+            for part in self._s.chunks():
+                for line in split.feed(part):
+                    chunk = self._line(line)
+                    if chunk is not None:
+                        yield chunk
+            tail = split.rest()
+            if tail:
+                chunk = self._line(tail)
+                if chunk is not None:
+                    yield chunk
+        finally:
+            if self.result is None:
+                self._s.close()
+        if self.result is None:
+            raise ProtocolError("the stream ended without a result")
+
+    def _line(self, line: bytes) -> Optional[OutputChunk]:
+        j = _api.stream_line(line)
+        if "stream" in j:
+            data = _decode(j)
+            if self._collect:
+                (self._err if j["stream"] == "stderr" else self._out).extend(data)
+            return OutputChunk(str(j["stream"]), data)
+        if "error" in j:
+            raise error_from_response(self._s.status, j)
+        self.result = ExecResult.from_json(j, bytes(self._out), bytes(self._err))
+        return None
+
+    def wait(self) -> ExecResult:
+        """Consume the rest of the output and return the result."""
+        for _ in self:
+            pass
+        assert self.result is not None
+        return self.result
+
+
+def _decode(j: Dict[str, Any]) -> bytes:
+    return decode_field(j, "data")
