@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/xattr.h>
 
 #include "../common/util.h"
@@ -283,9 +284,45 @@ write_data (struct archive *a, int fd, struct archive_entry *e, struct wr_extrac
   return 0;
 }
 
+/* OCI whiteouts (".wh.NAME", ".wh..wh..opq") become what overlayfs mounted
+ * with "userxattr" understands on a lower layer: a 0/0 character device
+ * named NAME, and user.overlay.opaque=y on the directory. Returns 1 when the
+ * entry was a whiteout (handled), 0 when it is an ordinary entry. */
 static int
-extract_entry (struct archive *a, struct archive_entry *e, int root_dfd, struct dir_times *dirs,
-               struct wr_extract_stats *stats, wr_err_t *err)
+oci_whiteout (struct archive_entry *e, const struct path *p, int root_dfd, struct dir_times *dirs,
+              struct wr_extract_stats *stats, const char *raw, wr_err_t *err)
+{
+  const char *base = p->comp[p->n - 1];
+  if (strncmp (base, ".wh.", 4) != 0)
+    return 0;
+  if (archive_entry_filetype (e) == AE_IFDIR)
+    return wr_error (err, 0, WR_E_INVALID, "whiteout '%s' is a directory", raw);
+  _cleanup_close_ int pfd = open_parent (root_dfd, p, raw, dirs, err);
+  if (pfd < 0)
+    return pfd;
+  if (strcmp (base, ".wh..wh..opq") == 0)
+    {
+      if (fsetxattr (pfd, "user.overlay.opaque", "y", 1, 0) < 0)
+        return wr_sys_error (err, "mark '%s' opaque", raw);
+      stats->whiteouts++;
+      return 1;
+    }
+  const char *name = base + 4;
+  if (name[0] == '\0' || strcmp (name, ".") == 0 || strcmp (name, "..") == 0
+      || strncmp (name, ".wh.", 4) == 0)
+    return wr_error (err, 0, WR_E_INVALID, "invalid whiteout '%s'", raw);
+  int r = clear_slot (pfd, name, false, raw, err);
+  if (r < 0)
+    return r;
+  if (mknodat (pfd, name, S_IFCHR | 0600, makedev (0, 0)) < 0)
+    return wr_sys_error (err, "whiteout '%s'", raw);
+  stats->whiteouts++;
+  return 1;
+}
+
+static int
+extract_entry (struct archive *a, struct archive_entry *e, int root_dfd, unsigned flags,
+               struct dir_times *dirs, struct wr_extract_stats *stats, wr_err_t *err)
 {
   const char *raw = archive_entry_pathname (e);
   struct path p;
@@ -308,6 +345,12 @@ extract_entry (struct archive *a, struct archive_entry *e, int root_dfd, struct 
       return dir_times_add (dirs, "", ts) < 0 ? wr_error (err, ENOMEM, WR_E_INTERNAL, "oom") : 0;
     }
 
+  if (flags & WR_EXTRACT_OCI_WHITEOUTS)
+    {
+      r = oci_whiteout (e, &p, root_dfd, dirs, stats, raw, err);
+      if (r != 0)
+        return r < 0 ? r : 0;
+    }
   if (!hardlink && (type == AE_IFCHR || type == AE_IFBLK || type == AE_IFIFO || type == AE_IFSOCK))
     {
       stats->skipped_special++;
@@ -424,6 +467,13 @@ archive_freep (struct archive **a)
 int
 wr_tar_extract (int archive_fd, int root_dfd, struct wr_extract_stats *stats, wr_err_t *err)
 {
+  return wr_tar_extract_ex (archive_fd, root_dfd, 0, stats, err);
+}
+
+int
+wr_tar_extract_ex (int archive_fd, int root_dfd, unsigned flags, struct wr_extract_stats *stats,
+                   wr_err_t *err)
+{
   memset (stats, 0, sizeof *stats);
   _cleanup_ (archive_freep) struct archive *a = archive_read_new ();
   if (a == NULL)
@@ -458,7 +508,7 @@ wr_tar_extract (int archive_fd, int root_dfd, struct wr_extract_stats *stats, wr
                          stats->entries ? "corrupt or truncated archive" : "not a tar archive",
                          archive_error_string (a));
       stats->entries++;
-      r = extract_entry (a, e, root_dfd, &dirs, stats, err);
+      r = extract_entry (a, e, root_dfd, flags, &dirs, stats, err);
       if (r < 0)
         return r;
     }

@@ -4,7 +4,28 @@
 
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "../common/err.h"
+#include "store.h"
+
+#if defined(__x86_64__)
+#define WR_OCI_ARCH "amd64"
+#elif defined(__aarch64__)
+#define WR_OCI_ARCH "arm64"
+#else
+#define WR_OCI_ARCH "unknown"
+#endif
+
+/* oci.c: commit an OCI image whose layer blobs are open at fds (-1 for a
+ * blob already stored, see wr_blob_layer), blobs[i] their digests. */
+int wr_oci_commit (struct wr_store *s, const char *ref, json_t *oci_config, const int *fds,
+                   const char *const *blobs, size_t n, wr_progress_fn progress, void *ud,
+                   struct wr_image **ret, wr_err_t *err);
+/* oci.c: an image manifest whose blobs live in dfd/blobs/sha256/. */
+int wr_oci_from_manifest_dir (struct wr_store *s, const char *ref, int dfd, json_t *manifest,
+                              wr_progress_fn progress, void *ud, struct wr_image **ret,
+                              wr_err_t *err);
 
 struct wr_extract_stats
 {
@@ -12,7 +33,13 @@ struct wr_extract_stats
   uint64_t skipped_special; /* device nodes, fifos and sockets not extracted */
   uint64_t skipped_xattrs;  /* xattrs dropped (overlay-private names or unsupported) */
   uint64_t bytes;           /* regular file bytes written */
+  uint64_t whiteouts;       /* OCI whiteouts converted (WR_EXTRACT_OCI_WHITEOUTS) */
 };
+
+/* Convert OCI whiteout entries (".wh.NAME" -> 0/0 char device NAME,
+ * ".wh..wh..opq" -> user.overlay.opaque=y on its directory): for layers of
+ * OCI images, never for plain rootfs tarballs. */
+#define WR_EXTRACT_OCI_WHITEOUTS 1u
 
 /* Extract the tar archive (plain, gzip, zstd, xz, bzip2: detected by magic)
  * read from archive_fd into the empty directory root_dfd. Never follows a
@@ -21,6 +48,8 @@ struct wr_extract_stats
  * a symlink fail with WR_E_INVALID. Leaves a partial tree on failure: the
  * caller removes it. */
 int wr_tar_extract (int archive_fd, int root_dfd, struct wr_extract_stats *stats, wr_err_t *err);
+int wr_tar_extract_ex (int archive_fd, int root_dfd, unsigned flags, struct wr_extract_stats *stats,
+                       wr_err_t *err);
 
 /* Build a deterministic EROFS image of src_dir at out_path with mkfs.erofs
  * (uncompressed, fixed UUID, per-file mtimes kept, build time zeroed), then

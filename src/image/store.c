@@ -231,6 +231,7 @@ static const char schema_sql[]
       " created_at INTEGER NOT NULL);"
       "CREATE TABLE IF NOT EXISTS tags (name TEXT NOT NULL, tag TEXT NOT NULL,"
       " digest TEXT NOT NULL, PRIMARY KEY (name, tag));"
+      "CREATE TABLE IF NOT EXISTS blobs (blob TEXT PRIMARY KEY, layer TEXT NOT NULL);"
       "CREATE INDEX IF NOT EXISTS tags_digest ON tags (digest);"
       "COMMIT;";
 
@@ -985,6 +986,7 @@ gc_locked (struct wr_store *s, wr_err_t *err)
     return -EIO;
   if (db_exec (s->db, "DELETE FROM images WHERE digest NOT IN (SELECT digest FROM tags)", err) < 0)
     goto fail;
+
   {
     _cleanup_stmt_ sqlite3_stmt *st = NULL;
     if (db_prepare (s->db, "SELECT manifest FROM images", &st, err) < 0)
@@ -1050,7 +1052,8 @@ gc_locked (struct wr_store *s, wr_err_t *err)
         sqlite3_reset (del);
       }
   }
-  if (db_exec (s->db, "COMMIT", err) < 0)
+  if (db_exec (s->db, "DELETE FROM blobs WHERE layer NOT IN (SELECT digest FROM layers)", err) < 0
+      || db_exec (s->db, "COMMIT", err) < 0)
     goto fail;
   for (size_t i = 0; i < doomed.n; i++)
     {
@@ -1178,9 +1181,10 @@ err_exhausted (wr_err_t *err)
 
 /* The slow part: touches no shared state, runs without the lock. */
 static int
-build_layer (struct wr_store *s, const char *path, struct work *w, char hex[65], uint64_t *size,
-             uint64_t *skipped, wr_err_t *err)
+build_layer (struct wr_store *s, const char *path, unsigned flags, struct work *w, char hex[65],
+             uint64_t *size, struct wr_extract_stats *xs, wr_err_t *err)
 {
+  memset (xs, 0, sizeof *xs);
   if (path == NULL || path[0] == '\0')
     return wr_error (err, EINVAL, WR_E_INVALID, "import path is empty");
   _cleanup_close_ int src = open (path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
@@ -1206,7 +1210,6 @@ build_layer (struct wr_store *s, const char *path, struct work *w, char hex[65],
   snprintf (rootfs, sizeof rootfs, "%s/rootfs", w->dir);
   snprintf (image, sizeof image, "%s/layer.erofs", w->dir);
   const char *tree = path;
-  *skipped = 0;
   if (S_ISREG (st.st_mode))
     {
       if (mkdir (rootfs, 0700) < 0)
@@ -1214,14 +1217,13 @@ build_layer (struct wr_store *s, const char *path, struct work *w, char hex[65],
       _cleanup_close_ int rfd = open (rootfs, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
       if (rfd < 0)
         return wr_sys_error (err, "open %s", rootfs);
-      struct wr_extract_stats xs;
-      int r = wr_tar_extract (src, rfd, &xs, err);
+      unsigned xflags = (flags & WR_STAGE_OCI) ? WR_EXTRACT_OCI_WHITEOUTS : 0;
+      int r = wr_tar_extract_ex (src, rfd, xflags, xs, err);
       if (r < 0)
         {
           err_exhausted (err);
           return wr_error_wrap (err, "import %s", path);
         }
-      *skipped = xs.skipped_special;
       tree = rootfs;
     }
   int r = wr_erofs_build (tree, image, err);
@@ -1240,6 +1242,58 @@ build_layer (struct wr_store *s, const char *path, struct work *w, char hex[65],
   /* the extracted tree is no longer needed: free the space before commit */
   if (tree == rootfs)
     wr_rm_rf_at (AT_FDCWD, rootfs);
+  return 0;
+}
+
+int
+wr_store_tmpdir (struct wr_store *s, const char *prefix, char *buf, size_t size, wr_err_t *err)
+{
+  char name[64];
+  snprintf (name, sizeof name, "%.40s-XXXXXX", prefix);
+  if (store_path (s, buf, size, "tmp", name, NULL) < 0)
+    return wr_error (err, ENAMETOOLONG, WR_E_INTERNAL, "store root too long");
+  if (mkdtemp (buf) == NULL)
+    {
+      int r = wr_sys_error (err, "mkdtemp %s", buf);
+      err_exhausted (err);
+      return r;
+    }
+  return 0;
+}
+
+void
+wr_layer_stage_free (struct wr_staged_layer *l)
+{
+  if (l == NULL)
+    return;
+  struct work w = { .made = l->dir[0] != '\0' };
+  memcpy (w.dir, l->dir, sizeof w.dir);
+  work_cleanup (&w);
+  free (l);
+}
+
+int
+wr_layer_stage (struct wr_store *s, const char *path, unsigned flags,
+                struct wr_staged_layer **ret, wr_err_t *err)
+{
+  struct wr_staged_layer *l = calloc (1, sizeof *l);
+  if (l == NULL)
+    return wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
+  struct work w = { .made = false };
+  char hex[65];
+  struct wr_extract_stats xs;
+  int r = build_layer (s, path, flags, &w, hex, &l->size, &xs, err);
+  if (r < 0)
+    {
+      work_cleanup (&w);
+      free (l);
+      return r;
+    }
+  memcpy (l->dir, w.dir, sizeof l->dir);
+  snprintf (l->digest, sizeof l->digest, DIGEST_PREFIX "%s", hex);
+  l->skipped_special = xs.skipped_special;
+  l->whiteouts = xs.whiteouts;
+  *ret = l;
   return 0;
 }
 
@@ -1262,20 +1316,26 @@ manifest_text (const char *const *layers, size_t n, json_t *config, char **ret_t
   return 0;
 }
 
-/* Record the image under the lock: one transaction for layer, manifest and tag. */
+/* Record the image under the lock: one transaction for layers, blob
+ * mappings, manifest and tag. sizes[i] < 0: an existing layer that must
+ * still be there. */
 static int
 commit_image (struct wr_store *s, const struct ref *ref, const char *const *layers, size_t n,
-              const json_int_t *sizes, const char *text, const char *digest, wr_err_t *err)
+              const json_int_t *sizes, const char *const *blobs, const char *text,
+              const char *digest, wr_err_t *err)
 {
   long long now = (long long)time (NULL);
   if (db_exec (s->db, "BEGIN IMMEDIATE", err) < 0)
     return -EIO;
   _cleanup_stmt_ sqlite3_stmt *lst = NULL;
+  _cleanup_stmt_ sqlite3_stmt *bst = NULL;
   _cleanup_stmt_ sqlite3_stmt *ist = NULL;
   _cleanup_stmt_ sqlite3_stmt *tst = NULL;
   if (db_prepare (s->db, "INSERT OR IGNORE INTO layers (digest, size, created_at) VALUES (?,?,?)",
                   &lst, err)
           < 0
+      || db_prepare (s->db, "INSERT OR REPLACE INTO blobs (blob, layer) VALUES (?,?)", &bst, err)
+             < 0
       || db_prepare (s->db,
                      "INSERT OR IGNORE INTO images (digest, manifest, created_at) VALUES (?,?,?)",
                      &ist, err)
@@ -1288,7 +1348,6 @@ commit_image (struct wr_store *s, const struct ref *ref, const char *const *laye
     {
       if (sizes[i] < 0)
         {
-          /* an existing layer the new image stacks on: it must still be there */
           bool exists;
           if (layer_row_exists (s, layers[i], &exists, err) < 0)
             goto fail;
@@ -1297,17 +1356,30 @@ commit_image (struct wr_store *s, const struct ref *ref, const char *const *laye
               wr_error (err, ENOENT, WR_E_NOT_FOUND, "layer %s not found", layers[i]);
               goto fail;
             }
-          continue;
         }
-      sqlite3_bind_text (lst, 1, layers[i], -1, SQLITE_STATIC);
-      sqlite3_bind_int64 (lst, 2, sizes[i]);
-      sqlite3_bind_int64 (lst, 3, now);
-      if (sqlite3_step (lst) != SQLITE_DONE)
+      else
         {
-          db_error (s->db, err, "insert layer");
-          goto fail;
+          sqlite3_bind_text (lst, 1, layers[i], -1, SQLITE_STATIC);
+          sqlite3_bind_int64 (lst, 2, sizes[i]);
+          sqlite3_bind_int64 (lst, 3, now);
+          if (sqlite3_step (lst) != SQLITE_DONE)
+            {
+              db_error (s->db, err, "insert layer");
+              goto fail;
+            }
+          sqlite3_reset (lst);
         }
-      sqlite3_reset (lst);
+      if (blobs && blobs[i] && blobs[i][0])
+        {
+          sqlite3_bind_text (bst, 1, blobs[i], -1, SQLITE_STATIC);
+          sqlite3_bind_text (bst, 2, layers[i], -1, SQLITE_STATIC);
+          if (sqlite3_step (bst) != SQLITE_DONE)
+            {
+              db_error (s->db, err, "insert blob");
+              goto fail;
+            }
+          sqlite3_reset (bst);
+        }
     }
   sqlite3_bind_text (ist, 1, digest, -1, SQLITE_STATIC);
   sqlite3_bind_text (ist, 2, text, -1, SQLITE_STATIC);
@@ -1329,6 +1401,115 @@ fail:
 }
 
 int
+wr_image_commit (struct wr_store *s, const char *refstr, const struct wr_layer_ref *in, size_t n,
+                 const json_t *cfg, struct wr_image **ret, wr_err_t *err)
+{
+  struct ref ref;
+  if (ref_parse (refstr, &ref) < 0 || ref.digest[0])
+    return wr_error (err, EINVAL, WR_E_INVALID,
+                     "invalid image name '%.300s' (want name[:tag], lowercase)",
+                     refstr ? refstr : "(null)");
+  if (n == 0)
+    return wr_error (err, EINVAL, WR_E_INVALID, "an image needs at least one layer");
+  if (n > WR_IMAGE_MAX_LAYERS)
+    return wr_error (err, E2BIG, WR_E_INVALID, "too many layers (%zu, at most %d)", n,
+                     WR_IMAGE_MAX_LAYERS);
+  _cleanup_json_ json_t *config = NULL;
+  int r = build_config (cfg, &config, err);
+  if (r < 0)
+    return r;
+
+  /* The same layer twice (docker images often carry several identical
+   * empty layers) would hand overlayfs one directory twice: keep the
+   * top-most occurrence, the one that decides. */
+  const char *layers[WR_IMAGE_MAX_LAYERS];
+  json_int_t sizes[WR_IMAGE_MAX_LAYERS];
+  const char *blobs[WR_IMAGE_MAX_LAYERS];
+  struct wr_staged_layer *staged[WR_IMAGE_MAX_LAYERS];
+  size_t m = 0;
+  for (size_t i = 0; i < n; i++)
+    {
+      const char *d = in[i].staged ? in[i].staged->digest : in[i].digest;
+      if (!digest_hex (d))
+        return wr_error (err, EINVAL, WR_E_INVALID, "invalid layer digest '%.80s'",
+                         d ? d : "(null)");
+      bool later = false;
+      for (size_t k = i + 1; k < n && !later; k++)
+        later = strcmp (d, in[k].staged ? in[k].staged->digest : in[k].digest) == 0;
+      if (later)
+        continue;
+      layers[m] = d;
+      staged[m] = in[i].staged;
+      sizes[m] = in[i].staged ? (json_int_t)in[i].staged->size : -1;
+      blobs[m] = in[i].staged ? in[i].staged->blob : in[i].blob;
+      m++;
+    }
+  _cleanup_free_ char *text = NULL;
+  char mdigest[72];
+  r = manifest_text (layers, m, config, &text, mdigest, err);
+  if (r < 0)
+    return r;
+
+  char dir[4096];
+  if (store_path (s, dir, sizeof dir, "layers/sha256", NULL, NULL) < 0)
+    return wr_error (err, ENAMETOOLONG, WR_E_INTERNAL, "store root too long");
+  LOCK_GUARD (s);
+  bool fresh[WR_IMAGE_MAX_LAYERS] = { false };
+  bool any_fresh = false;
+  for (size_t i = 0; i < m; i++)
+    {
+      if (staged[i] == NULL)
+        continue;
+      char src[4200], dst[4096];
+      snprintf (src, sizeof src, "%s/layer.erofs", staged[i]->dir);
+      store_path (s, dst, sizeof dst, "layers/sha256", layers[i] + 7, ".erofs");
+      /* identical content is already stored (maybe mounted): keep that file */
+      if (access (dst, F_OK) == 0)
+        continue;
+      if (rename (src, dst) < 0)
+        {
+          r = wr_sys_error (err, "rename %s", dst);
+          goto undo;
+        }
+      fresh[i] = any_fresh = true;
+    }
+  if (any_fresh && (r = fsync_dir (dir)) < 0)
+    {
+      r = wr_error (err, -r, WR_E_INTERNAL, "fsync %s", dir);
+      goto undo;
+    }
+  r = commit_image (s, &ref, layers, m, sizes, blobs, text, mdigest, err);
+  if (r < 0)
+    goto undo;
+  {
+    /* a retag may leave the previous manifest unnamed: collect it now */
+    wr_err_t gerr;
+    gc_locked (s, &gerr);
+  }
+  if (ret)
+    {
+      char name[512];
+      snprintf (name, sizeof name, "%s:%s", ref.name, ref.tag);
+      r = image_from_manifest (s, mdigest, name, text, ret, err);
+      if (r < 0)
+        return r;
+      for (size_t i = 0; i < m; i++)
+        if (staged[i])
+          (*ret)->skipped_special += staged[i]->skipped_special;
+    }
+  return 0;
+undo:
+  for (size_t i = 0; i < m; i++)
+    if (fresh[i])
+      {
+        char dst[4096];
+        store_path (s, dst, sizeof dst, "layers/sha256", layers[i] + 7, ".erofs");
+        unlink (dst);
+      }
+  return r;
+}
+
+int
 wr_image_import_ex (struct wr_store *s, const char *refstr, const char *path,
                     const struct wr_import_opts *opts, struct wr_image **ret, wr_err_t *err)
 {
@@ -1338,81 +1519,30 @@ wr_image_import_ex (struct wr_store *s, const char *refstr, const char *path,
                      "invalid image name '%.300s' (want name[:tag], lowercase)",
                      refstr ? refstr : "(null)");
   size_t nbase = opts ? opts->n_base_layers : 0;
-  if (nbase > 127)
+  if (nbase >= WR_IMAGE_MAX_LAYERS)
     return wr_error (err, E2BIG, WR_E_INVALID, "too many layers (%zu)", nbase + 1);
   for (size_t i = 0; i < nbase; i++)
     if (!digest_hex (opts->base_layers[i]))
       return wr_error (err, EINVAL, WR_E_INVALID, "invalid base layer digest");
-  _cleanup_json_ json_t *config = NULL;
-  int r = build_config (opts ? opts->config : NULL, &config, err);
-  if (r < 0)
-    return r;
-
-  __attribute__ ((cleanup (work_cleanup))) struct work w = { .made = false };
-  char hex[65];
-  uint64_t size = 0, skipped = 0;
-  r = build_layer (s, path, &w, hex, &size, &skipped, err);
-  if (r < 0)
-    return r;
-
-  char digest[72];
-  snprintf (digest, sizeof digest, DIGEST_PREFIX "%s", hex);
-  const char *layers[128];
-  json_int_t sizes[128];
-  for (size_t i = 0; i < nbase; i++)
-    {
-      layers[i] = opts->base_layers[i];
-      sizes[i] = -1;
-    }
-  layers[nbase] = digest;
-  sizes[nbase] = (json_int_t)size;
-  _cleanup_free_ char *text = NULL;
-  char mdigest[72];
-  r = manifest_text (layers, nbase + 1, config, &text, mdigest, err);
-  if (r < 0)
-    return r;
-
-  char src[4200], dst[4096], dir[4096];
-  snprintf (src, sizeof src, "%s/layer.erofs", w.dir);
-  if (store_path (s, dst, sizeof dst, "layers/sha256", hex, ".erofs") < 0
-      || store_path (s, dir, sizeof dir, "layers/sha256", NULL, NULL) < 0)
-    return wr_error (err, ENAMETOOLONG, WR_E_INTERNAL, "store root too long");
   {
-    LOCK_GUARD (s);
-    /* identical content is already stored (maybe mounted): keep that file */
-    bool fresh = access (dst, F_OK) < 0;
-    if (fresh)
-      {
-        if (rename (src, dst) < 0)
-          return wr_sys_error (err, "rename %s", dst);
-        r = fsync_dir (dir);
-        if (r < 0)
-          {
-            unlink (dst);
-            return wr_error (err, -r, WR_E_INTERNAL, "fsync %s", dir);
-          }
-      }
-    r = commit_image (s, &ref, layers, nbase + 1, sizes, text, mdigest, err);
+    /* check the config before the slow part */
+    _cleanup_json_ json_t *config = NULL;
+    int r = build_config (opts ? opts->config : NULL, &config, err);
     if (r < 0)
-      {
-        if (fresh)
-          unlink (dst);
-        return r;
-      }
-    /* a retag may leave the previous manifest unnamed: collect it now */
-    wr_err_t gerr;
-    gc_locked (s, &gerr);
-    if (ret)
-      {
-        char name[512];
-        snprintf (name, sizeof name, "%s:%s", ref.name, ref.tag);
-        r = image_from_manifest (s, mdigest, name, text, ret, err);
-        if (r < 0)
-          return r;
-        (*ret)->skipped_special = skipped;
-      }
+      return r;
   }
-  return 0;
+  struct wr_staged_layer *l = NULL;
+  int r = wr_layer_stage (s, path, 0, &l, err);
+  if (r < 0)
+    return r;
+  struct wr_layer_ref refs[WR_IMAGE_MAX_LAYERS];
+  memset (refs, 0, sizeof refs);
+  for (size_t i = 0; i < nbase; i++)
+    refs[i].digest = opts->base_layers[i];
+  refs[nbase].staged = l;
+  r = wr_image_commit (s, refstr, refs, nbase + 1, opts ? opts->config : NULL, ret, err);
+  wr_layer_stage_free (l);
+  return r;
 }
 
 int
@@ -1420,4 +1550,65 @@ wr_image_import (struct wr_store *s, const char *ref, const char *path, struct w
                  wr_err_t *err)
 {
   return wr_image_import_ex (s, ref, path, NULL, ret, err);
+}
+
+int
+wr_image_tag (struct wr_store *s, const char *src, const char *dst, struct wr_image **ret,
+              wr_err_t *err)
+{
+  struct ref dref;
+  if (ref_parse (dst, &dref) < 0 || dref.digest[0])
+    return wr_error (err, EINVAL, WR_E_INVALID,
+                     "invalid image name '%.300s' (want name[:tag], lowercase)",
+                     dst ? dst : "(null)");
+  LOCK_GUARD (s);
+  _cleanup_ (image_freep) struct wr_image *img = NULL;
+  int r = resolve_locked (s, src, &img, err);
+  if (r < 0)
+    return r;
+  _cleanup_stmt_ sqlite3_stmt *st = NULL;
+  if (db_prepare (s->db, "INSERT OR REPLACE INTO tags (name, tag, digest) VALUES (?,?,?)", &st,
+                  err)
+      < 0)
+    return -EIO;
+  sqlite3_bind_text (st, 1, dref.name, -1, SQLITE_STATIC);
+  sqlite3_bind_text (st, 2, dref.tag, -1, SQLITE_STATIC);
+  sqlite3_bind_text (st, 3, img->digest, -1, SQLITE_STATIC);
+  if (sqlite3_step (st) != SQLITE_DONE)
+    return db_error (s->db, err, "insert tag");
+  /* the tag may have named another manifest */
+  wr_err_t gerr;
+  gc_locked (s, &gerr);
+  snprintf (img->name, sizeof img->name, "%s:%s", dref.name, dref.tag);
+  if (ret)
+    *ret = TAKE_PTR (img);
+  return 0;
+}
+
+int
+wr_blob_layer (struct wr_store *s, const char *blob, char ret_layer[72], wr_err_t *err)
+{
+  if (!digest_hex (blob))
+    return wr_error (err, EINVAL, WR_E_INVALID, "invalid blob digest");
+  LOCK_GUARD (s);
+  _cleanup_stmt_ sqlite3_stmt *st = NULL;
+  if (db_prepare (s->db,
+                  "SELECT b.layer FROM blobs b JOIN layers l ON l.digest = b.layer WHERE b.blob = ?",
+                  &st, err)
+      < 0)
+    return -EIO;
+  sqlite3_bind_text (st, 1, blob, -1, SQLITE_STATIC);
+  int rc = sqlite3_step (st);
+  if (rc == SQLITE_DONE)
+    return 0;
+  if (rc != SQLITE_ROW)
+    return db_error (s->db, err, "select blob");
+  snprintf (ret_layer, 72, "%s", (const char *)sqlite3_column_text (st, 0));
+  return 1;
+}
+
+const char *
+wr_store_root (struct wr_store *s)
+{
+  return s->root;
 }

@@ -8,6 +8,7 @@
 #ifndef WR_STORE_H
 #define WR_STORE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sqlite3.h>
@@ -69,6 +70,74 @@ struct wr_import_opts
 };
 int wr_image_import_ex (struct wr_store *s, const char *ref, const char *path,
                         const struct wr_import_opts *opts, struct wr_image **ret, wr_err_t *err);
+
+#define WR_IMAGE_MAX_LAYERS 128
+
+/* A layer built under ROOT/tmp and not yet visible to anyone: it becomes
+ * part of the store only through wr_image_commit, in the same transaction
+ * as the manifest naming it. wr_layer_stage_free removes its files. */
+struct wr_staged_layer
+{
+  char digest[72];   /* "sha256:<hex>" of the EROFS image */
+  char blob[72];     /* caller may set: the source blob it came from (OCI), for pull skips */
+  uint64_t size;     /* bytes of the EROFS image */
+  uint64_t skipped_special, whiteouts;
+  char dir[4096];    /* work dir under ROOT/tmp, holding layer.erofs */
+};
+#define WR_STAGE_OCI 1u /* tar layer of an OCI image: convert .wh.* whiteouts */
+
+/* Build a layer from a directory (taken as is) or a tarball (safe
+ * extraction, as wr_image_import). Slow; call from a worker thread. */
+int wr_layer_stage (struct wr_store *s, const char *path, unsigned flags,
+                    struct wr_staged_layer **ret, wr_err_t *err);
+void wr_layer_stage_free (struct wr_staged_layer *l);
+
+/* One layer of an image being committed: a staged layer, or the digest of
+ * a layer already stored (re-checked under the lock). */
+struct wr_layer_ref
+{
+  const char *digest;
+  struct wr_staged_layer *staged;
+  const char *blob; /* existing layers: source blob digest to remember, or NULL */
+};
+
+/* Make the image ref (name[:tag]) from layers (bottom-most first) and config
+ * (merged over the defaults) in one transaction: staged layer files are
+ * renamed into place, rows, blob mappings, manifest and tag committed
+ * together. A layer listed twice is kept once (its top-most position). On
+ * failure nothing is visible and no file is left in ROOT/layers. The staged
+ * layers still belong to the caller (free them either way). */
+int wr_image_commit (struct wr_store *s, const char *ref, const struct wr_layer_ref *layers,
+                     size_t n, const json_t *config, struct wr_image **ret, wr_err_t *err);
+
+/* Point dst (name[:tag]) at the manifest src resolves to; ret may be NULL. */
+int wr_image_tag (struct wr_store *s, const char *src, const char *dst, struct wr_image **ret,
+                  wr_err_t *err);
+
+/* The stored layer made from source blob (an OCI layer digest): 1 and its
+ * digest, 0 when none is stored. */
+int wr_blob_layer (struct wr_store *s, const char *blob, char ret_layer[72], wr_err_t *err);
+
+/* A fresh private directory ROOT/tmp/PREFIX-XXXXXX (emptied by the next
+ * wr_store_open after a crash). The caller removes it. */
+int wr_store_tmpdir (struct wr_store *s, const char *prefix, char *buf, size_t size,
+                     wr_err_t *err);
+const char *wr_store_root (struct wr_store *s);
+
+/* Import any supported source as ref (docs/images.md): a rootfs directory
+ * or tarball, an OCI image layout directory (oci-layout + index.json), a
+ * docker-save directory or tarball (manifest.json), by content, never by
+ * name. progress (may be NULL) is called from the importing thread. */
+typedef void (*wr_progress_fn) (void *ud, const char *what, uint64_t done, uint64_t total);
+int wr_image_import_any (struct wr_store *s, const char *ref, const char *path,
+                         wr_progress_fn progress, void *ud, struct wr_image **ret, wr_err_t *err);
+
+/* Pull ref ("host[:port]/repo[:tag|@sha256:...]") from an OCI distribution
+ * (v2) registry over plain HTTP (insecure must be set: TLS is not built in)
+ * and store it as name (NULL: "repo:tag"). Blobs are verified against their
+ * digests, fetched in parallel, and layers already stored are skipped. */
+int wr_image_pull (struct wr_store *s, const char *ref, const char *name, bool insecure,
+                   wr_progress_fn progress, void *ud, struct wr_image **ret, wr_err_t *err);
 
 /* Resolve "name[:tag]" or "name@sha256:..." or "sha256:..." to its manifest. */
 int wr_image_resolve (struct wr_store *s, const char *ref, struct wr_image **ret, wr_err_t *err);
