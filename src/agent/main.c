@@ -514,7 +514,7 @@ static void
 usage (void)
 {
   fputs ("usage: warren-agent [--listen-fd N] [--conn-fd N] [--device PATH] [--root DIR] "
-         "[--no-openat2]\n",
+         "[--no-openat2] [--keep-fd N]\n",
          stderr);
   exit (2);
 }
@@ -528,13 +528,13 @@ close_range_fallback (unsigned lo, unsigned hi)
     close ((int)fd);
 }
 
-/* Close every fd >= 3 but a and b (either may be -1; a <= b). */
+/* Close every fd >= 3 but a, b and c (any may be -1; a <= b <= c). */
 static void
-close_fds_except (int a, int b)
+close_fds_except (int a, int b, int c)
 {
   unsigned lo = 3;
-  int keep[2] = { a, b };
-  for (int i = 0; i < 2; i++)
+  int keep[3] = { a, b, c };
+  for (int i = 0; i < 3; i++)
     {
       if (keep[i] < (int)lo)
         continue;
@@ -546,7 +546,7 @@ close_fds_except (int a, int b)
 }
 
 static int
-setup (int listen_fd, int conn_fd, const char *root, bool no_openat2)
+setup (int listen_fd, int conn_fd, int keep_fd, const char *root, bool no_openat2)
 {
   prctl (PR_SET_DUMPABLE, 0);
   if (getpid () != 1)
@@ -559,9 +559,19 @@ setup (int listen_fd, int conn_fd, const char *root, bool no_openat2)
       return -errno;
   /* Nothing inherited may leak into sandbox processes (our sockets above
    * all), and stray copies of the daemon socket would hide its EOF. */
-  int keep_lo = listen_fd < conn_fd ? listen_fd : conn_fd;
-  int keep_hi = listen_fd < conn_fd ? conn_fd : listen_fd;
-  close_fds_except (keep_lo, keep_hi);
+  int keep[3] = { listen_fd, conn_fd, keep_fd };
+  for (int i = 0; i < 3; i++)
+    for (int j = i + 1; j < 3; j++)
+      if (keep[j] < keep[i])
+        {
+          int t = keep[i];
+          keep[i] = keep[j];
+          keep[j] = t;
+        }
+  close_fds_except (keep[0], keep[1], keep[2]);
+  /* --keep-fd: held for the daemon (pidfd_getfd), never handed to children */
+  if (keep_fd >= 0)
+    fcntl (keep_fd, F_SETFD, FD_CLOEXEC);
   if (listen_fd >= 0)
     fcntl (listen_fd, F_SETFD, FD_CLOEXEC);
   if (conn_fd >= 0)
@@ -618,10 +628,11 @@ main (int argc, char **argv)
     { "device", required_argument, NULL, 'd' },
     { "root", required_argument, NULL, 'r' },
     { "no-openat2", no_argument, NULL, 'N' },
+    { "keep-fd", required_argument, NULL, 'k' },
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 },
   };
-  int listen_fd = -1, conn_fd = -1, c;
+  int listen_fd = -1, conn_fd = -1, keep_fd = -1, c;
   const char *root = NULL;
   bool no_openat2 = false;
   while ((c = getopt_long (argc, argv, "", opts, NULL)) != -1)
@@ -644,12 +655,16 @@ main (int argc, char **argv)
       case 'N':
         no_openat2 = true;
         break;
+      case 'k':
+        if ((keep_fd = parse_fd (optarg)) < 0)
+          usage ();
+        break;
       default:
         usage ();
       }
   if (optind != argc || (listen_fd < 0 && conn_fd < 0 && device_path == NULL))
     usage ();
-  int r = setup (listen_fd, conn_fd, root, no_openat2);
+  int r = setup (listen_fd, conn_fd, keep_fd, root, no_openat2);
   if (r < 0)
     {
       fprintf (stderr, "warren-agent: setup: %s\n", strerror (-r));
