@@ -201,14 +201,18 @@ child_main (void *arg)
   long k = wr_raw3 (__NR_fcntl, c->conn_fd, F_DUPFD_CLOEXEC, 16);
   long a = wr_raw3 (__NR_fcntl, c->agent_fd, F_DUPFD_CLOEXEC, 16);
   long e = wr_raw3 (__NR_fcntl, err_fd, F_DUPFD_CLOEXEC, 16);
-  if (l < 0 || k < 0 || a < 0 || e < 0)
+  long up = wr_raw3 (__NR_fcntl, u, F_DUPFD_CLOEXEC, 16);
+  if (l < 0 || k < 0 || a < 0 || e < 0 || up < 0)
     return child_fail (err_fd, ST_FDS, -EMFILE);
   TRY (ST_FDS, wr_raw3 (__NR_dup3, e, 6, O_CLOEXEC));
   err_fd = 6;
   TRY (ST_FDS, wr_raw3 (__NR_dup3, l, 3, 0));
   TRY (ST_FDS, wr_raw3 (__NR_dup3, k, 4, 0));
   TRY (ST_FDS, wr_raw3 (__NR_dup3, a, 5, O_CLOEXEC));
-  TRY (ST_FDS, wr_raw3 (__NR_close_range, 7, ~0U, 0));
+  /* 7 = the upper dir (O_PATH), kept by the agent (--keep-fd) so the daemon
+   * can reach this detached tmpfs with pidfd_getfd to pack the sandbox */
+  TRY (ST_FDS, wr_raw3 (__NR_dup3, up, WR_AGENT_UPPER_FD, 0));
+  TRY (ST_FDS, wr_raw3 (__NR_close_range, WR_AGENT_UPPER_FD + 1, ~0U, 0));
   long nul = wr_raw3 (__NR_openat, AT_FDCWD, "/dev/null", O_RDWR);
   TRY (ST_FDS, nul);
   for (int i = 0; i < 3; i++)
@@ -493,10 +497,10 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
     }
 
   static char arg0[] = "warren-agent", a1[] = "--listen-fd", a2[] = "3", a3[] = "--conn-fd",
-              a4[] = "4";
+              a4[] = "4", a5[] = "--keep-fd", a6[] = "7";
   static char e0[] = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
               e1[] = "HOME=/root", e2[] = "container=warren";
-  static char *const argv[] = { arg0, a1, a2, a3, a4, NULL };
+  static char *const argv[] = { arg0, a1, a2, a3, a4, a5, a6, NULL };
   static char *const envp[] = { e0, e1, e2, NULL };
   uint64_t keep = 0;
   for (size_t i = 0; i < WR_ARRAY_SIZE (keep_caps); i++)

@@ -60,6 +60,10 @@ struct wr_container_spec
   json_t *image_config; /* image config (env, workdir, ...); may be NULL */
 };
 
+/* fd number at which the agent of a container holds its writable upper dir
+ * (O_PATH): the daemon takes a copy with pidfd_getfd to pack the sandbox. */
+#define WR_AGENT_UPPER_FD 7
+
 struct wr_container
 {
   pid_t pid;              /* host pid of the agent (PID 1 inside) */
