@@ -2,6 +2,7 @@
  * with caps and backpressure, feed its stdin, enforce its timeout, and report
  * exit status and usage once it has been reaped. */
 #include "agent/agent.h"
+#include "agent/zygote.h"
 #include "common/proto.h"
 #include "common/util.h"
 
@@ -47,6 +48,7 @@ struct exec
   size_t in_len, in_off;
   bool in_eof;
   uint64_t start_ns, deadline_ms;
+  struct ag_call call; /* fncall: ids, limits, scratch; swept after exit */
 };
 
 static bool output_paused;
@@ -255,6 +257,8 @@ ag_exec_reaped (pid_t pid, int status, const struct rusage *ru)
   for (int i = 0; i < 2; i++)
     for (int k = 0; k < 32 && out_read (&e->out[i]); k++)
       ;
+  if (e->call.on)
+    ag_call_cleanup (&e->call); /* before EXIT: the next call must find it clean */
   if (!e->r.orphan)
     {
       int code = WIFEXITED (status) ? WEXITSTATUS (status) : -1;
@@ -614,6 +618,14 @@ ag_exec_start (uint32_t stream, json_t *body)
   int r = parse_spec (body, &s, &err);
   argv = s.argv;
   env = s.env;
+  struct ag_call call;
+  if (r == 0 && (r = ag_call_parse (body, &call, &err)) == 0 && call.on)
+    {
+      if (s.tty)
+        r = wr_error (&err, EINVAL, WR_E_INVALID, "\"call\" and \"tty\" do not mix");
+      else if ((r = ag_call_prepare (&call, &err)) == 0)
+        s.cwd = call.scratch;
+    }
   if (r < 0)
     {
       ag_send_error (stream, &err);
@@ -717,7 +729,16 @@ ag_exec_start (uint32_t stream, json_t *body)
     }
   pid_t pid;
   uint64_t start = wr_now_ns ();
-  r = posix_spawn (&pid, file, &fa, &attr, argv.v, env.v);
+  if (call.on)
+    {
+      int fds[3] = { in_r >= 0 ? in_r : ag.devnull, out_w, err_w };
+      pid = ag_call_spawn (&call, file, argv.v, env.v, fds);
+      r = pid < 0 ? (int)-pid : 0;
+      if (r)
+        ag_call_cleanup (&call);
+    }
+  else
+    r = posix_spawn (&pid, file, &fa, &attr, argv.v, env.v);
   posix_spawn_file_actions_destroy (&fa);
   posix_spawnattr_destroy (&attr);
   if (r != 0)
@@ -737,6 +758,7 @@ ag_exec_start (uint32_t stream, json_t *body)
   e->r.kind = AG_REQ_EXEC;
   e->pid = pid;
   e->tty = s.tty;
+  e->call = call;
   e->start_ns = start;
   if (s.timeout_ms)
     e->deadline_ms = start / 1000000 + s.timeout_ms;
