@@ -795,6 +795,8 @@ handle_sandboxes (struct wrd *d, struct evhttp_request *req, const char *rest, s
     handle_exec (d, req, sb, q);
   else if (strcmp (sub, "files") == 0)
     handle_files (d, req, sb, q);
+  else if (strcmp (sub, "pack") == 0 && m == EVHTTP_REQ_POST)
+    wrd_http_pack (d, req, sb);
   else if ((strcmp (sub, "pause") == 0 || strcmp (sub, "resume") == 0) && m == EVHTTP_REQ_POST)
     {
       if (wrd_sandbox_pause (d, sb, strcmp (sub, "pause") == 0, &err) < 0)

@@ -25,5 +25,7 @@ bool wrd_query_flag (struct evkeyvalq *q, const char *key);
  * prefix (NULL when the path is exactly the prefix). */
 void wrd_http_images (struct wrd *d, struct evhttp_request *req, const char *rest,
                       struct evkeyvalq *q);
+/* POST /v1/sandboxes/{id}/pack (src/daemon/pack.c) */
+void wrd_http_pack (struct wrd *d, struct evhttp_request *req, struct sandbox *sb);
 
 #endif
