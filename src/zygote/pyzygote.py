@@ -1,0 +1,626 @@
+# Warren's Python fncall zygote (docs/fncall.md).
+#
+# warrend starts one per pool sandbox as a long-running exec:
+#   python3 -I -S -u -c <this file> UID GID SCRATCH MODULES
+# and talks to it over that exec's stdin/stdout. Single threaded; one call at
+# a time. Frames both ways: u32 little-endian length + JSON. A result frame's
+# JSON carries out_len/err_len and the raw output bytes follow it.
+#
+# fork mode: a fresh child per call (setsid, rlimits, call uid, seccomp,
+# scratch cwd), exec()s the code in the preloaded interpreter, exits.
+# reuse mode: one pre-forked worker (already at the call uid, limits and
+# filter applied) runs call after call in a fresh globals dict; the zygote
+# enforces the wall-clock timeout by killing and replacing it.
+import gc
+import json
+import os
+import resource
+import select
+import signal
+import struct
+import sys
+import time
+
+UID, GID, SCRATCH = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+PRELOAD = [m for m in (sys.argv[4] if len(sys.argv) > 4 else "").split(",") if m]
+TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+IN, OUT = 0, os.dup(1)  # the daemon's frames; fd 1 itself goes to /dev/null
+_null = os.open("/dev/null", os.O_RDWR)
+os.dup2(_null, 1)
+os.set_inheritable(OUT, False)
+HDR = struct.Struct("<I")
+MAX_REQ = 64 << 20
+
+for _m in PRELOAD:
+    try:
+        __import__(_m)
+    except Exception as e:  # a missing module must not kill the pool
+        sys.stderr.write("pyzygote: preload %s: %s\n" % (_m, e))
+
+# ---- per-call seccomp filter (same list as the agent's, src/agent/zygote.c) ----
+
+_SYSCALLS = {
+    # x86_64: ptrace process_vm_readv process_vm_writev pidfd_getfd pidfd_open
+    # io_uring_setup io_uring_enter io_uring_register msgget semget shmget
+    # mq_open personality chroot mknodat mknod
+    "x86_64": (0xC000003E, [101, 310, 311, 438, 434, 425, 426, 427, 68, 64, 29, 240, 135, 161, 259, 133]),
+    "aarch64": (0xC00000B7, [117, 270, 271, 438, 434, 425, 426, 427, 186, 190, 194, 180, 92, 51, 33]),
+}
+
+
+def _build_filter():
+    arch = os.uname().machine
+    if arch not in _SYSCALLS:
+        return None
+    audit, nrs = _SYSCALLS[arch]
+    ins = []
+
+    def stmt(code, k):
+        ins.append(struct.pack("<HBBI", code, 0, 0, k))
+
+    def jump(code, k, jt, jf):
+        ins.append(struct.pack("<HBBI", code, jt, jf, k))
+
+    BPF_LD_W_ABS, BPF_JEQ_K, BPF_RET_K = 0x20, 0x15, 0x06
+    stmt(BPF_LD_W_ABS, 4)  # seccomp_data.arch
+    jump(BPF_JEQ_K, audit, 1, 0)
+    stmt(BPF_RET_K, 0x80000000)  # SECCOMP_RET_KILL_PROCESS
+    stmt(BPF_LD_W_ABS, 0)  # seccomp_data.nr
+    for nr in nrs:
+        jump(BPF_JEQ_K, nr, 0, 1)
+        stmt(BPF_RET_K, 0x00050000 | 1)  # SECCOMP_RET_ERRNO | EPERM
+    stmt(BPF_RET_K, 0x7FFF0000)  # SECCOMP_RET_ALLOW
+    return b"".join(ins)
+
+
+try:
+    import ctypes
+
+    _libc = ctypes.CDLL(None, use_errno=True)
+    _prog_bytes = _build_filter()
+    if _prog_bytes:
+        _prog_buf = ctypes.create_string_buffer(_prog_bytes)
+
+        class _Fprog(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+        _fprog = _Fprog(len(_prog_bytes) // 8, ctypes.cast(_prog_buf, ctypes.c_void_p))
+    else:
+        _fprog = None
+except Exception:  # no ctypes in the image: the sandbox-wide filter still applies
+    _libc = _fprog = None
+SECCOMP = _fprog is not None
+
+
+def confine(limits):
+    """In a fresh child: drop to the call uid with limits and the filter."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
+    for name, res in (("as_bytes", resource.RLIMIT_AS), ("nproc", resource.RLIMIT_NPROC),
+                      ("fsize_bytes", resource.RLIMIT_FSIZE), ("nofile", resource.RLIMIT_NOFILE)):
+        v = limits.get(name)
+        if v:
+            resource.setrlimit(res, (v, v))
+    cpu = limits.get("cpu_s")
+    if cpu:
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    os.setgroups([])
+    os.setresgid(GID, GID, GID)
+    os.setresuid(UID, UID, UID)
+    if _libc is not None:
+        if _libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+            raise OSError(ctypes.get_errno(), "prctl(NO_NEW_PRIVS)")
+        if _fprog is not None and _libc.prctl(22, 2, ctypes.byref(_fprog), 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "seccomp")
+
+
+def run_code(code, glb):
+    """exec() code as __main__; returns the exit status."""
+    try:
+        exec(compile(code, "<call>", "exec"), glb)
+        return 0
+    except SystemExit as e:
+        c = e.code
+        if c is None:
+            return 0
+        if isinstance(c, int):
+            return c & 0xFF
+        try:
+            sys.stderr.write(str(c) + "\n")
+        except Exception:
+            pass
+        return 1
+    except BaseException:
+        import traceback
+
+        try:
+            t, e, tb = sys.exc_info()
+            traceback.print_exception(t, e, tb.tb_next)  # not the zygote's own frame
+        except BaseException:
+            pass
+        return 1
+
+
+# ---- cleanup of what a call leaves behind ----
+
+
+def _alive(pid):
+    try:
+        with open("/proc/%s/stat" % pid, "rb") as f:
+            s = f.read()
+        return s[s.rindex(b")") + 2:s.rindex(b")") + 3] not in (b"Z", b"X")
+    except (OSError, ValueError):
+        return False
+
+
+def kill_uid(spare=0):
+    """SIGKILL every living process of the call uid except spare, until none."""
+    for _ in range(64):
+        found = 0
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            pid = int(name)
+            if pid == spare:
+                continue
+            try:
+                if os.stat("/proc/" + name).st_uid != UID:
+                    continue
+            except OSError:
+                continue
+            if _alive(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    found += 1
+                except OSError:
+                    pass
+        if not found:
+            return
+
+
+def _rm(path):
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    if (st.st_mode & 0o170000) == 0o040000:
+        try:
+            os.chmod(path, 0o700)
+        except OSError:
+            pass
+        try:
+            names = os.listdir(path)
+        except OSError:
+            names = []
+        for n in names:
+            _rm(path + "/" + n)
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
+    else:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def wipe_files():
+    _rm(SCRATCH)
+    for d in TMP_DIRS:
+        try:
+            it = os.scandir(d)
+        except OSError:
+            continue
+        with it:
+            for e in it:
+                try:
+                    if e.stat(follow_symlinks=False).st_uid == UID:
+                        _rm(d + "/" + e.name)
+                except OSError:
+                    pass
+
+
+def make_scratch():
+    try:
+        os.mkdir(SCRATCH, 0o700)
+    except FileExistsError:
+        _rm(SCRATCH)
+        os.mkdir(SCRATCH, 0o700)
+    os.chown(SCRATCH, UID, GID)
+
+
+def reap():
+    # orphans of calls are reparented to the agent (PID 1); only our own
+    # children are reaped here
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+# ---- framing ----
+
+
+def read_exact(fd, n):
+    buf = bytearray()
+    while len(buf) < n:
+        b = os.read(fd, n - len(buf))
+        if not b:
+            return None
+        buf += b
+    return bytes(buf)
+
+
+def read_frame(fd):
+    h = read_exact(fd, 4)
+    if h is None:
+        return None
+    (n,) = HDR.unpack(h)
+    if n > MAX_REQ:
+        raise ValueError("frame too large")
+    return read_exact(fd, n)
+
+
+def write_all(fd, data):
+    mv = memoryview(data)
+    while mv:
+        n = os.write(fd, mv)
+        mv = mv[n:]
+
+
+def send_result(fd, hdr, out=b"", err=b""):
+    hdr["out_len"], hdr["err_len"] = len(out), len(err)
+    j = json.dumps(hdr, separators=(",", ":")).encode()
+    write_all(fd, HDR.pack(len(j)) + j + out + err)
+
+
+def usage_of(ru):
+    return {"cpu_user_ms": int(ru.ru_utime * 1000), "cpu_system_ms": int(ru.ru_stime * 1000),
+            "max_rss_kb": ru.ru_maxrss}
+
+
+def decode_stdin(req):
+    s = req.get("stdin_b64")
+    if not s:
+        return b""
+    import base64
+
+    return base64.b64decode(s)
+
+
+# ---- fork mode ----
+
+
+class Capture:
+    __slots__ = ("fd", "cap", "buf", "trunc", "eof")
+
+    def __init__(self, fd, cap):
+        self.fd, self.cap, self.buf, self.trunc, self.eof = fd, cap, bytearray(), False, False
+
+    def pump(self):
+        try:
+            b = os.read(self.fd, 65536)
+        except BlockingIOError:
+            return
+        if not b:
+            self.eof = True
+            return
+        room = self.cap - len(self.buf)
+        if room >= len(b):
+            self.buf += b
+        else:
+            if room > 0:
+                self.buf += b[:room]
+            self.trunc = True
+
+
+def call_fork(req):
+    limits = req.get("limits") or {}
+    timeout = req.get("timeout_ms", 30000) / 1000.0
+    data = decode_stdin(req)
+    make_scratch()
+    if data:
+        in_fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
+        write_all(in_fd, data)
+        os.lseek(in_fd, 0, 0)
+    else:
+        in_fd = os.dup(_null)
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    t0 = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setsid()
+            os.dup2(in_fd, 0)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            os.closerange(3, 1 << 16)  # the daemon's channel, worker pipes: not the call's
+            os.chdir(SCRATCH)
+            confine(limits)
+            os.environ["HOME"] = os.environ["TMPDIR"] = SCRATCH
+            sys.stdin = open(0, "r", closefd=False)
+            sys.stdout = open(1, "w", closefd=False)
+            sys.stderr = open(2, "w", closefd=False, buffering=1)
+            code = run_code(req.get("code", ""), {"__name__": "__main__", "__builtins__": __builtins__})
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except BaseException as e:
+            try:
+                os.write(2, ("warren: call setup failed: %s\n" % e).encode())
+            except BaseException:
+                pass
+            code = 126
+        os._exit(code)
+    os.close(in_fd)
+    os.close(out_w)
+    os.close(err_w)
+    os.set_blocking(out_r, False)
+    os.set_blocking(err_r, False)
+    caps = [Capture(out_r, req.get("out_cap", 1 << 20)), Capture(err_r, req.get("err_cap", 1 << 20))]
+    pidfd = os.pidfd_open(pid)
+    poll = select.poll()
+    poll.register(pidfd, select.POLLIN)
+    for c in caps:
+        poll.register(c.fd, select.POLLIN)
+    deadline = t0 + timeout
+    timed_out = exited = False
+    status = ru = None
+    while not exited:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            timed_out = True
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+            kill_uid()
+            left = 1.0
+        for fd, _ in poll.poll(left * 1000):
+            if fd == pidfd:
+                _, status, ru = os.wait4(pid, 0)
+                exited = True
+            else:
+                for c in caps:
+                    if c.fd == fd:
+                        c.pump()
+                        if c.eof:
+                            poll.unregister(fd)
+    dur = time.monotonic() - t0
+    os.close(pidfd)
+    # Background processes may hold the pipes: kill them, then drain to EOF.
+    for c in caps:
+        c.pump()
+    if not (caps[0].eof and caps[1].eof):
+        kill_uid()
+    for c in caps:
+        while not c.eof:
+            select.select([c.fd], [], [], 1.0)
+            c.pump()
+        os.close(c.fd)
+    code = os.waitstatus_to_exitcode(status)
+    hdr = {"exit_code": code if code >= 0 else -1, "signal": -code if code < 0 else 0,
+           "timed_out": timed_out, "stdout_truncated": caps[0].trunc,
+           "stderr_truncated": caps[1].trunc, "duration_ms": int(dur * 1000),
+           "usage": usage_of(ru), "mode": "fork"}
+    send_result(OUT, hdr, bytes(caps[0].buf), bytes(caps[1].buf))
+    # the next request waits in the pipe while we clean up
+    kill_uid()
+    wipe_files()
+
+
+# ---- reuse mode ----
+
+
+class CapText:
+    """sys.stdout/stderr of a reuse call: bytes up to a cap, the rest counted."""
+
+    def __init__(self, cap):
+        self.cap, self.buf, self.trunc = cap, bytearray(), False
+        self.buffer = self
+
+    def write(self, s):
+        b = s.encode("utf-8", "backslashreplace") if isinstance(s, str) else bytes(s)
+        room = self.cap - len(self.buf)
+        if room >= len(b):
+            self.buf += b
+        else:
+            if room > 0:
+                self.buf += b[:room]
+            self.trunc = True
+        return len(s)
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return False
+
+    def writable(self):
+        return True
+
+    encoding = "utf-8"
+    errors = "backslashreplace"
+
+
+def worker_main(rfd, wfd):
+    import io
+
+    base_limits = {"nproc": 1}  # no subprocesses or threads: nothing can outlive a call
+    confine(base_limits)
+    while True:
+        raw = read_frame(rfd)
+        if raw is None:
+            os._exit(0)
+        req = json.loads(raw)
+        limits = req.get("limits") or {}
+        try:
+            os.chdir(SCRATCH)
+        except OSError:
+            pass
+        lim_as = limits.get("as_bytes")
+        if lim_as:
+            resource.setrlimit(resource.RLIMIT_AS, (lim_as, resource.RLIM_INFINITY))
+        cpu = limits.get("cpu_s")
+        if cpu:
+            ru = resource.getrusage(resource.RUSAGE_SELF)
+            used = int(ru.ru_utime + ru.ru_stime)
+            resource.setrlimit(resource.RLIMIT_CPU, (used + cpu, resource.RLIM_INFINITY))
+        out, err = CapText(req.get("out_cap", 1 << 20)), CapText(req.get("err_cap", 1 << 20))
+        saved = sys.stdin, sys.stdout, sys.stderr
+        sys.stdin = io.TextIOWrapper(io.BytesIO(decode_stdin(req)), encoding="utf-8")
+        sys.stdout, sys.stderr = out, err
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
+        t0 = time.monotonic()
+        code = run_code(req.get("code", ""), {"__name__": "__main__", "__builtins__": __builtins__})
+        dur = time.monotonic() - t0
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        sys.stdin, sys.stdout, sys.stderr = saved
+        if lim_as:
+            resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        hdr = {"exit_code": code, "signal": 0, "timed_out": False, "stdout_truncated": out.trunc,
+               "stderr_truncated": err.trunc, "duration_ms": int(dur * 1000),
+               "usage": {"cpu_user_ms": int((r1.ru_utime - r0.ru_utime) * 1000),
+                         "cpu_system_ms": int((r1.ru_stime - r0.ru_stime) * 1000),
+                         "max_rss_kb": r1.ru_maxrss}, "mode": "reuse"}
+        send_result(wfd, hdr, bytes(out.buf), bytes(err.buf))
+
+
+class Worker:
+    def __init__(self):
+        make_scratch()
+        a_r, a_w = os.pipe2(os.O_CLOEXEC)
+        b_r, b_w = os.pipe2(os.O_CLOEXEC)
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                os.setsid()
+                os.dup2(_null, 0)
+                os.dup2(_null, 1)
+                os.dup2(_null, 2)
+                os.dup2(a_r, 3)
+                os.dup2(b_w, 4)
+                os.closerange(5, 1 << 16)
+                worker_main(3, 4)
+            except BaseException:
+                pass
+            os._exit(1)
+        os.close(a_r)
+        os.close(b_w)
+        self.w, self.r = a_w, b_r
+        self.calls = 0
+
+    def close(self):
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        os.close(self.w)
+        os.close(self.r)
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+
+
+worker = None
+
+
+def call_reuse(req):
+    global worker
+    if worker is None:
+        worker = Worker()
+    timeout = req.get("timeout_ms", 30000) / 1000.0
+    j = json.dumps(req, separators=(",", ":")).encode()
+    t0 = time.monotonic()
+    try:
+        write_all(worker.w, HDR.pack(len(j)) + j)
+    except OSError:
+        pass
+    deadline = t0 + timeout
+    hdr = None
+    r = worker.r
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([r], [], [], left)[0]:
+            break
+        h = read_exact(r, 4)
+        if h is None:
+            break
+        raw = read_exact(r, HDR.unpack(h)[0])
+        if raw is None:
+            break
+        hdr = json.loads(raw)
+        body = read_exact(r, hdr["out_len"] + hdr["err_len"]) or b""
+        out, err = body[:hdr["out_len"]], body[hdr["out_len"]:]
+        break
+    if hdr is None:
+        # timeout, or the worker died (it exhausted memory, killed itself...):
+        # replace it; the call's result says what happened
+        timed_out = time.monotonic() >= deadline
+        try:
+            os.kill(worker.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            _, status, ru = os.wait4(worker.pid, 0)
+            code = os.waitstatus_to_exitcode(status)
+        except ChildProcessError:
+            code = -9
+        os.close(worker.w)
+        os.close(worker.r)
+        worker = None
+        sig = -code if code < 0 else 0
+        msg = b"" if timed_out else b"warren: the reuse worker died (exit status %d)\n" % code
+        hdr = {"exit_code": -1 if sig else code, "signal": sig, "timed_out": timed_out,
+               "stdout_truncated": False, "stderr_truncated": False,
+               "duration_ms": int((time.monotonic() - t0) * 1000),
+               "usage": {"cpu_user_ms": 0, "cpu_system_ms": 0, "max_rss_kb": 0}, "mode": "reuse"}
+        send_result(OUT, hdr, b"", msg)
+        kill_uid()
+        wipe_files()
+        return
+    send_result(OUT, hdr, out, err)
+    # best effort: only files, the worker cannot have started processes
+    wipe_files()
+    try:
+        os.mkdir(SCRATCH, 0o700)
+        os.chown(SCRATCH, UID, GID)
+    except OSError:
+        pass
+
+
+def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    os.umask(0o022)
+    kill_uid()
+    wipe_files()
+    gc.collect()
+    gc.freeze()  # forked children do not dirty the zygote's objects with GC bookkeeping
+    send_result(OUT, {"ready": True, "pid": os.getpid(), "seccomp": SECCOMP, "preloaded": PRELOAD})
+    while True:
+        raw = read_frame(IN)
+        if raw is None:
+            return
+        try:
+            req = json.loads(raw)
+            if req.get("mode") == "reuse":
+                call_reuse(req)
+            else:
+                call_fork(req)
+        except Exception as e:
+            send_result(OUT, {"error": "zygote: %s: %s" % (type(e).__name__, e)})
+            kill_uid()
+            wipe_files()
+
+
+main()
