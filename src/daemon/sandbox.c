@@ -419,6 +419,20 @@ sandbox_build (struct wrd *d, json_t *spec, enum sb_state state, struct sandbox 
   return 0;
 }
 
+/* An internal sandbox (fncall pool member): built like any other, never
+ * listed (state pooled) and reaped, not re-adopted, after a restart. */
+int
+wrd_sandbox_build_internal (struct wrd *d, json_t *req, struct sandbox **ret, wr_err_t *err)
+{
+  json_t *spec = NULL;
+  int r = wrd_parse_create (d, req, &spec, err);
+  if (r < 0)
+    return r;
+  r = sandbox_build (d, spec, SB_POOLED, ret, err);
+  json_decref (spec);
+  return r;
+}
+
 /* ---- warm pools ---- */
 
 static void pool_kick (struct wrd *d);
