@@ -110,6 +110,8 @@ json_t *wrd_pools_json (struct wrd *d);
 int wrd_pools_load (struct wrd *d, wr_err_t *err);
 /* Validate a create request and fill defaults; returns a new normalised object. */
 int wrd_parse_create (struct wrd *d, json_t *req, json_t **ret, wr_err_t *err);
+/* A sandbox for internal use (fncall pools): never listed, never pooled. */
+int wrd_sandbox_build_internal (struct wrd *d, json_t *req, struct sandbox **ret, wr_err_t *err);
 
 /* registry.c */
 int wrd_db_open (struct wrd *d, wr_err_t *err);
