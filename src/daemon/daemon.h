@@ -94,6 +94,7 @@ struct wrd
   struct sandbox *reaping; /* destroyed, waiting for their processes to exit */
   struct event *pool_ev;
   struct wrd_metrics m;
+  struct wrd_fncall *fncall; /* fncall.h */
   bool stopping;
 };
 
