@@ -46,13 +46,13 @@ struct sandbox
   double created_at, expires_at; /* unix seconds; expires_at 0 = none */
   struct pool *pool;             /* set while waiting in a warm pool */
   struct sandbox *pool_next;
-  struct sandbox *hnext; /* hash chain */
+  struct sandbox *hnext;     /* hash chain */
   struct sandbox *reap_next; /* in wrd.reaping while SB_DESTROYING */
   struct event *reap_ev;
   unsigned reap_tries;
   uint64_t oom_seen;
   bool from_pool; /* handed out by a warm pool */
-  unsigned busy; /* requests in flight */
+  unsigned busy;  /* requests in flight */
   struct wrd *d;
 };
 
@@ -93,13 +93,20 @@ struct wrd
   struct pool *pools;
   struct sandbox *reaping; /* destroyed, waiting for their processes to exit */
   struct event *pool_ev;
+  bool pool_building;
   struct wrd_metrics m;
   struct wrd_fncall *fncall; /* fncall.h */
   bool stopping;
 };
 
 /* sandbox.c */
+/* Blocking create (internal users: builds, fncall). */
 int wrd_sandbox_create (struct wrd *d, json_t *req, struct sandbox **ret, wr_err_t *err);
+/* Create without blocking the loop: cb gets the sandbox, or NULL and the
+ * error. Returns < 0 (cb never called) when the request is invalid. */
+typedef void (*wrd_create_cb) (struct wrd *d, struct sandbox *sb, wr_err_t *err, void *ud);
+int wrd_sandbox_create_async (struct wrd *d, json_t *req, wrd_create_cb cb, void *ud,
+                              wr_err_t *err);
 int wrd_sandbox_destroy (struct wrd *d, struct sandbox *sb, wr_err_t *err);
 struct sandbox *wrd_sandbox_find (struct wrd *d, const char *id);
 json_t *wrd_sandbox_json (struct wrd *d, struct sandbox *sb, bool detail);

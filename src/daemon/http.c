@@ -721,6 +721,16 @@ valid_id (const char *s, size_t n)
 }
 
 static void
+create_done (struct wrd *d, struct sandbox *sb, wr_err_t *err, void *ud)
+{
+  struct evhttp_request *req = ud;
+  if (sb == NULL)
+    wrd_reply_error (req, err);
+  else
+    wrd_reply_json (req, 201, wrd_sandbox_json (d, sb, false));
+}
+
+static void
 handle_sandboxes (struct wrd *d, struct evhttp_request *req, const char *rest, struct evkeyvalq *q)
 {
   wr_err_t err;
@@ -730,18 +740,15 @@ handle_sandboxes (struct wrd *d, struct evhttp_request *req, const char *rest, s
       if (m == EVHTTP_REQ_POST)
         {
           json_t *body;
-          struct sandbox *sb;
           if (wrd_read_json_body (req, false, &body, &err) < 0)
             {
               wrd_reply_error (req, &err);
               return;
             }
-          int r = wrd_sandbox_create (d, body, &sb, &err);
+          int r = wrd_sandbox_create_async (d, body, create_done, req, &err);
           json_decref (body);
           if (r < 0)
             wrd_reply_error (req, &err);
-          else
-            wrd_reply_json (req, 201, wrd_sandbox_json (d, sb, false));
           return;
         }
       if (m == EVHTTP_REQ_GET)

@@ -3,6 +3,7 @@
 #include "daemon/daemon.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -330,14 +331,52 @@ resolve_layers (struct wrd *d, struct sandbox *sb, json_t *spec, const char **di
   return 0;
 }
 
-/* Build a sandbox from scratch: image, layers, container, agent connection. */
-static int
-sandbox_build (struct wrd *d, json_t *spec, enum sb_state state, struct sandbox **ret,
-               wr_err_t *err)
+/* Building a sandbox from scratch has three parts: prepare (image, layers,
+ * state dir) and finish (agent connection, registry, table) run on the
+ * loop; the backend's create, which waits for the sandbox's first process
+ * to set itself up and exec the agent, runs on the build worker thread for
+ * containers, so the loop keeps serving requests (and releasing destroyed
+ * sandboxes) while the kernel builds namespaces on the other core. */
+struct build
 {
+  struct wrd *d;
+  struct sandbox *sb;
+  enum sb_state state;
+  const char *lowers[64];
+  char files[64][1200];
+  const char *file_ptrs[64];
+  char sdir[1200];
+  struct wr_container_spec cs;
+  int r;
+  wr_err_t err;
+  wrd_create_cb cb;
+  void *ud;
+  struct event *ev;
+  struct build *next; /* worker queue */
+};
+
+static void
+build_free (struct build *b)
+{
+  if (b->ev)
+    event_free (b->ev);
+  free (b);
+}
+
+static int
+build_prepare (struct wrd *d, json_t *spec, enum sb_state state, struct build **ret, wr_err_t *err)
+{
+  struct build *b = calloc (1, sizeof *b);
   struct sandbox *sb = calloc (1, sizeof *sb);
-  if (sb == NULL)
-    return wr_error (err, ENOMEM, WR_E_INTERNAL, "sandbox");
+  if (sb == NULL || b == NULL)
+    {
+      free (b);
+      free (sb);
+      return wr_error (err, ENOMEM, WR_E_INTERNAL, "sandbox");
+    }
+  b->d = d;
+  b->sb = sb;
+  b->state = state;
   sb->d = d;
   sb->spec = json_incref (spec);
   sb->state = SB_CREATING;
@@ -347,76 +386,221 @@ sandbox_build (struct wrd *d, json_t *spec, enum sb_state state, struct sandbox 
   char rnd[13];
   wr_random_hex (rnd, 12);
   snprintf (sb->id, sizeof sb->id, "%s%s", d->node, rnd);
+  sb->ops = wrd_backend_get (sb->backend);
   const char *dirs[64];
   int r = resolve_layers (d, sb, spec, dirs, err);
   if (r < 0)
     {
       sb_free (sb);
+      free (b);
       return r;
     }
   /* overlay wants lowerdirs top-most first */
-  const char *lowers[64];
-  char files[64][1200];
-  const char *file_ptrs[64];
   for (size_t k = 0; k < sb->n_layers; k++)
     {
-      lowers[sb->n_layers - 1 - k] = dirs[k];
-      snprintf (files[k], sizeof files[k], "%s/layers/sha256/%s.erofs", d->root,
+      b->lowers[sb->n_layers - 1 - k] = dirs[k];
+      snprintf (b->files[k], sizeof b->files[k], "%s/layers/sha256/%s.erofs", d->root,
                 sb->layers[k] + strlen ("sha256:"));
-      file_ptrs[k] = files[k];
+      b->file_ptrs[k] = b->files[k];
     }
-  char sdir[1200];
-  state_dir (d, sb->id, sdir, sizeof sdir);
-  if (mkdir (sdir, 0700) < 0)
+  state_dir (d, sb->id, b->sdir, sizeof b->sdir);
+  if (mkdir (b->sdir, 0700) < 0)
     {
-      r = wr_error (err, errno, WR_E_INTERNAL, "mkdir %s", sdir);
+      r = wr_error (err, errno, WR_E_INTERNAL, "mkdir %s", b->sdir);
       sb_free (sb);
+      free (b);
       return r;
     }
-  struct wr_container_spec cs = {
+  b->cs = (struct wr_container_spec){
     .id = sb->id,
-    .state_dir = sdir,
-    .lowerdirs = lowers,
+    .state_dir = b->sdir,
+    .lowerdirs = b->lowers,
     .n_lowerdirs = sb->n_layers,
     .memory_mb = (uint64_t)json_integer_value (json_object_get (spec, "memory_mb")),
     .disk_mb = (uint64_t)json_integer_value (json_object_get (spec, "disk_mb")),
     .cpus = json_number_value (json_object_get (spec, "cpus")),
     .pids_max = (uint64_t)json_integer_value (json_object_get (spec, "pids_max")),
     .net_host = strcmp (json_string_value (json_object_get (spec, "network")), "host") == 0,
-    .layer_files = file_ptrs,
+    .layer_files = b->file_ptrs,
     .n_layer_files = sb->n_layers,
     .image_config = sb->img_conf,
   };
-  sb->ops = wrd_backend_get (sb->backend);
-  r = sb->ops->create (d, &cs, &sb->c, err);
+  *ret = b;
+  return 0;
+}
+
+static void
+build_run (struct build *b)
+{
+  b->r = b->sb->ops->create (b->d, &b->cs, &b->sb->c, &b->err);
+}
+
+/* Consumes b. */
+static int
+build_finish (struct build *b, struct sandbox **ret, wr_err_t *err)
+{
+  struct wrd *d = b->d;
+  struct sandbox *sb = b->sb;
+  int r = b->r;
   if (r < 0)
     {
-      wr_rm_rf_at (AT_FDCWD, sdir);
-      sb_free (sb);
-      return r;
+      if (err)
+        *err = b->err;
+      goto fail;
     }
   sb->has_container = true;
   sb->conn = agent_conn_new (d->base, sb->c.agent_fd, agent_lost, sb);
+  if (sb->conn)
+    sb->c.agent_fd = -1; /* the connection owns (and closes) it now */
   if (sb->conn == NULL)
     {
-      sb->ops->destroy (d, &sb->c, sdir, NULL);
-      wr_rm_rf_at (AT_FDCWD, sdir);
-      sb_free (sb);
-      return wr_error (err, ENOMEM, WR_E_INTERNAL, "agent connection");
+      r = wr_error (err, ENOMEM, WR_E_INTERNAL, "agent connection");
+      goto fail_destroy;
     }
   sb->created_at = now_s ();
-  sb->state = state;
+  sb->state = b->state;
+  if (d->stopping)
+    {
+      r = wr_error (err, 0, WR_E_UNAVAILABLE, "warrend is shutting down");
+      goto fail_destroy;
+    }
   r = wrd_db_put (d, sb, err);
   if (r < 0)
-    {
-      sb->ops->destroy (d, &sb->c, sdir, NULL);
-      wr_rm_rf_at (AT_FDCWD, sdir);
-      sb_free (sb);
-      return r;
-    }
+    goto fail_destroy;
   table_insert (d, sb);
+  build_free (b);
   *ret = sb;
   return 0;
+fail_destroy:
+  sb->ops->destroy (d, &sb->c, b->sdir, NULL);
+fail:
+  wr_rm_rf_at (AT_FDCWD, b->sdir);
+  sb_free (sb);
+  build_free (b);
+  return r;
+}
+
+/* Build a sandbox from scratch, blocking the loop (internal callers). */
+static int
+sandbox_build (struct wrd *d, json_t *spec, enum sb_state state, struct sandbox **ret,
+               wr_err_t *err)
+{
+  struct build *b;
+  int r = build_prepare (d, spec, state, &b, err);
+  if (r < 0)
+    return r;
+  build_run (b);
+  return build_finish (b, ret, err);
+}
+
+/* ---- the build worker ---- */
+
+static pthread_mutex_t worker_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t worker_cond = PTHREAD_COND_INITIALIZER;
+static struct build *worker_head, **worker_tail = &worker_head;
+static bool worker_started, worker_stop;
+static pthread_t worker_thread;
+static unsigned builds_in_flight;
+
+static void *
+worker_main (void *arg WR_UNUSED)
+{
+  pthread_mutex_lock (&worker_lock);
+  for (;;)
+    {
+      while (worker_head == NULL && !worker_stop)
+        pthread_cond_wait (&worker_cond, &worker_lock);
+      if (worker_head == NULL)
+        break;
+      struct build *b = worker_head;
+      worker_head = b->next;
+      if (worker_head == NULL)
+        worker_tail = &worker_head;
+      pthread_mutex_unlock (&worker_lock);
+      build_run (b);
+      event_active (b->ev, EV_TIMEOUT, 0); /* back to the loop */
+      pthread_mutex_lock (&worker_lock);
+    }
+  pthread_mutex_unlock (&worker_lock);
+  return NULL;
+}
+
+static void
+build_done_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
+{
+  struct build *b = arg;
+  struct wrd *d = b->d;
+  wrd_create_cb cb = b->cb;
+  void *ud = b->ud;
+  struct sandbox *sb = NULL;
+  wr_err_t err;
+  builds_in_flight--;
+  int r = build_finish (b, &sb, &err);
+  cb (d, r < 0 ? NULL : sb, r < 0 ? &err : NULL, ud);
+}
+
+static int
+build_async (struct wrd *d, json_t *spec, enum sb_state state, bool urgent, wrd_create_cb cb,
+             void *ud, wr_err_t *err)
+{
+  struct build *b;
+  int r = build_prepare (d, spec, state, &b, err);
+  if (r < 0)
+    return r;
+  b->cb = cb;
+  b->ud = ud;
+  /* Only the container backend is known to be safe off the loop. */
+  bool threaded = strcmp (b->sb->backend, "container") == 0;
+  if (threaded && !worker_started)
+    {
+      if (pthread_create (&worker_thread, NULL, worker_main, NULL) == 0)
+        worker_started = true;
+      else
+        threaded = false;
+    }
+  b->ev = event_new (d->base, -1, 0, build_done_cb, b);
+  builds_in_flight++;
+  if (!threaded || b->ev == NULL)
+    {
+      build_run (b);
+      build_done_cb (-1, 0, b);
+      return 0;
+    }
+  pthread_mutex_lock (&worker_lock);
+  /* requests go before pool refills */
+  if (urgent)
+    {
+      b->next = worker_head;
+      worker_head = b;
+      if (b->next == NULL)
+        worker_tail = &b->next;
+    }
+  else
+    {
+      b->next = NULL;
+      *worker_tail = b;
+      worker_tail = &b->next;
+    }
+  pthread_cond_signal (&worker_cond);
+  pthread_mutex_unlock (&worker_lock);
+  return 0;
+}
+
+/* Stop the worker; builds that finished but were not delivered are undone. */
+static void
+worker_shutdown (struct wrd *d)
+{
+  if (!worker_started)
+    return;
+  pthread_mutex_lock (&worker_lock);
+  worker_stop = true;
+  pthread_cond_broadcast (&worker_cond);
+  pthread_mutex_unlock (&worker_lock);
+  pthread_join (worker_thread, NULL);
+  worker_started = false;
+  /* deliver what the worker finished (the loop no longer runs) */
+  if (builds_in_flight)
+    event_base_loop (d->base, EVLOOP_NONBLOCK);
 }
 
 /* An internal sandbox (fncall pool member): built like any other, never
@@ -494,30 +678,53 @@ pool_take (struct wrd *d, json_t *spec)
 }
 
 static void
+pool_built (struct wrd *d, struct sandbox *sb, wr_err_t *err, void *ud)
+{
+  struct pool *p = ud;
+  d->pool_building = false;
+  if (sb == NULL)
+    {
+      fprintf (stderr, "warrend: pool %s: %s\n", p->image, err->msg);
+      struct timeval tv = { 1, 0 }; /* back off */
+      if (d->pool_ev && !d->stopping)
+        evtimer_add (d->pool_ev, &tv);
+      return;
+    }
+  if (d->stopping || p->ready >= p->target)
+    {
+      wrd_sandbox_destroy (d, sb, NULL);
+      return;
+    }
+  sb->pool = p;
+  sb->pool_next = p->head;
+  p->head = sb;
+  p->ready++;
+  pool_kick (d);
+}
+
+static int build_async (struct wrd *d, json_t *spec, enum sb_state state, bool urgent,
+                        wrd_create_cb cb, void *ud, wr_err_t *err);
+
+static void
 pool_fill_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
 {
   struct wrd *d = arg;
-  if (d->stopping)
+  if (d->stopping || d->pool_building)
     return;
-  /* One sandbox per turn of the loop: requests are served in between. */
+  /* One pool sandbox in the making at a time, behind any request's. */
   for (struct pool *p = d->pools; p; p = p->next)
     {
       if (p->ready >= p->target)
         continue;
-      struct sandbox *sb;
       wr_err_t err;
-      if (sandbox_build (d, p->spec, SB_POOLED, &sb, &err) < 0)
+      d->pool_building = true;
+      if (build_async (d, p->spec, SB_POOLED, false, pool_built, p, &err) < 0)
         {
+          d->pool_building = false;
           fprintf (stderr, "warrend: pool %s: %s\n", p->image, err.msg);
-          struct timeval tv = { 1, 0 }; /* back off */
+          struct timeval tv = { 1, 0 };
           evtimer_add (d->pool_ev, &tv);
-          return;
         }
-      sb->pool = p;
-      sb->pool_next = p->head;
-      p->head = sb;
-      p->ready++;
-      pool_kick (d);
       return;
     }
 }
@@ -595,6 +802,40 @@ wrd_pools_json (struct wrd *d)
 
 /* ---- public operations ---- */
 
+/* Claimed or built: TTL, registry, metrics. */
+static int
+create_complete (struct wrd *d, struct sandbox *sb, uint64_t t0, wr_err_t *err)
+{
+  uint64_t ttl = (uint64_t)json_integer_value (json_object_get (sb->spec, "ttl_s"));
+  sb->expires_at = ttl ? sb->created_at + (double)ttl : 0;
+  arm_ttl (sb);
+  int r = wrd_db_put (d, sb, err);
+  if (r < 0)
+    {
+      wrd_sandbox_destroy (d, sb, NULL);
+      return r;
+    }
+  d->m.creations++;
+  d->m.create_sum_s += (double)(wr_now_ns () - t0) / 1e9;
+  return 0;
+}
+
+static struct sandbox *
+claim_pooled (struct wrd *d, json_t *spec)
+{
+  struct sandbox *sb = pool_take (d, spec);
+  if (sb)
+    {
+      json_decref (sb->spec);
+      sb->spec = json_incref (spec);
+      sb->state = SB_RUNNING;
+      sb->created_at = now_s ();
+      sb->from_pool = true;
+      d->m.creations_pooled++;
+    }
+  return sb;
+}
+
 int
 wrd_sandbox_create (struct wrd *d, json_t *req, struct sandbox **ret, wr_err_t *err)
 {
@@ -603,38 +844,79 @@ wrd_sandbox_create (struct wrd *d, json_t *req, struct sandbox **ret, wr_err_t *
   if (r < 0)
     return r;
   uint64_t t0 = wr_now_ns ();
-  struct sandbox *sb = pool_take (d, spec);
-  if (sb)
+  struct sandbox *sb = claim_pooled (d, spec);
+  if (sb == NULL && (r = sandbox_build (d, spec, SB_RUNNING, &sb, err)) < 0)
     {
-      json_decref (sb->spec);
-      sb->spec = spec;
-      sb->state = SB_RUNNING;
-      sb->created_at = now_s ();
-      sb->from_pool = true;
-      d->m.creations_pooled++;
-    }
-  else
-    {
-      r = sandbox_build (d, spec, SB_RUNNING, &sb, err);
       json_decref (spec);
-      if (r < 0)
-        {
-          d->m.create_failures++;
-          return r;
-        }
-    }
-  uint64_t ttl = (uint64_t)json_integer_value (json_object_get (sb->spec, "ttl_s"));
-  sb->expires_at = ttl ? sb->created_at + (double)ttl : 0;
-  arm_ttl (sb);
-  if ((r = wrd_db_put (d, sb, err)) < 0)
-    {
-      wrd_sandbox_destroy (d, sb, NULL);
+      d->m.create_failures++;
       return r;
     }
-  d->m.creations++;
-  d->m.create_sum_s += (double)(wr_now_ns () - t0) / 1e9;
+  json_decref (spec);
+  if ((r = create_complete (d, sb, t0, err)) < 0)
+    return r;
   *ret = sb;
   return 0;
+}
+
+struct create_req
+{
+  wrd_create_cb cb;
+  void *ud;
+  uint64_t t0;
+};
+
+static void
+create_built (struct wrd *d, struct sandbox *sb, wr_err_t *err, void *ud)
+{
+  struct create_req *c = ud;
+  wr_err_t e2;
+  if (sb == NULL)
+    d->m.create_failures++;
+  else if (create_complete (d, sb, c->t0, &e2) < 0)
+    {
+      sb = NULL;
+      err = &e2;
+    }
+  c->cb (d, sb, err, c->ud);
+  free (c);
+}
+
+int
+wrd_sandbox_create_async (struct wrd *d, json_t *req, wrd_create_cb cb, void *ud, wr_err_t *err)
+{
+  json_t *spec = NULL;
+  int r = wrd_parse_create (d, req, &spec, err);
+  if (r < 0)
+    return r;
+  uint64_t t0 = wr_now_ns ();
+  struct sandbox *sb = claim_pooled (d, spec);
+  if (sb)
+    {
+      json_decref (spec);
+      wr_err_t e2;
+      if (create_complete (d, sb, t0, &e2) < 0)
+        cb (d, NULL, &e2, ud);
+      else
+        cb (d, sb, NULL, ud);
+      return 0;
+    }
+  struct create_req *c = calloc (1, sizeof *c);
+  if (c == NULL)
+    {
+      json_decref (spec);
+      return wr_error (err, ENOMEM, WR_E_INTERNAL, "create");
+    }
+  c->cb = cb;
+  c->ud = ud;
+  c->t0 = t0;
+  r = build_async (d, spec, SB_RUNNING, true, create_built, c, err);
+  json_decref (spec);
+  if (r < 0)
+    {
+      free (c);
+      d->m.create_failures++;
+    }
+  return r;
 }
 
 /* Release what a killed sandbox holds: processes (already dying), cgroups,
@@ -831,6 +1113,8 @@ recover_row (struct wrd *d, json_t *row, void *ud WR_UNUSED)
           wr_image_free (img);
         }
       sb->conn = agent_conn_new (d->base, sb->c.agent_fd, agent_lost, sb);
+      if (sb->conn)
+        sb->c.agent_fd = -1; /* owned by the connection now */
       table_insert (d, sb);
       arm_ttl (sb);
       fprintf (stderr, "warrend: re-adopted sandbox %s (pid %d)\n", id, (int)pid);
@@ -894,6 +1178,7 @@ void
 wrd_shutdown (struct wrd *d)
 {
   d->stopping = true;
+  worker_shutdown (d);
   /* finish releasing what was destroyed just before the stop */
   while (d->reaping)
     {
