@@ -31,9 +31,9 @@ enum wr_cg_v1
 struct wr_cgroups
 {
   enum wr_cg_layout layout;
-  int v2_fd;                /* <cgroup2 mount>/warren, -1 if unused */
-  int v1_fd[WR_V1_N];       /* <v1 ctrl mount>/warren, -1 if unused */
-  bool v2_limits;           /* memory/pids/cpu live in v2 (WR_CG_V2) */
+  int v2_fd;          /* <cgroup2 mount>/warren, -1 if unused */
+  int v1_fd[WR_V1_N]; /* <v1 ctrl mount>/warren, -1 if unused */
+  bool v2_limits;     /* memory/pids/cpu live in v2 (WR_CG_V2) */
   char v2_path[256];
   char v1_path[WR_V1_N][256];
   /* What sandbox cgroups must be created for a layout (for destroy + stats). */
@@ -73,8 +73,14 @@ int wr_cg_stats (struct wr_cgroups *cg, struct wr_cg_sandbox *s, struct wr_conta
 int wr_cg_remove (struct wr_cgroups *cg, const char *id, wr_err_t *err);
 void wr_cg_sandbox_close (struct wr_cg_sandbox *s);
 
+/* container.c: take / give back a child stack slot */
+int wr_stack_acquire (struct wr_runtime *rt);
+void wr_stack_release (struct wr_runtime *rt, int slot);
+
 /* seccomp.c: build the default profile once; ret->filter is malloc'd. */
 int wr_seccomp_build (struct sock_fprog *ret, wr_err_t *err);
+
+#define WR_CHILD_STACKS 2
 
 struct wr_runtime
 {
@@ -91,8 +97,13 @@ struct wr_runtime
   struct wr_cgroups cg;
   int ign_signals[65]; /* signals the daemon ignores: reset to SIG_DFL in the child */
   int n_ign;
-  pthread_mutex_t lock; /* guards the shared child stack */
-  void *stack;
+  /* CLONE_VM children run on stacks owned by the runtime, one per create in
+   * flight: the creating thread waits until its child has exec'd the agent,
+   * so WR_CHILD_STACKS threads can create at once. */
+  pthread_mutex_t lock;
+  pthread_cond_t stack_free;
+  void *stack[WR_CHILD_STACKS];
+  bool stack_busy[WR_CHILD_STACKS];
   size_t stack_size;
   char describe[1024];
 };

@@ -34,29 +34,54 @@
 
 /* Docker's default capability set. */
 static const int keep_caps[] = {
-  CAP_CHOWN,  CAP_DAC_OVERRIDE, CAP_FSETID,     CAP_FOWNER,           CAP_MKNOD,
-  CAP_NET_RAW, CAP_SETGID,      CAP_SETUID,     CAP_SETFCAP,          CAP_SETPCAP,
-  CAP_NET_BIND_SERVICE, CAP_SYS_CHROOT, CAP_KILL, CAP_AUDIT_WRITE,
+  CAP_CHOWN,   CAP_DAC_OVERRIDE, CAP_FSETID,           CAP_FOWNER,
+  CAP_MKNOD,   CAP_NET_RAW,      CAP_SETGID,           CAP_SETUID,
+  CAP_SETFCAP, CAP_SETPCAP,      CAP_NET_BIND_SERVICE, CAP_SYS_CHROOT,
+  CAP_KILL,    CAP_AUDIT_WRITE,
 };
 
 /* Masked in /proc like Docker does (harmless to skip when absent). Already
  * protected by the user namespace; masking also hides the information. */
 static const char *const proc_masks[] = {
-  "proc/kcore", "proc/keys", "proc/timer_list", "proc/sched_debug", "proc/sysrq-trigger",
-  "proc/latency_stats",
+  "proc/kcore",       "proc/keys",          "proc/timer_list",
+  "proc/sched_debug", "proc/sysrq-trigger", "proc/latency_stats",
 };
 
 static const char *const dev_nodes[] = { "null", "zero", "full", "random", "urandom", "tty" };
 
 enum child_step
 {
-  ST_SYNC = 1, ST_IDS, ST_HOSTNAME, ST_FDS, ST_TMPFS, ST_OVERLAY, ST_PROC, ST_DEV, ST_SYS,
-  ST_NET, ST_PIVOT, ST_CAPS, ST_SECCOMP, ST_EXEC,
+  ST_SYNC = 1,
+  ST_IDS,
+  ST_HOSTNAME,
+  ST_FDS,
+  ST_TMPFS,
+  ST_OVERLAY,
+  ST_PROC,
+  ST_DEV,
+  ST_SYS,
+  ST_NET,
+  ST_PIVOT,
+  ST_CAPS,
+  ST_SECCOMP,
+  ST_EXEC,
 };
 static const char *const step_names[] = {
-  "", "wait for parent", "set ids", "sethostname", "arrange fds", "mount upper tmpfs",
-  "mount overlay", "mount /proc", "populate /dev", "mount /sys", "loopback up",
-  "pivot_root", "drop capabilities", "seccomp", "execveat agent",
+  "",
+  "wait for parent",
+  "set ids",
+  "sethostname",
+  "arrange fds",
+  "mount upper tmpfs",
+  "mount overlay",
+  "mount /proc",
+  "populate /dev",
+  "mount /sys",
+  "loopback up",
+  "pivot_root",
+  "drop capabilities",
+  "seccomp",
+  "execveat agent",
 };
 
 struct child_ctx
@@ -85,7 +110,7 @@ struct child_err
 static int
 child_fail (int err_fd, int step, long r)
 {
-  struct child_err e = { step, (int) -r };
+  struct child_err e = { step, (int)-r };
   wr_raw3 (__NR_write, err_fd, &e, sizeof e);
   return 127;
 }
@@ -124,7 +149,7 @@ set_layer (long fsfd, const char *key, int fd)
   char path[32] = "/proc/self/fd/", digits[12];
   int n = 0;
   do
-    digits[n++] = (char) ('0' + fd % 10);
+    digits[n++] = (char)('0' + fd % 10);
   while ((fd /= 10) > 0 && n < 11);
   size_t off = 14;
   while (n > 0)
@@ -149,7 +174,7 @@ child_main (void *arg)
     {
       long fd = wr_raw4 (__NR_openat, AT_FDCWD, c->lowers[i], O_PATH | O_DIRECTORY | O_CLOEXEC, 0);
       TRY (ST_OVERLAY, fd);
-      lower_fds[i] = (int) fd;
+      lower_fds[i] = (int)fd;
     }
   long mnt_fd = wr_raw4 (__NR_openat, AT_FDCWD, c->mnt, O_PATH | O_DIRECTORY | O_CLOEXEC, 0);
   TRY (ST_OVERLAY, mnt_fd);
@@ -186,8 +211,8 @@ child_main (void *arg)
   TRY (ST_OVERLAY, o);
   for (size_t i = 0; i < c->n_lower; i++)
     TRY (ST_OVERLAY, set_layer (o, "lowerdir+", lower_fds[i]));
-  TRY (ST_OVERLAY, set_layer (o, "upperdir", (int) u));
-  TRY (ST_OVERLAY, set_layer (o, "workdir", (int) w));
+  TRY (ST_OVERLAY, set_layer (o, "upperdir", (int)u));
+  TRY (ST_OVERLAY, set_layer (o, "workdir", (int)w));
   TRY (ST_OVERLAY, wr_raw5 (__NR_fsconfig, o, FSCONFIG_SET_FLAG, "userxattr", NULL, 0));
   TRY (ST_OVERLAY, wr_raw5 (__NR_fsconfig, o, FSCONFIG_CMD_CREATE, NULL, NULL, 0));
   long om = wr_raw3 (__NR_fsmount, o, FSMOUNT_CLOEXEC, 0);
@@ -223,8 +248,9 @@ child_main (void *arg)
   TRY (ST_PROC, c_mkdir ("proc", 0555));
   TRY (ST_PROC, c_mount ("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL));
   TRY (ST_PROC, c_mount ("proc/sys", "proc/sys", NULL, MS_BIND, NULL));
-  TRY (ST_PROC, c_mount (NULL, "proc/sys", NULL,
-                         MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL));
+  TRY (ST_PROC,
+       c_mount (NULL, "proc/sys", NULL,
+                MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL));
   for (size_t i = 0; i < WR_ARRAY_SIZE (proc_masks); i++)
     {
       long r = c_mount ("/dev/null", proc_masks[i], NULL, MS_BIND, NULL);
@@ -233,8 +259,8 @@ child_main (void *arg)
     }
 
   TRY (ST_DEV, c_mkdir ("dev", 0755));
-  TRY (ST_DEV, c_mount ("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC,
-                        "mode=755,size=64k,nr_inodes=64"));
+  TRY (ST_DEV,
+       c_mount ("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=64k,nr_inodes=64"));
   {
     char path[32] = "dev/", src[32] = "/dev/";
     for (size_t i = 0; i < WR_ARRAY_SIZE (dev_nodes); i++)
@@ -260,14 +286,14 @@ child_main (void *arg)
 
   TRY (ST_SYS, c_mkdir ("sys", 0555));
   if (!c->net_host)
-    TRY (ST_SYS, c_mount ("sysfs", "sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                          NULL));
+    TRY (ST_SYS,
+         c_mount ("sysfs", "sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL));
   else
     {
       /* sysfs of a netns we do not own cannot be mounted: read-only rbind */
       TRY (ST_SYS, c_mount ("/sys", "sys", NULL, MS_BIND | MS_REC, NULL));
-      struct mount_attr ro = { .attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID
-                                           | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC };
+      struct mount_attr ro = { .attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV
+                                           | MOUNT_ATTR_NOEXEC };
       TRY (ST_SYS, wr_raw5 (__NR_mount_setattr, AT_FDCWD, "sys", AT_RECURSIVE, &ro, sizeof ro));
     }
   {
@@ -302,7 +328,7 @@ child_main (void *arg)
   struct __user_cap_data_struct data[2];
   for (int i = 0; i < 2; i++)
     {
-      uint32_t m = (uint32_t) (c->cap_keep >> (32 * i));
+      uint32_t m = (uint32_t)(c->cap_keep >> (32 * i));
       data[i].effective = data[i].permitted = data[i].inheritable = m;
     }
   TRY (ST_CAPS, wr_raw2 (__NR_capset, &hdr, data));
@@ -363,13 +389,13 @@ agent_addr (const char *state_dir, int dirfd, struct sockaddr_un *sa, socklen_t 
   memset (sa, 0, sizeof *sa);
   sa->sun_family = AF_UNIX;
   int n = snprintf (sa->sun_path, sizeof sa->sun_path, "%s/" AGENT_SOCK, state_dir);
-  if (n < 0 || (size_t) n >= sizeof sa->sun_path)
+  if (n < 0 || (size_t)n >= sizeof sa->sun_path)
     {
       if (dirfd < 0)
         return -ENAMETOOLONG;
       n = snprintf (sa->sun_path, sizeof sa->sun_path, "/proc/self/fd/%d/" AGENT_SOCK, dirfd);
     }
-  *len = (socklen_t) (offsetof (struct sockaddr_un, sun_path) + (size_t) n + 1);
+  *len = (socklen_t)(offsetof (struct sockaddr_un, sun_path) + (size_t)n + 1);
   return 0;
 }
 
@@ -377,7 +403,7 @@ static int
 read_start_time (pid_t pid, uint64_t *ret)
 {
   char path[64], buf[1024];
-  snprintf (path, sizeof path, "/proc/%d/stat", (int) pid);
+  snprintf (path, sizeof path, "/proc/%d/stat", (int)pid);
   _cleanup_close_ int fd = open (path, O_RDONLY | O_CLOEXEC);
   if (fd < 0)
     return -errno;
@@ -405,13 +431,39 @@ static void
 reap (int pidfd)
 {
   siginfo_t si;
-  if (waitid ((idtype_t) P_PIDFD, (id_t) pidfd, &si, WEXITED | __WALL) < 0 && errno == ECHILD)
+  if (waitid ((idtype_t)P_PIDFD, (id_t)pidfd, &si, WEXITED | __WALL) < 0 && errno == ECHILD)
     {
       /* not our child (adopted after a restart): wait for the exit itself */
       struct pollfd p = { .fd = pidfd, .events = POLLIN };
       while (poll (&p, 1, 5000) < 0 && errno == EINTR)
         ;
     }
+}
+
+int
+wr_stack_acquire (struct wr_runtime *rt)
+{
+  pthread_mutex_lock (&rt->lock);
+  for (;;)
+    {
+      for (int i = 0; i < WR_CHILD_STACKS; i++)
+        if (!rt->stack_busy[i])
+          {
+            rt->stack_busy[i] = true;
+            pthread_mutex_unlock (&rt->lock);
+            return i;
+          }
+      pthread_cond_wait (&rt->stack_free, &rt->lock);
+    }
+}
+
+void
+wr_stack_release (struct wr_runtime *rt, int slot)
+{
+  pthread_mutex_lock (&rt->lock);
+  rt->stack_busy[slot] = false;
+  pthread_cond_signal (&rt->stack_free);
+  pthread_mutex_unlock (&rt->lock);
 }
 
 int
@@ -454,7 +506,7 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
   if (lfd < 0)
     return wr_sys_error (err, "socket");
   unlinkat (dirfd, AGENT_SOCK, 0);
-  if (bind (lfd, (struct sockaddr *) &sa, salen) < 0)
+  if (bind (lfd, (struct sockaddr *)&sa, salen) < 0)
     return wr_sys_error (err, "bind %s/" AGENT_SOCK, spec->state_dir);
   if (fchmodat (dirfd, AGENT_SOCK, 0600, 0) < 0 || listen (lfd, 16) < 0)
     {
@@ -485,9 +537,8 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
     }
   _cleanup_close_ int err_r = errp[0], err_w = errp[1];
 
-  struct wr_cg_limits lim = { .memory_bytes = spec->memory_mb << 20,
-                              .pids_max = spec->pids_max,
-                              .cpus = spec->cpus };
+  struct wr_cg_limits lim
+      = { .memory_bytes = spec->memory_mb << 20, .pids_max = spec->pids_max, .cpus = spec->cpus };
   struct wr_cg_sandbox cgs;
   int r = wr_cg_create (&rt->cg, spec->id, &lim, &cgs, err);
   if (r < 0)
@@ -506,34 +557,46 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
   for (size_t i = 0; i < WR_ARRAY_SIZE (keep_caps); i++)
     keep |= 1ull << keep_caps[i];
   struct child_ctx ctx = {
-    .sync_fd = sync_r, .err_fd = err_w, .listen_fd = lfd, .conn_fd = theirs,
-    .agent_fd = rt->agent_fd, .net_host = spec->net_host, .mnt = rt->mnt_dir,
-    .lowers = spec->lowerdirs, .n_lower = spec->n_lowerdirs, .tmpfs_size = tmpfs_size,
-    .hostname = hostname, .hostname_len = strlen (hostname), .cap_keep = keep,
-    .cap_last = rt->cap_last, .seccomp = &rt->seccomp, .argv = argv, .envp = envp,
+    .sync_fd = sync_r,
+    .err_fd = err_w,
+    .listen_fd = lfd,
+    .conn_fd = theirs,
+    .agent_fd = rt->agent_fd,
+    .net_host = spec->net_host,
+    .mnt = rt->mnt_dir,
+    .lowers = spec->lowerdirs,
+    .n_lower = spec->n_lowerdirs,
+    .tmpfs_size = tmpfs_size,
+    .hostname = hostname,
+    .hostname_len = strlen (hostname),
+    .cap_keep = keep,
+    .cap_last = rt->cap_last,
+    .seccomp = &rt->seccomp,
+    .argv = argv,
+    .envp = envp,
   };
 
   int pidfd = -1;
   struct wr_clone_args ca = {
     .flags = CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC
              | CLONE_NEWCGROUP | CLONE_PIDFD | (spec->net_host ? 0 : CLONE_NEWNET),
-    .pidfd = (uint64_t) (uintptr_t) &pidfd,
+    .pidfd = (uint64_t)(uintptr_t)&pidfd,
     .exit_signal = SIGCHLD,
   };
   if (cgs.v2_fd >= 0)
     {
       ca.flags |= CLONE_INTO_CGROUP;
-      ca.cgroup = (uint64_t) cgs.v2_fd;
+      ca.cgroup = (uint64_t)cgs.v2_fd;
     }
 
   sigset_t all, old;
   sigfillset (&all);
-  pthread_mutex_lock (&rt->lock);
+  int slot = wr_stack_acquire (rt);
   pthread_sigmask (SIG_SETMASK, &all, &old);
   long pid;
 #if WR_HAVE_CLONE3_RUN
   ca.flags |= CLONE_VM;
-  ca.stack = (uint64_t) (uintptr_t) rt->stack;
+  ca.stack = (uint64_t)(uintptr_t)rt->stack[slot];
   ca.stack_size = rt->stack_size;
   pid = wr_clone3_run (&ca, child_main, &ctx);
 #else
@@ -547,8 +610,8 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
   pthread_sigmask (SIG_SETMASK, &old, NULL);
   if (pid < 0)
     {
-      pthread_mutex_unlock (&rt->lock);
-      r = wr_error (err, (int) -pid, pid == -ENOSYS ? WR_E_UNSUPPORTED : WR_E_INTERNAL, "clone3");
+      wr_stack_release (rt, slot);
+      r = wr_error (err, (int)-pid, pid == -ENOSYS ? WR_E_UNSUPPORTED : WR_E_INTERNAL, "clone3");
       goto fail_cg;
     }
   /* the child holds its own copies now */
@@ -570,13 +633,12 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
       r = wr_error (err, -r, WR_E_INTERNAL, "write id map");
   }
   if (r == 0)
-    r = wr_cg_attach_v1 (&rt->cg, &cgs, (pid_t) pid, err);
+    r = wr_cg_attach_v1 (&rt->cg, &cgs, (pid_t)pid, err);
   bool released = false;
   if (r == 0)
     {
       /* EPIPE: the child failed before waiting; its report is in err_r */
-      released = send (sync_w, "x", 1, MSG_NOSIGNAL) == 1 || errno == EPIPE
-                 || errno == ECONNRESET;
+      released = send (sync_w, "x", 1, MSG_NOSIGNAL) == 1 || errno == EPIPE || errno == ECONNRESET;
       if (!released)
         r = wr_sys_error (err, "release child");
     }
@@ -587,12 +649,11 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
     {
       got = wr_read_all (err_r, &ce, sizeof ce);
       if (got != 0)
-        r = wr_error (err, got == (ssize_t) sizeof ce ? ce.errnum : EIO, WR_E_INTERNAL,
-                      "sandbox setup: %s",
-                      got == (ssize_t) sizeof ce && ce.step > 0
-                              && ce.step < (int) WR_ARRAY_SIZE (step_names)
-                          ? step_names[ce.step]
-                          : "child died");
+        r = wr_error (
+            err, got == (ssize_t)sizeof ce ? ce.errnum : EIO, WR_E_INTERNAL, "sandbox setup: %s",
+            got == (ssize_t)sizeof ce && ce.step > 0 && ce.step < (int)WR_ARRAY_SIZE (step_names)
+                ? step_names[ce.step]
+                : "child died");
     }
   else
     {
@@ -607,13 +668,13 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
           reap (pidfd);
           close (pidfd);
         }
-      pthread_mutex_unlock (&rt->lock);
+      wr_stack_release (rt, slot);
       goto fail_cg;
     }
-  pthread_mutex_unlock (&rt->lock);
+  wr_stack_release (rt, slot);
 
   uint64_t st = 0;
-  read_start_time ((pid_t) pid, &st);
+  read_start_time ((pid_t)pid, &st);
   if (fcntl (ours, F_SETFL, O_NONBLOCK) < 0)
     {
       r = wr_sys_error (err, "O_NONBLOCK");
@@ -625,7 +686,7 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
     }
   wr_cg_sandbox_close (&cgs);
   memset (ret, 0, sizeof *ret);
-  ret->pid = (pid_t) pid;
+  ret->pid = (pid_t)pid;
   ret->pidfd = pidfd;
   ret->start_time = st;
   ret->agent_fd = TAKE_FD (ours);
@@ -693,12 +754,11 @@ wr_container_adopt (struct wr_runtime *rt, const char *id, pid_t pid, uint64_t s
     return wr_error (err, EINVAL, WR_E_INVALID, "invalid adopt request");
   _cleanup_close_ int pidfd = wr_sys_pidfd_open (pid, 0);
   if (pidfd < 0)
-    return wr_error (err, errno, WR_E_GONE, "sandbox %s agent pid %d", id, (int) pid);
+    return wr_error (err, errno, WR_E_GONE, "sandbox %s agent pid %d", id, (int)pid);
   /* checked after pidfd_open: the pidfd now pins this very process */
   uint64_t st = 0;
   if (read_start_time (pid, &st) < 0 || st != start_time)
-    return wr_error (err, ESRCH, WR_E_GONE, "sandbox %s: pid %d is another process", id,
-                     (int) pid);
+    return wr_error (err, ESRCH, WR_E_GONE, "sandbox %s: pid %d is another process", id, (int)pid);
   _cleanup_close_ int dirfd = open (state_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (dirfd < 0)
     return wr_sys_error (err, "open %s", state_dir);
@@ -709,7 +769,7 @@ wr_container_adopt (struct wr_runtime *rt, const char *id, pid_t pid, uint64_t s
   _cleanup_close_ int fd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0)
     return wr_sys_error (err, "socket");
-  if (connect (fd, (struct sockaddr *) &sa, salen) < 0 && errno != EINPROGRESS)
+  if (connect (fd, (struct sockaddr *)&sa, salen) < 0 && errno != EINPROGRESS)
     return wr_error (err, errno, WR_E_UNAVAILABLE, "connect %s/" AGENT_SOCK, state_dir);
   memset (ret, 0, sizeof *ret);
   ret->pid = pid;

@@ -499,7 +499,10 @@ static pthread_mutex_t worker_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t worker_cond = PTHREAD_COND_INITIALIZER;
 static struct build *worker_head, **worker_tail = &worker_head;
 static bool worker_started, worker_stop;
-static pthread_t worker_thread;
+/* As many builders as the backend has child stacks (WR_CHILD_STACKS): while
+ * one waits for its sandbox's first process, the other starts the next. */
+#define N_BUILDERS 2
+static pthread_t worker_thread[N_BUILDERS];
 static unsigned builds_in_flight;
 
 static void *
@@ -553,10 +556,10 @@ build_async (struct wrd *d, json_t *spec, enum sb_state state, bool urgent, wrd_
   bool threaded = strcmp (b->sb->backend, "container") == 0;
   if (threaded && !worker_started)
     {
-      if (pthread_create (&worker_thread, NULL, worker_main, NULL) == 0)
-        worker_started = true;
-      else
-        threaded = false;
+      worker_started = true;
+      for (int i = 0; i < N_BUILDERS; i++)
+        if (pthread_create (&worker_thread[i], NULL, worker_main, NULL) != 0)
+          abort (); /* no thread at startup: nothing sensible to fall back to */
     }
   b->ev = event_new (d->base, -1, 0, build_done_cb, b);
   builds_in_flight++;
@@ -596,7 +599,8 @@ worker_shutdown (struct wrd *d)
   worker_stop = true;
   pthread_cond_broadcast (&worker_cond);
   pthread_mutex_unlock (&worker_lock);
-  pthread_join (worker_thread, NULL);
+  for (int i = 0; i < N_BUILDERS; i++)
+    pthread_join (worker_thread[i], NULL);
   worker_started = false;
   /* deliver what the worker finished (the loop no longer runs) */
   if (builds_in_flight)
