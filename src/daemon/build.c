@@ -505,8 +505,10 @@ mkdirs_at (int root, const char *path, wr_err_t *err)
   char *save = NULL;
   for (char *c = strtok_r (buf, "/", &save); c; c = strtok_r (NULL, "/", &save))
     {
-      if (!strcmp (c, ".") || !strcmp (c, ".."))
-        return wr_error (err, 0, WR_E_INVALID, "COPY destination '%.300s' has . or ..", path);
+      if (!strcmp (c, "."))
+        continue;
+      if (!strcmp (c, ".."))
+        return wr_error (err, 0, WR_E_INVALID, "COPY destination '%.300s' has ..", path);
       if (mkdirat (cur, c, 0755) < 0 && errno != EEXIST)
         return wr_sys_error (err, "COPY: mkdir %s", c);
       int fd = openat (cur, c, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);

@@ -191,14 +191,12 @@ wr_oci_commit (struct wr_store *s, const char *ref, json_t *oci_config, const in
           r = wr_error (err, 0, WR_E_INTERNAL, "layer %zu was not fetched", i);
           goto out;
         }
-      char path[64];
-      snprintf (path, sizeof path, "/proc/self/fd/%d", fds[i]);
-      lseek (fds[i], 0, SEEK_SET);
-      r = wr_layer_stage (s, path, WR_STAGE_OCI, &staged[i], err);
+      char label[96];
+      snprintf (label, sizeof label, "layer %.80s", blobs[i] ? blobs[i] : "?");
+      r = wr_layer_stage_fd (s, fds[i], label, WR_STAGE_OCI, &staged[i], err);
       if (r < 0)
         {
-          wr_error_wrap (err, "layer %zu of %zu (%.19s...)", i + 1, n,
-                         blobs[i] ? blobs[i] : "?");
+          wr_error_wrap (err, "layer %zu of %zu", i + 1, n);
           goto out;
         }
       if (blobs[i])

@@ -1179,18 +1179,13 @@ err_exhausted (wr_err_t *err)
     err->code = WR_E_EXHAUSTED;
 }
 
-/* The slow part: touches no shared state, runs without the lock. */
+/* The slow part: touches no shared state, runs without the lock. src is
+ * the open source (a directory, or a tarball read from its start). */
 static int
-build_layer (struct wr_store *s, const char *path, unsigned flags, struct work *w, char hex[65],
-             uint64_t *size, struct wr_extract_stats *xs, wr_err_t *err)
+build_layer (struct wr_store *s, int src, const char *path, unsigned flags, struct work *w,
+             char hex[65], uint64_t *size, struct wr_extract_stats *xs, wr_err_t *err)
 {
   memset (xs, 0, sizeof *xs);
-  if (path == NULL || path[0] == '\0')
-    return wr_error (err, EINVAL, WR_E_INVALID, "import path is empty");
-  _cleanup_close_ int src = open (path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-  if (src < 0)
-    return wr_error (err, errno, errno == ENOENT ? WR_E_NOT_FOUND : WR_E_INVALID,
-                     "cannot open import source %s", path);
   struct stat st;
   if (fstat (src, &st) < 0)
     return wr_sys_error (err, "stat %s", path);
@@ -1198,7 +1193,11 @@ build_layer (struct wr_store *s, const char *path, unsigned flags, struct work *
     return wr_error (err, 0, WR_E_INVALID, "import source %s is neither a directory nor a file",
                      path);
   if (S_ISREG (st.st_mode))
-    fcntl (src, F_SETFL, 0);
+    {
+      fcntl (src, F_SETFL, 0);
+      if (lseek (src, 0, SEEK_SET) < 0)
+        return wr_sys_error (err, "seek %s", path);
+    }
 
   if (store_path (s, w->dir, sizeof w->dir, "tmp", "import-XXXXXX", NULL) < 0)
     return wr_error (err, ENAMETOOLONG, WR_E_INTERNAL, "store root too long");
@@ -1206,10 +1205,12 @@ build_layer (struct wr_store *s, const char *path, unsigned flags, struct work *
     return wr_sys_error (err, "mkdtemp %s", w->dir);
   w->made = true;
 
-  char rootfs[4200], image[4200];
+  char rootfs[4200], image[4200], srcdir[64];
   snprintf (rootfs, sizeof rootfs, "%s/rootfs", w->dir);
   snprintf (image, sizeof image, "%s/layer.erofs", w->dir);
-  const char *tree = path;
+  /* mkfs.erofs reads a directory by path: hand it the one we opened */
+  snprintf (srcdir, sizeof srcdir, "/proc/%d/fd/%d", (int)getpid (), src);
+  const char *tree = srcdir;
   if (S_ISREG (st.st_mode))
     {
       if (mkdir (rootfs, 0700) < 0)
@@ -1276,13 +1277,26 @@ int
 wr_layer_stage (struct wr_store *s, const char *path, unsigned flags,
                 struct wr_staged_layer **ret, wr_err_t *err)
 {
+  if (path == NULL || path[0] == '\0')
+    return wr_error (err, EINVAL, WR_E_INVALID, "import path is empty");
+  _cleanup_close_ int src = open (path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (src < 0)
+    return wr_error (err, errno, errno == ENOENT ? WR_E_NOT_FOUND : WR_E_INVALID,
+                     "cannot open import source %s", path);
+  return wr_layer_stage_fd (s, src, path, flags, ret, err);
+}
+
+int
+wr_layer_stage_fd (struct wr_store *s, int src, const char *label, unsigned flags,
+                   struct wr_staged_layer **ret, wr_err_t *err)
+{
   struct wr_staged_layer *l = calloc (1, sizeof *l);
   if (l == NULL)
     return wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
   struct work w = { .made = false };
   char hex[65];
   struct wr_extract_stats xs;
-  int r = build_layer (s, path, flags, &w, hex, &l->size, &xs, err);
+  int r = build_layer (s, src, label, flags, &w, hex, &l->size, &xs, err);
   if (r < 0)
     {
       work_cleanup (&w);

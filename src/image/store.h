@@ -90,6 +90,9 @@ struct wr_staged_layer
  * extraction, as wr_image_import). Slow; call from a worker thread. */
 int wr_layer_stage (struct wr_store *s, const char *path, unsigned flags,
                     struct wr_staged_layer **ret, wr_err_t *err);
+/* Same from an open directory or tarball (label names it in errors). */
+int wr_layer_stage_fd (struct wr_store *s, int fd, const char *label, unsigned flags,
+                       struct wr_staged_layer **ret, wr_err_t *err);
 void wr_layer_stage_free (struct wr_staged_layer *l);
 
 /* One layer of an image being committed: a staged layer, or the digest of
