@@ -62,7 +62,8 @@ word_in (const char *list, const char *w)
 {
   size_t n = strlen (w);
   for (const char *p = list; (p = strstr (p, w)) != NULL; p += n)
-    if ((p == list || p[-1] == ' ' || p[-1] == '\n') && (p[n] == '\0' || p[n] == ' ' || p[n] == '\n'))
+    if ((p == list || p[-1] == ' ' || p[-1] == '\n')
+        && (p[n] == '\0' || p[n] == ' ' || p[n] == '\n'))
       return true;
   return false;
 }
@@ -247,7 +248,7 @@ wr_cg_create (struct wr_cgroups *cg, const char *id, const struct wr_cg_limits *
         goto fail;
       if (lim->cpus > 0)
         {
-          snprintf (buf, sizeof buf, "%" PRIu64 " 100000", (uint64_t) (lim->cpus * 100000 + 0.5));
+          snprintf (buf, sizeof buf, "%" PRIu64 " 100000", (uint64_t)(lim->cpus * 100000 + 0.5));
           if ((r = knob (s->v2_fd, "cpu.max", buf, err)) < 0)
             goto fail;
         }
@@ -271,7 +272,7 @@ wr_cg_create (struct wr_cgroups *cg, const char *id, const struct wr_cg_limits *
     {
       /* always written so a reused (pooled/leftover) cgroup never keeps an old quota */
       if (lim->cpus > 0)
-        snprintf (buf, sizeof buf, "%" PRIu64, (uint64_t) (lim->cpus * 100000 + 0.5));
+        snprintf (buf, sizeof buf, "%" PRIu64, (uint64_t)(lim->cpus * 100000 + 0.5));
       else
         snprintf (buf, sizeof buf, "-1");
       if ((r = knob (s->v1_fd[WR_V1_CPU], "cpu.cfs_quota_us", buf, err)) < 0)
@@ -306,7 +307,7 @@ int
 wr_cg_attach_v1 (struct wr_cgroups *cg, struct wr_cg_sandbox *s, pid_t pid, wr_err_t *err)
 {
   char buf[32];
-  snprintf (buf, sizeof buf, "%d", (int) pid);
+  snprintf (buf, sizeof buf, "%d", (int)pid);
   for (int i = 0; i < WR_V1_N; i++)
     if (s->v1_fd[i] >= 0)
       {
@@ -333,7 +334,7 @@ read_procs (int dfd, pid_t *pids, int max)
       if (end == p)
         break;
       if (n < max)
-        pids[n] = (pid_t) v;
+        pids[n] = (pid_t)v;
       n++;
       p = end;
       while (*p == '\n')
@@ -354,8 +355,9 @@ wr_cg_kill (struct wr_cgroups *cg, struct wr_cg_sandbox *s, wr_err_t *err)
 {
   /* The v2 cgroup (when any) holds every process: it is either the one we
    * cloned into or, on pure v2, the only one. */
-  int track = s->v2_fd >= 0 ? s->v2_fd : s->v1_fd[WR_V1_PIDS] >= 0 ? s->v1_fd[WR_V1_PIDS]
-                                                                      : s->v1_fd[WR_V1_MEMORY];
+  int track = s->v2_fd >= 0               ? s->v2_fd
+              : s->v1_fd[WR_V1_PIDS] >= 0 ? s->v1_fd[WR_V1_PIDS]
+                                          : s->v1_fd[WR_V1_MEMORY];
   if (track < 0)
     return 0;
   /* cgroup.kill kills atomically, forks included; one write is enough. */
@@ -365,7 +367,7 @@ wr_cg_kill (struct wr_cgroups *cg, struct wr_cg_sandbox *s, wr_err_t *err)
   uint64_t deadline = wr_now_ns () + 5000000000ull;
   for (long delay = 20;; delay = delay < 10000 ? delay * 2 : delay)
     {
-      int n = read_procs (track, pids, (int) WR_ARRAY_SIZE (pids));
+      int n = read_procs (track, pids, (int)WR_ARRAY_SIZE (pids));
       if (n == -ENOENT || n == -ENODEV || n == 0)
         return 0;
       if (n < 0)
@@ -378,8 +380,8 @@ wr_cg_kill (struct wr_cgroups *cg, struct wr_cg_sandbox *s, wr_err_t *err)
             wr_write_file_at (freezer, "freezer.state", "FROZEN");
           else if (s->v2_fd >= 0)
             wr_write_file_at (s->v2_fd, "cgroup.freeze", "1");
-          n = read_procs (track, pids, (int) WR_ARRAY_SIZE (pids));
-          for (int i = 0; i < n && i < (int) WR_ARRAY_SIZE (pids); i++)
+          n = read_procs (track, pids, (int)WR_ARRAY_SIZE (pids));
+          for (int i = 0; i < n && i < (int)WR_ARRAY_SIZE (pids); i++)
             kill (pids[i], SIGKILL);
           if (freezer >= 0)
             wr_write_file_at (freezer, "freezer.state", "THAWED");

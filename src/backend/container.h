@@ -47,12 +47,12 @@ struct wr_container_spec
   const char *state_dir;  /* absolute host dir (0700) owned by the daemon for this sandbox */
   const char **lowerdirs; /* read-only layer dirs, top-most first (already idmapped) */
   size_t n_lowerdirs;
-  uint64_t memory_mb;     /* 0 = unlimited */
-  uint64_t disk_mb;       /* size of the writable upper (tmpfs); 0 = default */
-  double cpus;            /* CPU quota in cores; 0 = unlimited */
-  uint64_t pids_max;      /* 0 = default */
-  bool net_host;          /* false: own netns with loopback only */
-  const char *hostname;   /* NULL = id */
+  uint64_t memory_mb;   /* 0 = unlimited */
+  uint64_t disk_mb;     /* size of the writable upper (tmpfs); 0 = default */
+  double cpus;          /* CPU quota in cores; 0 = unlimited */
+  uint64_t pids_max;    /* 0 = default */
+  bool net_host;        /* false: own netns with loopback only */
+  const char *hostname; /* NULL = id */
   /* The same layers as EROFS image files, bottom-most first: VM backends
    * attach these as read-only disks (the container backend ignores them). */
   const char **layer_files;
@@ -66,10 +66,10 @@ struct wr_container_spec
 
 struct wr_container
 {
-  pid_t pid;              /* host pid of the agent (PID 1 inside) */
-  int pidfd;              /* pidfd of the agent, -1 if unavailable */
-  uint64_t start_time;    /* /proc/pid/stat starttime, to recognise the pid after a restart */
-  int agent_fd;           /* connected socket to the agent (daemon side), O_CLOEXEC|O_NONBLOCK */
+  pid_t pid;           /* host pid of the agent (PID 1 inside) */
+  int pidfd;           /* pidfd of the agent, -1 if unavailable */
+  uint64_t start_time; /* /proc/pid/stat starttime, to recognise the pid after a restart */
+  int agent_fd;        /* connected socket to the agent (daemon side), O_CLOEXEC|O_NONBLOCK */
   char id[65];
 };
 

@@ -19,21 +19,67 @@
  * channels), handle-based open (escapes mount confinement), accounting,
  * quotas, raw I/O ports, the kernel log. */
 static const char *const denied[] = {
-  "keyctl", "add_key", "request_key", "bpf", "kexec_load", "kexec_file_load",
-  "init_module", "finit_module", "delete_module", "mount", "umount", "umount2",
-  "pivot_root", "move_mount", "open_tree", "fsopen", "fsmount", "fsconfig", "fspick",
-  "mount_setattr", "swapon", "swapoff", "reboot", "setns", "unshare",
-  "perf_event_open", "userfaultfd", "open_by_handle_at", "name_to_handle_at", "acct",
-  "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "stime", "lookup_dcookie",
-  "quotactl", "quotactl_fd", "iopl", "ioperm", "syslog", "vhangup", "nfsservctl",
-  "kcmp", "get_kernel_syms", "query_module", "create_module", "uselib", "ustat",
-  "sysfs", "_sysctl", "vm86", "vm86old", "pciconfig_read", "pciconfig_write",
+  "keyctl",
+  "add_key",
+  "request_key",
+  "bpf",
+  "kexec_load",
+  "kexec_file_load",
+  "init_module",
+  "finit_module",
+  "delete_module",
+  "mount",
+  "umount",
+  "umount2",
+  "pivot_root",
+  "move_mount",
+  "open_tree",
+  "fsopen",
+  "fsmount",
+  "fsconfig",
+  "fspick",
+  "mount_setattr",
+  "swapon",
+  "swapoff",
+  "reboot",
+  "setns",
+  "unshare",
+  "perf_event_open",
+  "userfaultfd",
+  "open_by_handle_at",
+  "name_to_handle_at",
+  "acct",
+  "settimeofday",
+  "clock_settime",
+  "clock_adjtime",
+  "adjtimex",
+  "stime",
+  "lookup_dcookie",
+  "quotactl",
+  "quotactl_fd",
+  "iopl",
+  "ioperm",
+  "syslog",
+  "vhangup",
+  "nfsservctl",
+  "kcmp",
+  "get_kernel_syms",
+  "query_module",
+  "create_module",
+  "uselib",
+  "ustat",
+  "sysfs",
+  "_sysctl",
+  "vm86",
+  "vm86old",
+  "pciconfig_read",
+  "pciconfig_write",
   "pciconfig_iobase",
 };
 
 static const unsigned long ns_flags[] = {
-  CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET,
-  CLONE_NEWCGROUP,
+  CLONE_NEWNS,  CLONE_NEWUTS, CLONE_NEWIPC,    CLONE_NEWUSER,
+  CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWCGROUP,
 };
 
 static void
@@ -81,10 +127,9 @@ wr_seccomp_build (struct sock_fprog *ret, wr_err_t *err)
   /* "deny unless one of": express as EPERM for each arg outside the set by
    * giving the allowed values a higher-priority ALLOW is not possible with a
    * default-ALLOW filter, so add the deny as ne-chains: arg0 != each value. */
-  r = seccomp_rule_add (ctx, SCMP_ACT_ERRNO (EPERM), nr, 5,
-                        SCMP_A0 (SCMP_CMP_NE, personas[0]), SCMP_A0 (SCMP_CMP_NE, personas[1]),
-                        SCMP_A0 (SCMP_CMP_NE, personas[2]), SCMP_A0 (SCMP_CMP_NE, personas[3]),
-                        SCMP_A0 (SCMP_CMP_NE, personas[4]));
+  r = seccomp_rule_add (ctx, SCMP_ACT_ERRNO (EPERM), nr, 5, SCMP_A0 (SCMP_CMP_NE, personas[0]),
+                        SCMP_A0 (SCMP_CMP_NE, personas[1]), SCMP_A0 (SCMP_CMP_NE, personas[2]),
+                        SCMP_A0 (SCMP_CMP_NE, personas[3]), SCMP_A0 (SCMP_CMP_NE, personas[4]));
   if (r < 0)
     {
       /* libseccomp refuses several comparisons of one argument in one rule on
@@ -109,13 +154,13 @@ wr_seccomp_build (struct sock_fprog *ret, wr_err_t *err)
   if (st.st_size <= 0 || st.st_size % sizeof (struct sock_filter) != 0
       || st.st_size / sizeof (struct sock_filter) > BPF_MAXINSNS)
     return wr_error (err, EINVAL, WR_E_INTERNAL, "seccomp program of %lld bytes",
-                     (long long) st.st_size);
-  _cleanup_free_ struct sock_filter *prog = malloc ((size_t) st.st_size);
+                     (long long)st.st_size);
+  _cleanup_free_ struct sock_filter *prog = malloc ((size_t)st.st_size);
   if (prog == NULL)
     return wr_error (err, ENOMEM, WR_E_INTERNAL, "seccomp program");
-  if (pread (mfd, prog, (size_t) st.st_size, 0) != st.st_size)
+  if (pread (mfd, prog, (size_t)st.st_size, 0) != st.st_size)
     return wr_sys_error (err, "read seccomp program");
-  ret->len = (unsigned short) (st.st_size / sizeof (struct sock_filter));
+  ret->len = (unsigned short)(st.st_size / sizeof (struct sock_filter));
   ret->filter = TAKE_PTR (prog);
   return 0;
 }

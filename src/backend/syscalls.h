@@ -128,27 +128,27 @@ struct wr_clone_args
 static inline int
 wr_sys_pidfd_open (pid_t pid, unsigned flags)
 {
-  return (int) syscall (__NR_pidfd_open, pid, flags);
+  return (int)syscall (__NR_pidfd_open, pid, flags);
 }
 static inline int
 wr_sys_pidfd_send_signal (int pidfd, int sig)
 {
-  return (int) syscall (__NR_pidfd_send_signal, pidfd, sig, NULL, 0);
+  return (int)syscall (__NR_pidfd_send_signal, pidfd, sig, NULL, 0);
 }
 static inline int
 wr_sys_open_tree (int dfd, const char *path, unsigned flags)
 {
-  return (int) syscall (__NR_open_tree, dfd, path, flags);
+  return (int)syscall (__NR_open_tree, dfd, path, flags);
 }
 static inline int
 wr_sys_move_mount (int from_dfd, const char *from, int to_dfd, const char *to, unsigned flags)
 {
-  return (int) syscall (__NR_move_mount, from_dfd, from, to_dfd, to, flags);
+  return (int)syscall (__NR_move_mount, from_dfd, from, to_dfd, to, flags);
 }
 static inline int
 wr_sys_mount_setattr (int dfd, const char *path, unsigned flags, struct mount_attr *attr)
 {
-  return (int) syscall (__NR_mount_setattr, dfd, path, flags, attr, sizeof *attr);
+  return (int)syscall (__NR_mount_setattr, dfd, path, flags, attr, sizeof *attr);
 }
 
 /* ---- raw syscalls for the CLONE_VM child (x86_64 and aarch64 inline; other
@@ -160,13 +160,13 @@ static inline long
 wr_raw6 (long n, long a, long b, long c, long d, long e, long f)
 {
   long ret;
-  register long r10 __asm__ ("r10") = d;
-  register long r8 __asm__ ("r8") = e;
-  register long r9 __asm__ ("r9") = f;
-  __asm__ volatile ("syscall"
-                    : "=a"(ret)
-                    : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
-                    : "rcx", "r11", "memory");
+  register long r10 __asm__("r10") = d;
+  register long r8 __asm__("r8") = e;
+  register long r9 __asm__("r9") = f;
+  __asm__ volatile("syscall"
+                   : "=a"(ret)
+                   : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
+                   : "rcx", "r11", "memory");
   return ret;
 }
 #elif defined(__aarch64__)
@@ -174,17 +174,17 @@ wr_raw6 (long n, long a, long b, long c, long d, long e, long f)
 static inline long
 wr_raw6 (long n, long a, long b, long c, long d, long e, long f)
 {
-  register long x8 __asm__ ("x8") = n;
-  register long x0 __asm__ ("x0") = a;
-  register long x1 __asm__ ("x1") = b;
-  register long x2 __asm__ ("x2") = c;
-  register long x3 __asm__ ("x3") = d;
-  register long x4 __asm__ ("x4") = e;
-  register long x5 __asm__ ("x5") = f;
-  __asm__ volatile ("svc 0"
-                    : "+r"(x0)
-                    : "r"(x8), "r"(x1), "r"(x2), "r"(x3), "r"(x4), "r"(x5)
-                    : "memory");
+  register long x8 __asm__("x8") = n;
+  register long x0 __asm__("x0") = a;
+  register long x1 __asm__("x1") = b;
+  register long x2 __asm__("x2") = c;
+  register long x3 __asm__("x3") = d;
+  register long x4 __asm__("x4") = e;
+  register long x5 __asm__("x5") = f;
+  __asm__ volatile("svc 0"
+                   : "+r"(x0)
+                   : "r"(x8), "r"(x1), "r"(x2), "r"(x3), "r"(x4), "r"(x5)
+                   : "memory");
   return x0;
 }
 #else
@@ -199,12 +199,12 @@ wr_raw6 (long n, long a, long b, long c, long d, long e, long f)
 #endif
 
 #define wr_raw0(n) wr_raw6 ((n), 0, 0, 0, 0, 0, 0)
-#define wr_raw1(n, a) wr_raw6 ((n), (long) (a), 0, 0, 0, 0, 0)
-#define wr_raw2(n, a, b) wr_raw6 ((n), (long) (a), (long) (b), 0, 0, 0, 0)
-#define wr_raw3(n, a, b, c) wr_raw6 ((n), (long) (a), (long) (b), (long) (c), 0, 0, 0)
-#define wr_raw4(n, a, b, c, d) wr_raw6 ((n), (long) (a), (long) (b), (long) (c), (long) (d), 0, 0)
+#define wr_raw1(n, a) wr_raw6 ((n), (long)(a), 0, 0, 0, 0, 0)
+#define wr_raw2(n, a, b) wr_raw6 ((n), (long)(a), (long)(b), 0, 0, 0, 0)
+#define wr_raw3(n, a, b, c) wr_raw6 ((n), (long)(a), (long)(b), (long)(c), 0, 0, 0)
+#define wr_raw4(n, a, b, c, d) wr_raw6 ((n), (long)(a), (long)(b), (long)(c), (long)(d), 0, 0)
 #define wr_raw5(n, a, b, c, d, e)                                                                  \
-  wr_raw6 ((n), (long) (a), (long) (b), (long) (c), (long) (d), (long) (e), 0)
+  wr_raw6 ((n), (long)(a), (long)(b), (long)(c), (long)(d), (long)(e), 0)
 
 /* clone3 that runs fn(arg) on `stack` in the child and never returns there.
  * Returns the child pid or -errno in the parent. */
@@ -213,22 +213,22 @@ static inline long
 wr_clone3_run (struct wr_clone_args *args, int (*fn) (void *), void *arg)
 {
   long ret;
-  register long r12 __asm__ ("r12") = (long) fn;
-  register long r13 __asm__ ("r13") = (long) arg;
-  __asm__ volatile ("syscall\n\t"
-                    "test %%rax, %%rax\n\t"
-                    "jnz 1f\n\t"
-                    "xor %%ebp, %%ebp\n\t"
-                    "mov %%r13, %%rdi\n\t"
-                    "call *%%r12\n\t"
-                    "mov %%eax, %%edi\n\t"
-                    "mov $60, %%eax\n\t" /* exit */
-                    "syscall\n\t"
-                    "hlt\n"
-                    "1:"
-                    : "=a"(ret)
-                    : "a"((long) __NR_clone3), "D"(args), "S"(sizeof *args), "r"(r12), "r"(r13)
-                    : "rcx", "r11", "memory");
+  register long r12 __asm__("r12") = (long)fn;
+  register long r13 __asm__("r13") = (long)arg;
+  __asm__ volatile("syscall\n\t"
+                   "test %%rax, %%rax\n\t"
+                   "jnz 1f\n\t"
+                   "xor %%ebp, %%ebp\n\t"
+                   "mov %%r13, %%rdi\n\t"
+                   "call *%%r12\n\t"
+                   "mov %%eax, %%edi\n\t"
+                   "mov $60, %%eax\n\t" /* exit */
+                   "syscall\n\t"
+                   "hlt\n"
+                   "1:"
+                   : "=a"(ret)
+                   : "a"((long)__NR_clone3), "D"(args), "S"(sizeof *args), "r"(r12), "r"(r13)
+                   : "rcx", "r11", "memory");
   return ret;
 }
 #define WR_HAVE_CLONE3_RUN 1

@@ -17,7 +17,7 @@ wr_b64_encode (const void *in, size_t n, char *out)
   size_t i = 0;
   for (; i + 3 <= n; i += 3)
     {
-      uint32_t v = (uint32_t) p[i] << 16 | (uint32_t) p[i + 1] << 8 | p[i + 2];
+      uint32_t v = (uint32_t)p[i] << 16 | (uint32_t)p[i + 1] << 8 | p[i + 2];
       *out++ = alphabet[v >> 18];
       *out++ = alphabet[(v >> 12) & 63];
       *out++ = alphabet[(v >> 6) & 63];
@@ -25,7 +25,7 @@ wr_b64_encode (const void *in, size_t n, char *out)
     }
   if (n - i == 1)
     {
-      uint32_t v = (uint32_t) p[i] << 16;
+      uint32_t v = (uint32_t)p[i] << 16;
       *out++ = alphabet[v >> 18];
       *out++ = alphabet[(v >> 12) & 63];
       *out++ = '=';
@@ -33,7 +33,7 @@ wr_b64_encode (const void *in, size_t n, char *out)
     }
   else if (n - i == 2)
     {
-      uint32_t v = (uint32_t) p[i] << 16 | (uint32_t) p[i + 1] << 8;
+      uint32_t v = (uint32_t)p[i] << 16 | (uint32_t)p[i + 1] << 8;
       *out++ = alphabet[v >> 18];
       *out++ = alphabet[(v >> 12) & 63];
       *out++ = alphabet[(v >> 6) & 63];
@@ -74,15 +74,15 @@ wr_b64_decode (const char *in, size_t len, void *out)
       int d = in[i + 3] == '=' && last ? -2 : val (in[i + 3]);
       if (c == -1 || d == -1 || (c == -2 && d != -2))
         return -1;
-      uint32_t v = (uint32_t) a << 18 | (uint32_t) b << 12 | (uint32_t) (c < 0 ? 0 : c) << 6
-                   | (uint32_t) (d < 0 ? 0 : d);
-      *o++ = (uint8_t) (v >> 16);
+      uint32_t v = (uint32_t)a << 18 | (uint32_t)b << 12 | (uint32_t)(c < 0 ? 0 : c) << 6
+                   | (uint32_t)(d < 0 ? 0 : d);
+      *o++ = (uint8_t)(v >> 16);
       if (c >= 0)
-        *o++ = (uint8_t) (v >> 8);
+        *o++ = (uint8_t)(v >> 8);
       if (d >= 0)
-        *o++ = (uint8_t) v;
+        *o++ = (uint8_t)v;
     }
-  return (long) (o - (uint8_t *) out);
+  return (long)(o - (uint8_t *)out);
 }
 
 bool

@@ -11,24 +11,25 @@
 #include <errno.h>
 #include <stdarg.h>
 
-typedef struct wr_err {
+typedef struct wr_err
+{
   int errnum;       /* errno of the failure, 0 when none applies */
   const char *code; /* stable API code: "invalid_argument", "not_found", ... */
   char msg[512];    /* human readable, already includes strerror(errnum) */
 } wr_err_t;
 
 /* Stable codes; each maps to one HTTP status (wr_err_http_status). */
-#define WR_E_INVALID "invalid_argument"       /* 400 */
-#define WR_E_TOO_LARGE "payload_too_large"    /* 413 */
-#define WR_E_UNAUTHORIZED "unauthorized"      /* 401 */
-#define WR_E_NOT_FOUND "not_found"            /* 404 */
-#define WR_E_CONFLICT "conflict"              /* 409 */
-#define WR_E_GONE "gone"                      /* 410: sandbox destroyed */
-#define WR_E_EXHAUSTED "resource_exhausted"   /* 429 */
-#define WR_E_UNAVAILABLE "unavailable"        /* 503 */
-#define WR_E_TIMEOUT "timeout"                /* 504 */
-#define WR_E_INTERNAL "internal"              /* 500 */
-#define WR_E_UNSUPPORTED "unsupported"        /* 501 */
+#define WR_E_INVALID "invalid_argument"     /* 400 */
+#define WR_E_TOO_LARGE "payload_too_large"  /* 413 */
+#define WR_E_UNAUTHORIZED "unauthorized"    /* 401 */
+#define WR_E_NOT_FOUND "not_found"          /* 404 */
+#define WR_E_CONFLICT "conflict"            /* 409 */
+#define WR_E_GONE "gone"                    /* 410: sandbox destroyed */
+#define WR_E_EXHAUSTED "resource_exhausted" /* 429 */
+#define WR_E_UNAVAILABLE "unavailable"      /* 503 */
+#define WR_E_TIMEOUT "timeout"              /* 504 */
+#define WR_E_INTERNAL "internal"            /* 500 */
+#define WR_E_UNSUPPORTED "unsupported"      /* 501 */
 
 /* Fill err (if not NULL) with errnum, code and a printf-style message; when
  * errnum != 0 ": strerror(errnum)" is appended. Returns -errnum, or -EIO

@@ -19,7 +19,7 @@ wr_write_all (int fd, const void *buf, size_t len)
           return -errno;
         }
       p += n;
-      len -= (size_t) n;
+      len -= (size_t)n;
     }
   return 0;
 }
@@ -40,9 +40,9 @@ wr_read_all (int fd, void *buf, size_t len)
         }
       if (n == 0)
         break;
-      got += (size_t) n;
+      got += (size_t)n;
     }
-  return (ssize_t) got;
+  return (ssize_t)got;
 }
 
 int
@@ -88,7 +88,7 @@ wr_read_file_at (int dirfd, const char *path, char **ret, size_t *ret_len, size_
         }
       if (n == 0)
         break;
-      len += (size_t) n;
+      len += (size_t)n;
     }
   buf[len] = '\0';
   if (ret_len)
@@ -185,7 +185,7 @@ wr_random_hex (char *buf, size_t n)
   if (n > 2 * sizeof raw)
     return -EINVAL;
   size_t need = (n + 1) / 2;
-  if (getrandom (raw, need, 0) != (ssize_t) need)
+  if (getrandom (raw, need, 0) != (ssize_t)need)
     return -errno;
   for (size_t i = 0; i < n; i++)
     buf[i] = hex[(raw[i / 2] >> ((i & 1) ? 0 : 4)) & 0xf];

@@ -11,7 +11,7 @@
 static inline void
 wr_freep (void *p)
 {
-  free (*(void **) p);
+  free (*(void **)p);
 }
 static inline void
 wr_closep (int *fd)
@@ -67,7 +67,7 @@ wr_now_ns (void)
 {
   struct timespec ts;
   clock_gettime (CLOCK_MONOTONIC, &ts);
-  return (uint64_t) ts.tv_sec * 1000000000ull + (uint64_t) ts.tv_nsec;
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 static inline uint64_t
 wr_now_ms (void)

@@ -18,7 +18,7 @@ static int tap_n, tap_failed;
           printf ("not ok %d - ", tap_n);                                                          \
         }                                                                                          \
       printf (__VA_ARGS__);                                                                        \
-      printf ("%s\n", tap_c_ ? "" : "  (" #cond ")");                                            \
+      printf ("%s\n", tap_c_ ? "" : "  (" #cond ")");                                              \
       fflush (stdout);                                                                             \
     }                                                                                              \
   while (0)

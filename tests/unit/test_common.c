@@ -12,8 +12,12 @@
 static void
 test_b64 (void)
 {
-  static const char *vec[][2] = { { "", "" },          { "f", "Zg==" },         { "fo", "Zm8=" },
-                                  { "foo", "Zm9v" },   { "foob", "Zm9vYg==" }, { "fooba", "Zm9vYmE=" },
+  static const char *vec[][2] = { { "", "" },
+                                  { "f", "Zg==" },
+                                  { "fo", "Zm8=" },
+                                  { "foo", "Zm9v" },
+                                  { "foob", "Zm9vYg==" },
+                                  { "fooba", "Zm9vYmE=" },
                                   { "foobar", "Zm9vYmFy" } };
   int ok = 1;
   for (size_t i = 0; i < WR_ARRAY_SIZE (vec); i++)
@@ -23,7 +27,7 @@ test_b64 (void)
       ok &= strcmp (out, vec[i][1]) == 0;
       char dec[64];
       long n = wr_b64_decode (vec[i][1], strlen (vec[i][1]), dec);
-      ok &= n == (long) strlen (vec[i][0]) && memcmp (dec, vec[i][0], (size_t) n) == 0;
+      ok &= n == (long)strlen (vec[i][0]) && memcmp (dec, vec[i][0], (size_t)n) == 0;
     }
   TAP_OK (ok, "base64 RFC 4648 vectors");
   uint8_t raw[1000], back[1000];
@@ -34,7 +38,7 @@ test_b64 (void)
       getrandom (raw, len, 0);
       wr_b64_encode (raw, len, enc);
       long n = wr_b64_decode (enc, strlen (enc), back);
-      rt &= n == (long) len && memcmp (raw, back, len) == 0;
+      rt &= n == (long)len && memcmp (raw, back, len) == 0;
     }
   TAP_OK (rt, "base64 round trips for lengths 0..299");
   char junk[16];
@@ -80,9 +84,9 @@ test_frames (void)
     {
       uint8_t g[32];
       getrandom (g, sizeof g, 0);
-      size_t avail = (size_t) (g[31] % 32);
+      size_t avail = (size_t)(g[31] % 32);
       int r = wr_frame_parse (g, avail, &f);
-      sane &= r <= (int) avail;
+      sane &= r <= (int)avail;
     }
   TAP_OK (sane, "100000 random headers parsed safely");
 }

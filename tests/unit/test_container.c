@@ -58,8 +58,8 @@ read_frame (int fd, struct wr_frame *f, uint8_t **payload, int timeout_ms)
           *payload = malloc (f->len + 1);
           memcpy (*payload, f->payload, f->len);
           (*payload)[f->len] = 0;
-          memmove (buf, buf + r, have - (size_t) r);
-          have -= (size_t) r;
+          memmove (buf, buf + r, have - (size_t)r);
+          have -= (size_t)r;
           return 0;
         }
       struct pollfd p = { .fd = fd, .events = POLLIN };
@@ -74,7 +74,7 @@ read_frame (int fd, struct wr_frame *f, uint8_t **payload, int timeout_ms)
             continue;
           return -errno;
         }
-      have += (size_t) n;
+      have += (size_t)n;
     }
 }
 
@@ -101,7 +101,7 @@ run (int fd, struct out *o, int timeout_ms, const char *const *argv)
   char *txt = json_dumps (req, JSON_COMPACT);
   json_decref (req);
   uint32_t stream = next_stream++;
-  int r = wr_frame_write (fd, stream, WR_MSG_EXEC, txt, (uint32_t) strlen (txt));
+  int r = wr_frame_write (fd, stream, WR_MSG_EXEC, txt, (uint32_t)strlen (txt));
   free (txt);
   if (r < 0)
     return r;
@@ -123,9 +123,9 @@ run (int fd, struct out *o, int timeout_ms, const char *const *argv)
         append (&o->stderr_buf, &o->err_len, p, f.len);
       else if (f.type == WR_MSG_EXIT || f.type == WR_MSG_ERROR)
         {
-          json_t *j = json_loads ((char *) p, 0, NULL);
-          o->exit_code = j ? (int) json_integer_value (json_object_get (j, "exit_code")) : -1;
-          o->sig = j ? (int) json_integer_value (json_object_get (j, "signal")) : 0;
+          json_t *j = json_loads ((char *)p, 0, NULL);
+          o->exit_code = j ? (int)json_integer_value (json_object_get (j, "exit_code")) : -1;
+          o->sig = j ? (int)json_integer_value (json_object_get (j, "signal")) : 0;
           o->timed_out = j && json_is_true (json_object_get (j, "timed_out"));
           o->got_exit = f.type == WR_MSG_EXIT;
           if (f.type == WR_MSG_ERROR)
@@ -148,7 +148,7 @@ read_hello (int fd)
   int r = read_frame (fd, &f, &p, 10000);
   if (r < 0)
     return r;
-  r = f.type == WR_MSG_HELLO && f.stream == 0 && strstr ((char *) p, "\"version\"") ? 0 : -EPROTO;
+  r = f.type == WR_MSG_HELLO && f.stream == 0 && strstr ((char *)p, "\"version\"") ? 0 : -EPROTO;
   free (p);
   return r;
 }
@@ -204,8 +204,7 @@ spec_create (const char *id, struct wr_container_spec *spec, char *sdir, size_t 
 
 static char cgname[32] = "warren";
 
-static bool __attribute__ ((format (printf, 1, 2)))
-path_exists (const char *fmt, ...)
+static bool __attribute__ ((format (printf, 1, 2))) path_exists (const char *fmt, ...)
 {
   char p[512];
   va_list ap;
@@ -289,21 +288,24 @@ test_main_sandbox (void)
   TAP_OK (o.exit_code == 0 && strstr (o.stdout_buf, "unknown"), "lo is up (%s)", o.stdout_buf);
   out_free (&o);
   RUN (c.agent_fd, &o, "/bin/mount", "-t", "tmpfs", "x", "/tmp");
-  TAP_OK (o.exit_code != 0
-              && (strstr (o.stderr_buf, "not permitted") || strstr (o.stderr_buf, "permission denied")),
-          "mount fails: %s",
-          o.stderr_buf);
+  TAP_OK (
+      o.exit_code != 0
+          && (strstr (o.stderr_buf, "not permitted") || strstr (o.stderr_buf, "permission denied")),
+      "mount fails: %s", o.stderr_buf);
   out_free (&o);
   RUN (c.agent_fd, &o, "/bin/unshare", "-U", "/bin/true");
   TAP_OK (o.exit_code != 0 && strstr (o.stderr_buf, "not permitted"), "unshare -U fails: %s",
           o.stderr_buf);
   out_free (&o);
-  RUN (c.agent_fd, &o, "/bin/sh", "-c", "grep -E '^Cap(Bnd|Eff)|NoNewPrivs|Seccomp:' /proc/self/status");
-  TAP_OK (strstr (o.stdout_buf, "CapBnd:\t00000000a80425fb") && strstr (o.stdout_buf, "NoNewPrivs:\t1")
-              && strstr (o.stdout_buf, "Seccomp:\t2"),
+  RUN (c.agent_fd, &o, "/bin/sh", "-c",
+       "grep -E '^Cap(Bnd|Eff)|NoNewPrivs|Seccomp:' /proc/self/status");
+  TAP_OK (strstr (o.stdout_buf, "CapBnd:\t00000000a80425fb")
+              && strstr (o.stdout_buf, "NoNewPrivs:\t1") && strstr (o.stdout_buf, "Seccomp:\t2"),
           "caps = docker default, no_new_privs, seccomp filter");
   out_free (&o);
-  RUN (c.agent_fd, &o, "/bin/sh", "-c", "ls -ld /tmp /dev/null /dev/pts/ptmx /dev/shm && echo hi > /dev/null && test -c /dev/urandom");
+  RUN (c.agent_fd, &o, "/bin/sh", "-c",
+       "ls -ld /tmp /dev/null /dev/pts/ptmx /dev/shm && echo hi > /dev/null && test -c "
+       "/dev/urandom");
   TAP_OK (o.exit_code == 0, "/tmp and /dev nodes present (%s%s)", o.stdout_buf, o.stderr_buf);
   out_free (&o);
   RUN (c.agent_fd, &o, "/bin/sh", "-c", "ls -ln /bin/busybox | awk '{print $3}'");
@@ -329,7 +331,7 @@ test_main_sandbox (void)
   struct wr_container_stats st;
   r = wr_container_stats (rt, &c, &st, &err);
   TAP_OK (r == 0 && st.pids > 0 && st.pids <= 64, "fork bomb contained: %llu pids",
-          (unsigned long long) st.pids);
+          (unsigned long long)st.pids);
   out_free (&o);
   RUN (c.agent_fd, &o, "/bin/sh", "-c", "kill -9 $(pidof sleep) 2>/dev/null; true");
   out_free (&o);
@@ -340,8 +342,8 @@ test_main_sandbox (void)
   TAP_OK (o.sig == 9 || o.exit_code == 137, "memory bomb killed (signal %d exit %d)", o.sig,
           o.exit_code);
   TAP_OK (r == 0 && st.oom_kills >= 1 && st.memory_bytes > 0,
-          "stats: oom_kills=%llu memory=%llu cpu_ns=%llu", (unsigned long long) st.oom_kills,
-          (unsigned long long) st.memory_bytes, (unsigned long long) st.cpu_usage_ns);
+          "stats: oom_kills=%llu memory=%llu cpu_ns=%llu", (unsigned long long)st.oom_kills,
+          (unsigned long long)st.memory_bytes, (unsigned long long)st.cpu_usage_ns);
   out_free (&o);
   RUN (c.agent_fd, &o, "/bin/true");
   TAP_OK (o.exit_code == 0, "agent survives the OOM kill");
@@ -443,16 +445,18 @@ test_bad_input (void)
   int r = spec_create ("../x", &spec, sdir, sizeof sdir, &c, &err);
   TAP_OK (r < 0 && strcmp (err.code, WR_E_INVALID) == 0, "invalid id rejected");
   const char *bad[] = { "/tmp/a,upperdir=/etc" };
-  spec = (struct wr_container_spec){ .id = "t-bad", .state_dir = state_root, .lowerdirs = bad,
-                                     .n_lowerdirs = 1 };
+  spec = (struct wr_container_spec){
+    .id = "t-bad", .state_dir = state_root, .lowerdirs = bad, .n_lowerdirs = 1
+  };
   r = wr_container_create (rt, &spec, &c, &err);
   TAP_OK (r < 0, "layer path with overlay syntax is not parsed as options");
   spec = (struct wr_container_spec){ .hostname = "a b" };
   r = spec_create ("t-bad", &spec, sdir, sizeof sdir, &c, &err);
   TAP_OK (r < 0, "bad hostname rejected");
   const char *missing[] = { "/nonexistent-layer" };
-  spec = (struct wr_container_spec){ .id = "t-bad", .state_dir = sdir, .lowerdirs = missing,
-                                     .n_lowerdirs = 1 };
+  spec = (struct wr_container_spec){
+    .id = "t-bad", .state_dir = sdir, .lowerdirs = missing, .n_lowerdirs = 1
+  };
   r = wr_container_create (rt, &spec, &c, &err);
   TAP_OK (r < 0 && strstr (err.msg, "overlay") && cgroups_gone ("t-bad")
               && !path_exists ("%s/agent.sock", sdir),
@@ -463,7 +467,7 @@ test_bad_input (void)
 static int
 cmp_u64 (const void *a, const void *b)
 {
-  uint64_t x = *(const uint64_t *) a, y = *(const uint64_t *) b;
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
   return x < y ? -1 : x > y;
 }
 
@@ -471,7 +475,7 @@ static void
 test_loop (int iters, bool net_host)
 {
   wr_err_t err = { 0 };
-  uint64_t *create = calloc ((size_t) iters, 8), *destroy = calloc ((size_t) iters, 8);
+  uint64_t *create = calloc ((size_t)iters, 8), *destroy = calloc ((size_t)iters, 8);
   int fails = 0;
   char sdir[512];
   uint64_t t0 = wr_now_ns ();
@@ -492,11 +496,12 @@ test_loop (int iters, bool net_host)
       create[i] = b - a;
     }
   uint64_t total = wr_now_ns () - t0;
-  qsort (create, (size_t) iters, 8, cmp_u64);
-  qsort (destroy, (size_t) iters, 8, cmp_u64);
-  printf ("# %s: %d x create+destroy: %.2f ms/iter (create p50 %.2f p90 %.2f, destroy p50 %.2f p90 %.2f)\n",
-          net_host ? "net_host" : "own netns", iters, total / 1e6 / iters, create[iters / 2] / 1e6, create[iters * 9 / 10] / 1e6,
-          destroy[iters / 2] / 1e6, destroy[iters * 9 / 10] / 1e6);
+  qsort (create, (size_t)iters, 8, cmp_u64);
+  qsort (destroy, (size_t)iters, 8, cmp_u64);
+  printf ("# %s: %d x create+destroy: %.2f ms/iter (create p50 %.2f p90 %.2f, destroy p50 %.2f p90 "
+          "%.2f)\n",
+          net_host ? "net_host" : "own netns", iters, total / 1e6 / iters, create[iters / 2] / 1e6,
+          create[iters * 9 / 10] / 1e6, destroy[iters / 2] / 1e6, destroy[iters * 9 / 10] / 1e6);
   TAP_OK (fails == 0, "%d create+destroy, %d failures (%s)", iters, fails, fails ? err.msg : "");
   TAP_OK (cgroups_gone ("t-loop"), "loop left no cgroup");
   rmdir (sdir);
@@ -544,8 +549,8 @@ main (int argc, char **argv)
   mkdir (state_root, 0700);
   make_rootfs ();
 
-  struct wr_runtime_config cfg = { .root = state_root, .agent_path = agent, .uid_base = 100000,
-                                   .uid_count = 65536 };
+  struct wr_runtime_config cfg
+      = { .root = state_root, .agent_path = agent, .uid_base = 100000, .uid_count = 65536 };
   int r = wr_runtime_new (&cfg, &rt, &err);
   if (r == 0)
     snprintf (cgname, sizeof cgname, "%s", wr_runtime_cgroup_name (rt));
@@ -567,8 +572,7 @@ main (int argc, char **argv)
   wr_runtime_free (rt);
   bool parents_gone = !path_exists ("/sys/fs/cgroup/unified/%s", cgname)
                       && !path_exists ("/sys/fs/cgroup/memory/%s", cgname);
-  TAP_OK (parents_gone,
-          "runtime_free removed the warren parents");
+  TAP_OK (parents_gone, "runtime_free removed the warren parents");
   char cmd[400];
   snprintf (cmd, sizeof cmd, "rm -rf %s", tmp);
   system (cmd);
