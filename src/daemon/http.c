@@ -19,6 +19,7 @@
 #include "common/util.h"
 #include "daemon/backends.h"
 #include "daemon/http_util.h"
+#include "daemon/fncall.h"
 
 #define JSON_BODY_MAX (1u << 20)
 #define FILE_BODY_MAX (64u << 20)
@@ -900,6 +901,10 @@ route (struct evhttp_request *req, void *arg, bool tcp)
     wrd_http_images (d, req, NULL, &q);
   else if (strncmp (path, "/v1/images/", 11) == 0)
     wrd_http_images (d, req, path + 11, &q);
+  else if (strcmp (path, "/v1/calls") == 0)
+    wrd_fncall_http_calls (d, req);
+  else if (strcmp (path, "/v1/fncall/pools") == 0)
+    wrd_fncall_http_pools (d, req);
   else if (strcmp (path, "/v1/pools") == 0)
     handle_pools (d, req, NULL);
   else if (strncmp (path, "/v1/pools/", 10) == 0)
