@@ -14,6 +14,7 @@
 #include <event2/thread.h>
 
 #include "common/util.h"
+#include "daemon/fncall.h"
 
 static void
 usage (FILE *f)
@@ -22,6 +23,9 @@ usage (FILE *f)
       f,
       "usage: warrend --root DIR [--listen unix:PATH]... [--listen tcp:ADDR:PORT --token-file F]\n"
       "               [--default-image REF] [--pool REF=N]... [--uid-base UID]\n"
+      "               [--fncall-pool REF=N[,python][,reuse][,memory=MB]]... [--fncall-size N]\n"
+      "               [--fncall-queue N] [--fncall-max-calls N] [--fncall-idle S]\n"
+      "               [--fncall-zygote PATH] [--fncall-preload MOD,...]\n"
       "Runs the Warren node daemon in the foreground; all state lives under DIR.\n"
       "Default listener: unix:DIR/warrend.sock (owner-only).\n");
 }
@@ -69,12 +73,44 @@ main (int argc, char **argv)
     { "uid-base", required_argument, NULL, 'u' },
     { "agent", required_argument, NULL, 'a' },
     { "help", no_argument, NULL, 'h' },
+    { "fncall-pool", required_argument, NULL, 'F' },
+    { "fncall-size", required_argument, NULL, 'S' },
+    { "fncall-queue", required_argument, NULL, 'Q' },
+    { "fncall-max-calls", required_argument, NULL, 'M' },
+    { "fncall-idle", required_argument, NULL, 'D' },
+    { "fncall-zygote", required_argument, NULL, 'Z' },
+    { "fncall-preload", required_argument, NULL, 'P' },
     { NULL, 0, NULL, 0 },
   };
+  const char *fn_pools[64];
+  size_t n_fn_pools = 0;
+  struct wrd_fncall_config fcfg = { 0 };
   int c;
   while ((c = getopt_long (argc, argv, "h", opts, NULL)) != -1)
     switch (c)
       {
+      case 'F':
+        if (n_fn_pools < WR_ARRAY_SIZE (fn_pools))
+          fn_pools[n_fn_pools++] = optarg;
+        break;
+      case 'S':
+        fcfg.default_size = (unsigned)strtoul (optarg, NULL, 10);
+        break;
+      case 'Q':
+        fcfg.max_queue = (unsigned)strtoul (optarg, NULL, 10);
+        break;
+      case 'M':
+        fcfg.max_calls = (unsigned)strtoul (optarg, NULL, 10);
+        break;
+      case 'D':
+        fcfg.idle_s = (unsigned)strtoul (optarg, NULL, 10);
+        break;
+      case 'Z':
+        fcfg.zygote = optarg;
+        break;
+      case 'P':
+        fcfg.preload = optarg;
+        break;
       case 'r':
         root = optarg;
         break;
@@ -194,6 +230,14 @@ main (int argc, char **argv)
         return 1;
       }
   wrd_pools_load (&d, NULL);
+  if (wrd_fncall_init (&d, &fcfg, &err) < 0)
+    {
+      fprintf (stderr, "warrend: fncall: %s\n", err.msg);
+      return 2;
+    }
+  for (size_t i = 0; i < n_fn_pools; i++)
+    if (wrd_fncall_pool_arg (&d, fn_pools[i], &err) < 0)
+      fprintf (stderr, "warrend: fncall pool %s: %s\n", fn_pools[i], err.msg);
   for (size_t i = 0; i < n_pools; i++)
     {
       char ref[256];
@@ -216,6 +260,7 @@ main (int argc, char **argv)
   event_base_dispatch (d.base);
   d.stopping = true;
   wrd_http_free (&d);
+  wrd_fncall_shutdown (&d);
   wrd_shutdown (&d);
   wr_store_close (d.store);
   wr_runtime_free (d.rt);
