@@ -17,7 +17,7 @@ from . import _api
 from ._common import (SDK_LABEL, LineSplitter, Request, Response, create_body, exec_body,
                       exec_deadline, raise_for, resolve_target, resolve_token)
 from ._async import AsyncStream, AsyncTransport
-from .errors import NotFound, ProtocolError, WarrenError, error_from_response
+from .errors import NotFound, ProtocolError, WarrenError, error_from_stream
 from .types import ExecResult, FileStat, Image, OutputChunk, SandboxInfo, decode_field
 
 __all__ = ["AsyncClient", "AsyncSandbox", "AsyncImages", "AsyncExecStream"]
@@ -311,7 +311,8 @@ class AsyncSandbox:
         """See :meth:`warren.Sandbox.exec`. Cancelling the awaiting task
         drops the connection; the daemon then kills the command."""
         body = exec_body(cmd, shell, env, cwd, stdin, timeout, stdout_cap, stderr_cap, step, extra)
-        return await self._call(_api.exec_(self.id, body, exec_deadline(body, request_timeout)))
+        req = _api.exec_(self.id, body, exec_deadline(body, request_timeout), stream=True)
+        return await AsyncExecStream(self.client._t, req, True).wait()
 
     def exec_stream(self, cmd: Cmd = None, *, shell: Optional[str] = None,
                     env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
@@ -429,8 +430,8 @@ class AsyncExecStream:
             if self._collect:
                 (self._err if j["stream"] == "stderr" else self._out).extend(data)
             return OutputChunk(str(j["stream"]), data)
-        if "error" in j:
-            raise error_from_response(status, j)
+        if isinstance(j.get("error"), dict) and "exit_code" not in j:
+            raise error_from_stream(j)
         self.result = ExecResult.from_json(j, bytes(self._out), bytes(self._err))
         return None
 

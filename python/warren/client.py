@@ -10,7 +10,7 @@ from . import _api
 from ._common import (SDK_LABEL, LineSplitter, Request, Response, create_body, exec_body,
                       exec_deadline, raise_for, resolve_target, resolve_token)
 from ._sync import SyncStream, SyncTransport
-from .errors import NotFound, ProtocolError, WarrenError, error_from_response
+from .errors import NotFound, ProtocolError, WarrenError, error_from_stream
 from .types import ExecResult, FileStat, Image, OutputChunk, SandboxInfo, decode_field
 
 __all__ = ["Client", "Sandbox", "Images", "ExecStream"]
@@ -262,9 +262,15 @@ class Sandbox:
         daemon kills the process tree and sets ``timed_out``); the HTTP call
         waits that long plus 30 s unless ``request_timeout`` says otherwise.
         A non-zero exit status is a result, not an exception.
+
+        The command runs over the streaming endpoint and its output is
+        collected here, so a call abandoned midway (deadline, Ctrl-C) drops
+        the connection and the daemon kills the command instead of leaving
+        it running.
         """
         body = exec_body(cmd, shell, env, cwd, stdin, timeout, stdout_cap, stderr_cap, step, extra)
-        return self._call(_api.exec_(self.id, body, exec_deadline(body, request_timeout)))
+        req = _api.exec_(self.id, body, exec_deadline(body, request_timeout), stream=True)
+        return ExecStream(self.client._t.stream(req), collect=True).wait()
 
     def exec_stream(self, cmd: Cmd = None, *, shell: Optional[str] = None,
                     env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
@@ -378,8 +384,8 @@ class ExecStream:
             if self._collect:
                 (self._err if j["stream"] == "stderr" else self._out).extend(data)
             return OutputChunk(str(j["stream"]), data)
-        if "error" in j:
-            raise error_from_response(self._s.status, j)
+        if isinstance(j.get("error"), dict) and "exit_code" not in j:
+            raise error_from_stream(j)
         self.result = ExecResult.from_json(j, bytes(self._out), bytes(self._err))
         return None
 

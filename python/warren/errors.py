@@ -15,6 +15,7 @@ __all__ = [
     "WarrenError", "InvalidArgument", "Unauthorized", "NotFound", "Conflict", "Gone",
     "PayloadTooLarge", "ResourceExhausted", "InternalError", "Unsupported", "Unavailable",
     "Timeout", "ConnectError", "ConnectionLost", "ProtocolError", "error_from_response",
+    "error_from_stream",
 ]
 
 
@@ -140,3 +141,15 @@ def error_from_response(status: int, obj: object, fallback: str = "") -> WarrenE
     if message is None:
         message = fallback or f"HTTP {status}"
     return cls(message, code=code or cls.code, status=status)
+
+
+_STATUS_OF = {v.code: k for k, v in _BY_STATUS.items()}
+
+
+def error_from_stream(obj: object) -> WarrenError:
+    """The exception for an error line of a streamed (already 200) response:
+    ``status`` is the one the code has in a plain response."""
+    code = None
+    if isinstance(obj, dict) and isinstance(obj.get("error"), dict):
+        code = obj["error"].get("code")
+    return error_from_response(_STATUS_OF.get(code if isinstance(code, str) else "", 500), obj)
