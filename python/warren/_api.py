@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from ._common import (DEFAULT_TIMEOUT, SLOW_TIMEOUT, Json, Request, Response, check_id,
                       files_path, json_req, quote)
-from .errors import InvalidArgument, ProtocolError
+from .errors import InvalidArgument, ProtocolError, error_from_stream
 from .types import ExecResult, FileStat, Image, SandboxInfo
 
 
@@ -163,29 +163,40 @@ def image_delete(ref: str, timeout: Optional[float]) -> Request:
                     parse=lambda r: None)
 
 
-def image_import(name: str, path: str, timeout: Optional[float]) -> Request:
-    return json_req("POST", "/v1/images/import", {"name": name, "path": path}, ok=(201, 200),
+def image_import(name: str, path: str, timeout: Optional[float], stream: bool = False) -> Request:
+    body: Dict[str, Any] = {"name": name, "path": path}
+    if stream:
+        body["stream"] = True
+    return json_req("POST", "/v1/images/import", body, ok=(201, 200), stream=stream,
                     timeout=_t(timeout, SLOW_TIMEOUT), parse=lambda r: Image.from_json(_obj(r)))
 
 
-def image_pull(ref: str, name: Optional[str], timeout: Optional[float]) -> Request:
+def image_pull(ref: str, name: Optional[str], insecure: bool, timeout: Optional[float],
+               stream: bool = False) -> Request:
     body: Dict[str, Any] = {"ref": ref}
     if name is not None:
         body["name"] = name
-    return json_req("POST", "/v1/images/pull", body, ok=(201, 200),
+    if insecure:
+        body["insecure"] = True
+    if stream:
+        body["stream"] = True
+    return json_req("POST", "/v1/images/pull", body, ok=(201, 200), stream=stream,
                     timeout=_t(timeout, SLOW_TIMEOUT), parse=lambda r: Image.from_json(_obj(r)))
 
 
-def image_build(name: str, spec: str, context: Optional[str], timeout: Optional[float]) -> Request:
+def image_build(name: str, spec: str, context: Optional[str], timeout: Optional[float],
+                stream: bool = False) -> Request:
     body: Dict[str, Any] = {"name": name, "spec": spec}
     if context is not None:
         body["context"] = context
-    return json_req("POST", "/v1/images/build", body, ok=(201, 200),
+    if stream:
+        body["stream"] = True
+    return json_req("POST", "/v1/images/build", body, ok=(201, 200), stream=stream,
                     timeout=_t(timeout, SLOW_TIMEOUT), parse=lambda r: Image.from_json(_obj(r)))
 
 
 def image_tag(source: str, name: str, timeout: Optional[float]) -> Request:
-    return json_req("POST", "/v1/images/tag", {"source": source, "name": name}, ok=(201, 200),
+    return json_req("POST", f"/v1/images/{_ref(source)}/tag", {"name": name}, ok=(201, 200),
                     timeout=_t(timeout), parse=lambda r: Image.from_json(_obj(r)))
 
 
@@ -197,3 +208,16 @@ def stream_line(line: bytes) -> Json:
     if not isinstance(j, dict):
         raise ProtocolError("NDJSON line is not an object")
     return j
+
+
+def job_line(line: bytes, progress: Optional[Callable[[str, int, int], Any]]) -> Optional[Image]:
+    """One NDJSON line of a streamed import/pull/build: progress is reported,
+    an error raised, the final image returned."""
+    j = stream_line(line)
+    if "progress" in j and "name" not in j:
+        if progress is not None:
+            progress(str(j.get("progress")), int(j.get("done") or 0), int(j.get("total") or 0))
+        return None
+    if isinstance(j.get("error"), dict):
+        raise error_from_stream(j)
+    return Image.from_json(j)

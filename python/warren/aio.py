@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import (Any, AsyncIterator, Awaitable, Dict, Generator, List, Mapping, Optional,
+from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, Generator, List, Mapping, Optional,
                     Sequence, Set, Union)
 
 from . import _api
@@ -23,6 +23,7 @@ from .types import ExecResult, FileStat, Image, OutputChunk, SandboxInfo, decode
 __all__ = ["AsyncClient", "AsyncSandbox", "AsyncImages", "AsyncExecStream"]
 
 Cmd = Union[str, Sequence[str], None]
+Progress = Callable[[str, int, int], Any]
 
 
 class AsyncClient:
@@ -230,19 +231,45 @@ class AsyncImages:
         except NotFound:
             return False
 
-    async def import_(self, name: str, path: str, *, timeout: Optional[float] = None) -> Image:
-        return await self._c._call(_api.image_import(name, path, timeout))
+    async def import_(self, name: str, path: str, *, timeout: Optional[float] = None,
+                      progress: Optional[Progress] = None) -> Image:
+        return await self._job(_api.image_import(name, path, timeout, progress is not None),
+                               progress)
 
-    async def pull(self, ref: str, *, name: Optional[str] = None,
-                   timeout: Optional[float] = None) -> Image:
-        return await self._c._call(_api.image_pull(ref, name, timeout))
+    async def pull(self, ref: str, *, name: Optional[str] = None, insecure: bool = False,
+                   timeout: Optional[float] = None, progress: Optional[Progress] = None) -> Image:
+        return await self._job(_api.image_pull(ref, name, insecure, timeout, progress is not None),
+                               progress)
 
     async def build(self, name: str, spec: str, *, context: Optional[str] = None,
-                    timeout: Optional[float] = None) -> Image:
-        return await self._c._call(_api.image_build(name, spec, context, timeout))
+                    timeout: Optional[float] = None, progress: Optional[Progress] = None) -> Image:
+        return await self._job(_api.image_build(name, spec, context, timeout,
+                                                progress is not None), progress)
 
     async def tag(self, source: str, name: str, *, timeout: Optional[float] = None) -> Image:
         return await self._c._call(_api.image_tag(source, name, self._c._to(timeout)))
+
+    async def _job(self, req: Request, progress: Optional[Progress]) -> Image:
+        if progress is None:
+            return await self._c._call(req)
+        s = await self._c._t.stream(req)
+        split = LineSplitter()
+        result: Optional[Image] = None
+        try:
+            if s.status not in req.ok:
+                body = b"".join([p async for p in s.chunks()])
+                raise_for(Response(s.status, s.headers, body))
+            async for part in s.chunks():
+                for line in split.feed(part):
+                    result = _api.job_line(line, progress) or result
+            tail = split.rest()
+            if tail:
+                result = _api.job_line(tail, progress) or result
+        finally:
+            s.close()
+        if result is None:
+            raise ProtocolError("the stream ended without a result")
+        return result
 
     async def delete(self, ref: str, *, timeout: Optional[float] = None) -> None:
         await self._c._call(_api.image_delete(ref, self._c._to(timeout)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 from . import _api
 from ._common import (SDK_LABEL, LineSplitter, Request, Response, create_body, exec_body,
@@ -16,6 +16,7 @@ from .types import ExecResult, FileStat, Image, OutputChunk, SandboxInfo, decode
 __all__ = ["Client", "Sandbox", "Images", "ExecStream"]
 
 Cmd = Union[str, Sequence[str], None]
+Progress = Callable[[str, int, int], Any]
 
 
 class Client:
@@ -182,23 +183,53 @@ class Images:
         except NotFound:
             return False
 
-    def import_(self, name: str, path: str, *, timeout: Optional[float] = None) -> Image:
-        """Import a rootfs directory or a tarball at ``path`` on the daemon's host."""
-        return self._c._call(_api.image_import(name, path, timeout))
+    def import_(self, name: str, path: str, *, timeout: Optional[float] = None,
+                progress: Optional[Progress] = None) -> Image:
+        """Import a rootfs directory or an archive (tar, tar.gz, tar.zst, OCI
+        layout, docker-save) at ``path`` on the daemon's host as ``name``.
+        ``progress(step, done, total)`` is called as the daemon reports."""
+        return self._job(_api.image_import(name, path, timeout, progress is not None), progress)
 
-    def pull(self, ref: str, *, name: Optional[str] = None,
-             timeout: Optional[float] = None) -> Image:
-        """Pull ``ref`` from an OCI registry into the store (as ``name`` if given)."""
-        return self._c._call(_api.image_pull(ref, name, timeout))
+    def pull(self, ref: str, *, name: Optional[str] = None, insecure: bool = False,
+             timeout: Optional[float] = None, progress: Optional[Progress] = None) -> Image:
+        """Pull ``ref`` (``HOST[:PORT]/REPO[:TAG|@DIGEST]``) from an OCI registry,
+        stored as ``name`` if given. ``insecure`` allows plain HTTP."""
+        return self._job(_api.image_pull(ref, name, insecure, timeout, progress is not None),
+                         progress)
 
     def build(self, name: str, spec: str, *, context: Optional[str] = None,
-              timeout: Optional[float] = None) -> Image:
-        """Build ``name`` from a spec text (FROM / RUN / COPY / ENV / WORKDIR)."""
-        return self._c._call(_api.image_build(name, spec, context, timeout))
+              timeout: Optional[float] = None, progress: Optional[Progress] = None) -> Image:
+        """Build ``name`` from a spec text (FROM / RUN / COPY / ENV / WORKDIR);
+        ``context`` is the host directory COPY reads from."""
+        return self._job(_api.image_build(name, spec, context, timeout, progress is not None),
+                         progress)
 
     def tag(self, source: str, name: str, *, timeout: Optional[float] = None) -> Image:
-        """Give the image ``source`` another name ``name``."""
+        """Give the image ``source`` the additional name ``name``."""
         return self._c._call(_api.image_tag(source, name, self._c._to(timeout)))
+
+    def _job(self, req: Request, progress: Optional[Progress]) -> Image:
+        if progress is None:
+            return self._c._call(req)
+        s = self._c._t.stream(req)
+        if s.status not in req.ok:
+            body = b"".join(s.chunks())
+            s.close()
+            raise_for(Response(s.status, s.headers, body))
+        split = LineSplitter()
+        result: Optional[Image] = None
+        try:
+            for part in s.chunks():
+                for line in split.feed(part):
+                    result = _api.job_line(line, progress) or result
+            tail = split.rest()
+            if tail:
+                result = _api.job_line(tail, progress) or result
+        finally:
+            s.close()
+        if result is None:
+            raise ProtocolError("the stream ended without a result")
+        return result
 
     def delete(self, ref: str, *, timeout: Optional[float] = None) -> None:
         self._c._call(_api.image_delete(ref, self._c._to(timeout)))

@@ -205,12 +205,14 @@ class FileStat:
 
 @dataclass
 class Image:
-    """An image in the daemon's store: a name, a digest and its ordered layers."""
+    """An image in the daemon's store: a name, a digest, its ordered layers
+    (bottom first) and its config (env, workdir, ...)."""
     name: str
     digest: str = ""
     layers: List[Any] = field(default_factory=list)
     size: Optional[int] = None
     created_at: Optional[float] = None
+    config: Dict[str, Any] = field(default_factory=dict, repr=False)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -221,4 +223,5 @@ class Image:
         return cls(name=j["name"], digest=str(j.get("digest") or ""),
                    layers=list(layers) if isinstance(layers, list) else [],
                    size=_int(j["size"]) if _float(j.get("size")) is not None else None,
-                   created_at=_float(j.get("created_at")), raw=j)
+                   created_at=_float(j.get("created_at")),
+                   config=j["config"] if isinstance(j.get("config"), dict) else {}, raw=j)

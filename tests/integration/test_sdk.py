@@ -47,18 +47,6 @@ def leftover(client):
     return [s.id for s in client.list()]
 
 
-def route_missing(exc):
-    """The daemon does not have this route yet (docs/api.md feature in flight)."""
-    return isinstance(exc, warren.NotFound) and "no such route" in exc.message
-
-
-def assert_clean_server_error(exc):
-    assert isinstance(exc, warren.WarrenError)
-    assert exc.status in (404, 405, 501), exc
-    assert exc.code in ("not_found", "unsupported", "invalid_argument"), exc
-    assert exc.message and str(exc)
-
-
 # ---- sync client ----
 
 def test_host_resolution_and_health(client, daemon, monkeypatch):
@@ -276,8 +264,15 @@ def test_images(client):
         os.makedirs(os.path.join(d, "work"))
         with open(os.path.join(d, "work", "hello"), "w") as f:
             f.write("layer\n")
-        img = client.images.import_("sdk-layer:1", d)
-        assert img.name == "sdk-layer:1"
+        steps = []
+        img = client.images.import_("sdk-layer:1", d, progress=lambda *a: steps.append(a))
+        assert img.name == "sdk-layer:1" and img.digest.startswith("sha256:")
+        assert all(isinstance(x[0], str) and x[1] <= x[2] or x[2] == 0 for x in steps), steps
+        with pytest.raises(warren.InvalidArgument):
+            client.images.import_("sdk-bad:1", "relative/path", progress=lambda *a: None)
+        with pytest.raises(warren.WarrenError) as e:
+            client.images.import_("sdk-bad:1", "/nonexistent/dir", progress=lambda *a: None)
+        assert e.value.status >= 400
         with client.create(image="busybox:latest", layers=["sdk-layer:1"], memory_mb=64,
                            labels=LABEL) as s:
             assert s.read_file("/work/hello") == b"layer\n"
@@ -290,58 +285,61 @@ def test_images(client):
 
 def test_images_tag_build_pull(client):
     # tag
-    try:
-        img = client.images.tag("busybox:latest", "sdk-alias:1")
-    except warren.WarrenError as e:
-        assert route_missing(e) or isinstance(e, warren.Unsupported), e
-        assert_clean_server_error(e)
-    else:
-        assert img.digest == client.images.get("busybox:latest").digest
-        assert client.images.get("sdk-alias:1").digest == img.digest
-        client.images.delete("sdk-alias:1")
+    img = client.images.tag("busybox:latest", "sdk-alias:1")
+    assert img.digest == client.images.get("busybox:latest").digest
+    assert client.images.get("sdk-alias:1").digest == img.digest
+    client.images.delete("sdk-alias:1")
+    assert client.images.exists("busybox:latest")
+    with pytest.raises(warren.NotFound):
+        client.images.tag("nope:0", "sdk-alias:2")
     # build
     spec = "FROM busybox:latest\nRUN echo built > /built.txt\nENV BUILT=1\n"
-    try:
-        img = client.images.build("sdk-built:1", spec, timeout=300)
-    except warren.WarrenError as e:
-        assert route_missing(e) or isinstance(e, warren.Unsupported), e
-        assert_clean_server_error(e)
-    else:
-        assert img.name == "sdk-built:1"
-        with client.create(image="sdk-built:1", memory_mb=64, labels=LABEL) as s:
-            assert s.read_file("/built.txt") == b"built\n"
-        client.images.delete("sdk-built:1")
+    img = client.images.build("sdk-built:1", spec, timeout=300)
+    assert img.name == "sdk-built:1" and len(img.layers) >= 2
+    with client.create(image="sdk-built:1", memory_mb=64, labels=LABEL) as s:
+        assert s.read_file("/built.txt") == b"built\n"
+        assert s.exec("echo $BUILT").stdout == "1\n"
+    client.images.delete("sdk-built:1")
+    steps = []
+    img = client.images.build("sdk-built:2", "FROM busybox:latest\nRUN touch /two\n",
+                              progress=lambda *a: steps.append(a), timeout=300)
+    assert img.name == "sdk-built:2"
+    client.images.delete("sdk-built:2")
+    with pytest.raises(warren.WarrenError) as e:
+        client.images.build("sdk-built:3", "FROM busybox:latest\nRUN exit 3\n", timeout=300)
+    assert e.value.status >= 400 and e.value.message
     # pull: no registry reachable here; whatever the daemon says must surface cleanly
     with pytest.raises(warren.WarrenError) as e:
         client.images.pull("127.0.0.1:1/nothing/here:1", timeout=60)
     assert e.value.status >= 400 and e.value.code and e.value.message
+    with pytest.raises(warren.WarrenError) as e:
+        client.images.pull("127.0.0.1:1/nothing/here:1", insecure=True, timeout=60,
+                           progress=lambda *a: None)
+    assert e.value.status >= 400 and e.value.code != "protocol_error", e.value
 
 
 def test_pack(client):
     with client.create(memory_mb=64, labels=LABEL) as s:
         s.write_file("/tmp/packed.txt", b"snapshot\n")
-        try:
-            img = s.pack("sdk-packed:1", timeout=300)
-        except warren.WarrenError as e:
-            assert route_missing(e) or isinstance(e, warren.Unsupported), e
-            assert_clean_server_error(e)
-            return
-    assert img.name == "sdk-packed:1"
+        img = s.pack("sdk-packed:1", timeout=300)
+        assert img.name == "sdk-packed:1" and len(img.layers) >= 2
+        with pytest.raises(warren.InvalidArgument):
+            s.pack("")
     with client.create(image="sdk-packed:1", memory_mb=64, labels=LABEL) as s2:
         assert s2.read_file("/tmp/packed.txt") == b"snapshot\n"
     client.images.delete("sdk-packed:1")
+    with pytest.raises(warren.NotFound):
+        client.sandbox("0123456789abcdef").pack("sdk-packed:2")
 
 
 def test_call(client):
-    try:
-        r = client.call(["echo", "fn"], image="busybox:latest", timeout=30)
-    except warren.WarrenError as e:
-        assert route_missing(e) or isinstance(e, warren.Unsupported), e
-        assert_clean_server_error(e)
-        return
+    r = client.call(["echo", "fn"], image="busybox:latest", timeout=30)
     assert r.exit_code == 0 and r.stdout == "fn\n"
     r = client.call("cat; exit 4", image="busybox:latest", stdin=b"\xff\x00")
     assert r.exit_code == 4 and r.stdout_bytes == b"\xff\x00"
+    with pytest.raises(warren.WarrenError) as e:
+        client.call(["true"], image="no-such-image:1")
+    assert e.value.status in (400, 404), e.value
 
 
 # ---- retry policy, against a scripted fake daemon ----
@@ -474,27 +472,19 @@ def test_async_every_method(host, client):
                 with pytest.raises(warren.Timeout):
                     await sb.exec("sleep 3", request_timeout=0.3)
                 assert (await sb.exec(["true"])).ok
-                try:
-                    img = await sb.pack("sdk-apack:1", timeout=300)
-                except warren.WarrenError as e:
-                    assert route_missing(e) or isinstance(e, warren.Unsupported), e
-                else:
-                    assert img.name == "sdk-apack:1"
-                    await ac.images.delete("sdk-apack:1")
-                try:
-                    r = await ac.call(["echo", "c"], image="busybox:latest")
-                except warren.WarrenError as e:
-                    assert route_missing(e) or isinstance(e, warren.Unsupported), e
-                else:
-                    assert r.stdout == "c\n"
-                for coro in (ac.images.tag("busybox:latest", "sdk-atag:1"),
-                             ac.images.build("sdk-abuild:1", "FROM busybox:latest\n")):
-                    try:
-                        img = await coro
-                    except warren.WarrenError as e:
-                        assert route_missing(e) or isinstance(e, warren.Unsupported), e
-                    else:
-                        await ac.images.delete(img.name)
+                img = await sb.pack("sdk-apack:1", timeout=300)
+                assert img.name == "sdk-apack:1"
+                await ac.images.delete("sdk-apack:1")
+                r = await ac.call(["echo", "c"], image="busybox:latest")
+                assert r.stdout == "c\n"
+                img = await ac.images.tag("busybox:latest", "sdk-atag:1")
+                assert img.digest == (await ac.images.get("busybox:latest")).digest
+                await ac.images.delete("sdk-atag:1")
+                img = await ac.images.build("sdk-abuild:1", "FROM busybox:latest\nRUN true\n",
+                                            progress=lambda *a: None, timeout=300)
+                await ac.images.delete(img.name)
+                with pytest.raises(warren.WarrenError):
+                    await ac.images.pull("127.0.0.1:1/x/y:1", insecure=True, timeout=60)
             finally:
                 await sb.aclose()
             with pytest.raises(warren.NotFound):
