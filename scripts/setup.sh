@@ -8,6 +8,7 @@ PKGS=(
   erofs-utils busybox-static tar gzip zstd util-linux iproute2 procps
   python3 python3-pytest python3-pytest-timeout python3-pip python3-setuptools python3-venv
   crun bubblewrap clang-format
+  docker-registry debootstrap
 )
 missing=()
 for p in "${PKGS[@]}"; do
