@@ -40,7 +40,7 @@
 #define MIN_GUEST_MB 128
 #define QEMU_OVERHEAD_MB 384 /* QEMU itself + the TCG translation cache */
 #define PROBE_TIMEOUT_MS 8000
-#define RESTORE_TIMEOUT_MS 120000
+#define RESTORE_TIMEOUT_MS 30000
 #define TEMPLATE_READY_TIMEOUT_MS 300000
 
 /* ---- node-wide state, set up on first use ---- */
@@ -859,8 +859,18 @@ qmp_wait_running (struct qmp *q, int timeout_ms, wr_err_t *err)
       bool running = s && strcmp (s, "running") == 0;
       bool bad = s && (strcmp (s, "internal-error") == 0 || strcmp (s, "shutdown") == 0
                        || strcmp (s, "guest-panicked") == 0);
+      /* the template was stopped before its migration: a finished restore
+       * stays paused until told to run */
+      bool paused = s && (strcmp (s, "paused") == 0 || strcmp (s, "postmigrate") == 0);
       r = bad ? wr_error (err, 0, WR_E_INTERNAL, "vm status %s", s) : 0;
       json_decref (st);
+      if (paused && r == 0)
+        {
+          r = qmp_cmd (q, "cont", NULL, 10000, NULL, err);
+          if (r < 0)
+            return r;
+          continue;
+        }
       if (running || r < 0)
         return r;
       if (wr_now_ms () > deadline)
