@@ -658,10 +658,9 @@ fill_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
     return;
   for (struct fn_pool *p = f->pools; p; p = p->next)
     {
-      /* Busy pools grow to size; idle ones are refilled to their minimum. */
-      unsigned want = p->qlen > 0 || p->n_members > 0 ? p->size : p->min;
-      if (want < p->min)
-        want = p->min;
+      /* Pools in use grow to size; idle ones are kept at their minimum. */
+      bool in_use = p->qlen > 0 || wr_now_ms () - p->last_call_ms < (uint64_t)f->cfg.idle_s * 1000;
+      unsigned want = in_use && p->size > p->min ? p->size : p->min;
       if (p->n_members >= want)
         continue;
       if (pool_broken (p) && p->qlen == 0)

@@ -137,11 +137,12 @@ def run_code(code, glb):
     except BaseException:
         import traceback
 
+        t, e, tb = sys.exc_info()
         try:
-            t, e, tb = sys.exc_info()
             traceback.print_exception(t, e, tb.tb_next)  # not the zygote's own frame
         except BaseException:
             pass
+        del t, e, tb  # the traceback holds the call's frames (and its memory)
         return 1
 
 
@@ -323,6 +324,12 @@ class Capture:
 
 
 def call_fork(req):
+    global worker
+    if worker is not None:
+        # a fork call shares the uid: the sweep after it must be free to kill
+        # everything of that uid, and it must not reach a live worker
+        worker.close()
+        worker = None
     limits = req.get("limits") or {}
     timeout = req.get("timeout_ms", 30000) / 1000.0
     data = decode_stdin(req)
@@ -481,8 +488,12 @@ def worker_main(rfd, wfd):
         sys.stdout, sys.stderr = out, err
         r0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.monotonic()
-        code = run_code(req.get("code", ""), {"__name__": "__main__", "__builtins__": __builtins__})
+        glb = {"__name__": "__main__", "__builtins__": __builtins__}
+        code = run_code(req.get("code", ""), glb)
         dur = time.monotonic() - t0
+        glb.clear()  # functions and their globals form cycles: break them now
+        if code:
+            gc.collect()  # a failed call's frames may sit in cycles
         r1 = resource.getrusage(resource.RUSAGE_SELF)
         sys.stdin, sys.stdout, sys.stderr = saved
         if lim_as:

@@ -1,0 +1,375 @@
+"""fncall: stateless calls in warm pools (docs/fncall.md)."""
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+
+import pytest
+
+from conftest import need, start_daemon
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ZYGOTE = os.path.join(HERE, "..", "..", "src", "zygote", "pyzygote.py")
+PY_SCRIPT = os.path.join(HERE, "..", "..", "scripts", "mk-python-rootfs.sh")
+
+
+@pytest.fixture(scope="module")
+def pyroot():
+    need(os.geteuid() == 0, "container tests need root")
+    need(os.path.exists("/usr/bin/python3"), "a host /usr/bin/python3 to build the Python image")
+    d = tempfile.mkdtemp(prefix="wr-py-", dir="/var/tmp")
+    subprocess.run(["sh", PY_SCRIPT, os.path.join(d, "root")], check=True, capture_output=True)
+    yield os.path.join(d, "root")
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _start(rootfs, pyroot, *extra):
+    d = start_daemon(rootfs, ["--fncall-zygote", ZYGOTE] + list(extra))
+    r = d.api.raw("POST", "/v1/images/import", {"name": "python:latest", "path": pyroot}, timeout=300)
+    assert r.status == 201, r
+    return d
+
+
+@pytest.fixture(scope="module")
+def fn(rootfs, pyroot):
+    d = _start(rootfs, pyroot, "--fncall-idle", "3", "--fncall-queue", "4")
+    yield d
+    d.stop()
+    shutil.rmtree(d.root, ignore_errors=True)
+
+
+def call(api, timeout=120, **req):
+    r = api.raw("POST", "/v1/calls", req, timeout=timeout)
+    return r.status, r.json()
+
+
+def ok(api, **req):
+    st, j = call(api, **req)
+    assert st == 200, j
+    return j
+
+
+def pools(api):
+    return api.raw("GET", "/v1/fncall/pools").json()["pools"]
+
+
+def pool(api, key):
+    for p in pools(api):
+        if p["key"] == key:
+            return p
+    return None
+
+
+def set_pool(api, image, size, memory_mb, lang="cmd", mode=None):
+    body = {"image": image, "size": size, "memory_mb": memory_mb, "lang": lang}
+    if mode:
+        body["mode"] = mode
+    r = api.raw("PUT", "/v1/fncall/pools", body)
+    assert r.status == 200, r
+    key = "%s|%s|%d" % (image, lang, memory_mb)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        p = pool(api, key)
+        if p and sum(m["state"] == "idle" for m in p["members"]) >= size:
+            return key
+        time.sleep(0.05)
+    raise AssertionError("pool %s never became ready: %s" % (key, pool(api, key)))
+
+
+# ---- basics ----
+
+
+def test_cmd_call(fn):
+    j = ok(fn.api, cmd=["sh", "-c", "id -u; pwd; echo err >&2; exit 3"])
+    out = j["stdout"].split()
+    assert j["exit_code"] == 3 and j["stderr"] == "err\n"
+    assert out[0] != "0", "calls never run as root"
+    assert out[1] == "/tmp/.wr-call"
+    for k in ("duration_ms", "usage", "truncated", "timed_out"):
+        assert k in j
+    assert j["timed_out"] is False and j["truncated"] is False
+
+
+def test_cmd_stdin_and_shell(fn):
+    j = ok(fn.api, shell="tr a-z A-Z", stdin="hello")
+    assert j["stdout"] == "HELLO" and j["exit_code"] == 0
+
+
+def test_python_fork_and_reuse(fn):
+    for mode in ("fork", "reuse"):
+        j = ok(fn.api, image="python:latest", lang="python", code="print(1+1)", mode=mode)
+        assert j["stdout"] == "2\n" and j["exit_code"] == 0 and j["mode"] == mode, j
+    j = ok(fn.api, image="python:latest", lang="python", code="import sys\nsys.exit(5)")
+    assert j["exit_code"] == 5
+    j = ok(fn.api, image="python:latest", lang="python", code="raise ValueError('boom')",
+           mode="reuse")
+    assert j["exit_code"] == 1 and "ValueError: boom" in j["stderr"]
+    j = ok(fn.api, image="python:latest", lang="python", code="import sys; print(sys.stdin.read()[::-1])",
+           stdin="abc")
+    assert j["stdout"] == "cba\n"
+
+
+def test_python_preloaded_modules_and_uid(fn):
+    j = ok(fn.api, image="python:latest", lang="python",
+           code="import os, sys; print(os.getuid(), 'json' in sys.modules, os.getcwd())")
+    uid, preloaded, cwd = j["stdout"].split()
+    assert uid != "0" and preloaded == "True" and cwd == "/tmp/.wr-call"
+
+
+def test_bad_requests(fn):
+    assert call(fn.api, cmd=[])[0] == 400
+    assert call(fn.api, cmd=["true"], shell="true")[0] == 400
+    assert call(fn.api, cmd=["true"], mode="reuse")[0] == 400
+    assert call(fn.api, lang="python", image="python:latest")[0] == 400
+    assert call(fn.api, cmd=["true"], timeout_s=-1)[0] == 400
+    assert call(fn.api, cmd=["true"], memory_mb=1)[0] == 400
+    assert call(fn.api, cmd=["true"], image="nosuch:image")[0] == 404
+    r = fn.api.raw("GET", "/v1/calls")
+    assert r.status == 400
+
+
+def test_command_not_found(fn):
+    j = ok(fn.api, cmd=["/no/such/binary"])
+    assert j["exit_code"] == 127 and "no/such/binary" in j["stderr"]
+    assert ok(fn.api, cmd=["true"])["exit_code"] == 0
+
+
+# ---- isolation between calls on the same sandbox ----
+
+
+@pytest.fixture(scope="module")
+def one(fn):
+    """A cmd pool and a Python pool of exactly one sandbox each."""
+    return (set_pool(fn.api, "python:latest", 1, 201),
+            set_pool(fn.api, "python:latest", 1, 202, lang="python"))
+
+
+def same_member(results):
+    ids = {r["fncall"]["sandbox"] for r in results}
+    assert len(ids) == 1, ids
+
+
+def test_scratch_wiped(fn, one):
+    a = ok(fn.api, image="python:latest", memory_mb=201,
+           shell="echo x > f; echo y > /tmp/leak; mkdir -p /var/tmp/d; echo z > /dev/shm/s; ls")
+    assert a["stdout"] == "f\n"
+    b = ok(fn.api, image="python:latest", memory_mb=201,
+           shell="ls -A .; ls -A /tmp /var/tmp /dev/shm")
+    same_member([a, b])
+    assert b["stdout"].split() == ["/dev/shm:", "/tmp:", ".wr-call", "/var/tmp:"], b
+    for mode in ("fork", "reuse"):
+        a = ok(fn.api, image="python:latest", lang="python", memory_mb=202, mode=mode,
+               code="open('f','w').write('x'); open('/tmp/leak2','w').write('y')")
+        b = ok(fn.api, image="python:latest", lang="python", memory_mb=202, mode=mode,
+               code="import os; print(os.listdir('.'), os.path.exists('/tmp/leak2'))")
+        same_member([a, b])
+        assert b["stdout"] == "[] False\n", (mode, b)
+
+
+def test_background_processes_killed(fn, one):
+    t = time.time()
+    a = ok(fn.api, image="python:latest", memory_mb=201,
+           shell="sleep 300 & (setsid sleep 301 &) ; echo started")
+    assert a["stdout"] == "started\n" and time.time() - t < 10
+    b = ok(fn.api, image="python:latest", memory_mb=201, shell="ps -o pid,user,args")
+    same_member([a, b])
+    assert "sleep 30" not in b["stdout"], b["stdout"]
+    a = ok(fn.api, image="python:latest", lang="python", memory_mb=202,
+           code="import os, time\nif os.fork() == 0:\n    os.setsid(); time.sleep(300)\nprint('ok')")
+    assert a["stdout"] == "ok\n"
+    b = ok(fn.api, image="python:latest", lang="python", memory_mb=202,
+           code="import os\nn=0\nfor p in os.listdir('/proc'):\n  if p.isdigit():\n"
+                "    try: n += os.stat('/proc/'+p).st_uid == os.getuid()\n    except OSError: pass\nprint(n)")
+    same_member([a, b])
+    assert b["stdout"] == "1\n", b  # only the call itself
+
+
+def test_reuse_cannot_spawn(fn, one):
+    j = ok(fn.api, image="python:latest", lang="python", memory_mb=202, mode="reuse",
+           code="import os\ntry:\n    os.fork()\nexcept OSError as e:\n    print('refused', e.errno)")
+    assert j["stdout"].startswith("refused"), j
+
+
+def test_kill_parent(fn, one):
+    a = ok(fn.api, image="python:latest", memory_mb=201,
+           shell="kill -9 $PPID; kill -9 1; kill -9 -1; echo still")
+    b = ok(fn.api, image="python:latest", memory_mb=201, cmd=["echo", "next"])
+    same_member([a, b])
+    assert b["stdout"] == "next\n"
+    for mode in ("fork", "reuse"):
+        a = ok(fn.api, image="python:latest", lang="python", memory_mb=202, mode=mode,
+               code="import os, signal\nfor p in (os.getppid(), 1):\n  try: os.kill(p, 9)\n"
+                    "  except OSError as e: print(e.errno)")
+        assert a["stdout"] == "1\n1\n", a  # EPERM: the zygote and the agent are out of reach
+        b = ok(fn.api, image="python:latest", lang="python", memory_mb=202, mode=mode, code="print(7)")
+        same_member([a, b])
+        assert b["stdout"] == "7\n"
+
+
+def test_seccomp_per_call(fn, one):
+    j = ok(fn.api, image="python:latest", lang="python", memory_mb=202,
+           code="import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                "r = libc.ptrace(0, 0, 0, 0)\nprint(r, ctypes.get_errno())")
+    assert j["stdout"] == "-1 1\n", j  # EPERM from the per-call filter
+
+
+def test_fork_bomb(fn, one):
+    t = time.time()
+    a = ok(fn.api, image="python:latest", memory_mb=201, timeout_s=3,
+           shell="b() { b | b & }; b; sleep 5")
+    assert time.time() - t < 20
+    b = ok(fn.api, image="python:latest", memory_mb=201, shell="ps -o pid | wc -l; echo fine")
+    same_member([a, b])
+    assert "fine" in b["stdout"] and int(b["stdout"].split()[0]) < 10, b
+    a = ok(fn.api, image="python:latest", lang="python", memory_mb=202, timeout_s=3,
+           code="import os\nwhile True:\n    try: os.fork()\n    except OSError: pass")
+    b = ok(fn.api, image="python:latest", lang="python", memory_mb=202, code="print('fine')")
+    same_member([a, b])
+    assert b["stdout"] == "fine\n"
+
+
+def test_memory_exhaustion(fn, one):
+    for mode in ("fork", "reuse"):
+        a = ok(fn.api, image="python:latest", lang="python", memory_mb=202, mode=mode,
+               code="x = []\nwhile True:\n    x.append(bytearray(16 << 20))")
+        assert a["exit_code"] != 0 and "MemoryError" in a["stderr"], a
+        b = ok(fn.api, image="python:latest", lang="python", memory_mb=202, mode=mode,
+               code="print(len(bytearray(32 << 20)))")
+        assert b["stdout"] == str(32 << 20) + "\n"
+    a = ok(fn.api, image="python:latest", memory_mb=201,
+           cmd=["python3", "-c", "x = bytearray(1 << 30)"])
+    assert a["exit_code"] != 0
+    assert ok(fn.api, image="python:latest", memory_mb=201, cmd=["true"])["exit_code"] == 0
+
+
+def test_output_flood(fn, one):
+    a = ok(fn.api, image="python:latest", memory_mb=201, cmd=["yes"], stdout_cap=1000,
+           timeout_s=1)
+    assert a["truncated"] and len(a["stdout"]) == 1000 and a["timed_out"]
+    for mode in ("fork", "reuse"):
+        a = ok(fn.api, image="python:latest", lang="python", memory_mb=202, mode=mode,
+               stdout_cap=5000, code="for i in range(10**6): print('x' * 100)")
+        assert a["truncated"] and len(a["stdout"]) == 5000 and a["exit_code"] == 0, a
+        b = ok(fn.api, image="python:latest", lang="python", memory_mb=202, mode=mode,
+               code="print('after')")
+        assert b["stdout"] == "after\n" and not b["truncated"]
+
+
+def test_timeout(fn, one):
+    t = time.time()
+    a = ok(fn.api, image="python:latest", memory_mb=201, cmd=["sleep", "30"], timeout_s=1)
+    assert a["timed_out"] and a["exit_code"] != 0 and time.time() - t < 10
+    for mode in ("fork", "reuse"):
+        t = time.time()
+        a = ok(fn.api, image="python:latest", lang="python", memory_mb=202, mode=mode,
+               timeout_s=1, code="while True: pass")
+        assert a["timed_out"] and time.time() - t < 10, a
+        b = ok(fn.api, image="python:latest", lang="python", memory_mb=202, mode=mode,
+               code="print(3)")
+        assert b["stdout"] == "3\n"
+
+
+# ---- pools, queues, failures ----
+
+
+def host_children(pid):
+    try:
+        with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def test_zygote_crash_retries_call(fn):
+    key = set_pool(fn.api, "python:latest", 1, 203, lang="python")
+    results = {}
+
+    def run(name, code):
+        results[name] = call(fn.api, image="python:latest", lang="python", memory_mb=203, code=code)
+
+    a = threading.Thread(target=run, args=("a", "import time; time.sleep(1.5); print('a')"))
+    a.start()
+    time.sleep(0.5)
+    b = threading.Thread(target=run, args=("b", "print('b')"))
+    b.start()
+    time.sleep(0.3)
+    m = pool(fn.api, key)["members"][0]
+    assert m["state"] == "busy"
+    zygotes = [c for c in host_children(m["pid"])]
+    assert zygotes, "zygote process not found under agent %d" % m["pid"]
+    for z in zygotes:
+        os.kill(z, 9)
+    a.join(60)
+    b.join(60)
+    sa, ja = results["a"]
+    sb, jb = results["b"]
+    assert sa == 200 and ja["stdout"] == "a\n" and ja["fncall"]["attempts"] == 2, ja
+    assert sb == 200 and jb["stdout"] == "b\n", jb
+    p = pool(fn.api, key)
+    assert p["retries"] >= 1 and p["replaced"] >= 1
+
+
+def test_queue_full_429(fn):
+    set_pool(fn.api, "busybox:latest", 1, 204)
+    results = []
+
+    def run():
+        results.append(call(fn.api, cmd=["sleep", "2"], memory_mb=204))
+
+    ts = [threading.Thread(target=run) for _ in range(5)]  # 1 running + 4 queued (the bound)
+    for t in ts:
+        t.start()
+        time.sleep(0.1)
+    time.sleep(0.3)
+    t0 = time.time()
+    st, j = call(fn.api, cmd=["true"], memory_mb=204)
+    assert st == 429 and j["error"]["code"] == "resource_exhausted", j
+    assert "full" in j["error"]["message"] and time.time() - t0 < 2
+    for t in ts:
+        t.join(60)
+    assert sorted(s for s, _ in results) == [200] * 5
+
+
+def test_cold_key_refill_and_shrink(fn):
+    # a memory size no other test uses: a cold key
+    t = time.time()
+    j = ok(fn.api, cmd=["echo", "cold"], memory_mb=205)
+    assert j["stdout"] == "cold\n" and time.time() - t < 10
+    key = "busybox:latest|cmd|205"
+    deadline = time.time() + 20
+    while time.time() < deadline and len(pool(fn.api, key)["members"]) < 2:
+        time.sleep(0.1)
+    assert len(pool(fn.api, key)["members"]) == 2, "the pool refills to its default size"
+    deadline = time.time() + 30  # --fncall-idle 3
+    while time.time() < deadline and pool(fn.api, key)["members"]:
+        time.sleep(0.2)
+    assert pool(fn.api, key)["members"] == [], "an idle auto pool shrinks away"
+    assert ok(fn.api, cmd=["echo", "again"], memory_mb=205)["stdout"] == "again\n"
+
+
+def test_member_replaced_after_max_calls(rootfs, pyroot):
+    d = _start(rootfs, pyroot, "--fncall-max-calls", "3", "--fncall-size", "1")
+    try:
+        ids = [ok(d.api, cmd=["true"], memory_mb=64)["fncall"]["sandbox"] for _ in range(7)]
+        assert len(set(ids)) == 3, ids  # 3 + 3 + 1
+        p = pool(d.api, "busybox:latest|cmd|64")
+        assert p["calls"] == 7
+    finally:
+        d.stop()
+        shutil.rmtree(d.root, ignore_errors=True)
+
+
+def test_pools_not_listed_as_sandboxes(fn):
+    ok(fn.api, cmd=["true"])
+    listed = {s["id"] for s in fn.api.raw("GET", "/v1/sandboxes").json()["sandboxes"]}
+    members = {m["sandbox"] for p in pools(fn.api) for m in p["members"]}
+    assert members and not (listed & members)
+
+
+def test_cli_call(fn):
+    r = fn.cli("call", "--", "sh", "-c", "echo out; echo err >&2; exit 4")
+    assert r.returncode == 4 and r.stdout == b"out\n" and b"err" in r.stderr, r
+    r = fn.cli("call", "--timeout", "1", "--", "sleep", "10")
+    assert r.returncode != 0
