@@ -9,6 +9,7 @@ PKGS=(
   python3 python3-pytest python3-pytest-timeout python3-pip python3-setuptools python3-venv
   crun bubblewrap clang-format
   docker-registry debootstrap
+  qemu-system-x86 qemu-utils seabios cpio
 )
 missing=()
 for p in "${PKGS[@]}"; do
@@ -24,4 +25,7 @@ fi
 modprobe overlay 2>/dev/null || true
 modprobe erofs 2>/dev/null || true
 sysctl -qw kernel.unprivileged_userns_clone=1 2>/dev/null || true
+# VM backends: guest kernel (linux-image-cloud-amd64 from Debian's archive,
+# unpacked without installing it when it is not installed) + initramfs.
+"$(dirname "$0")/mk-guest.sh" >/dev/null || echo "setup: VM guest kit not built (scripts/mk-guest.sh)" >&2
 echo "setup: ok"
