@@ -24,6 +24,7 @@ kroot=/
 kver=$(ls /boot 2>/dev/null | sed -n 's/^vmlinuz-\(.*-cloud-amd64\)$/\1/p' | sort -V | tail -1)
 if [ -z "$kver" ] || [ ! -d "/lib/modules/$kver" ]; then
   # not installed: unpack the package from Debian's archive
+  apt-cache show linux-image-cloud-amd64 >/dev/null 2>&1 || apt-get update -qq
   pkg=$(apt-cache depends linux-image-cloud-amd64 2>/dev/null | sed -n 's/.*Depends: \(linux-image-.*-cloud-amd64\)$/\1/p' | head -1)
   [ -n "$pkg" ] || { echo "mk-guest: linux-image-cloud-amd64 not found (apt-get update?)" >&2; exit 1; }
   (cd "$tmp" && apt-get download "$pkg" >/dev/null)
