@@ -150,6 +150,27 @@ extern "C"
   json_t *warren_image_list (warren_client_t *c, warren_error_t *err); /* the array */
   json_t *warren_image_inspect (warren_client_t *c, const char *ref, warren_error_t *err);
   int warren_image_rm (warren_client_t *c, const char *ref, warren_error_t *err);
+  /* Long image operations (src/lib/images.c) stream progress: fn (may be
+   * NULL) gets each {"progress":what,"done","total"} line; the result is the
+   * image object. */
+  typedef void (*warren_progress_fn) (void *ud, const char *what, uint64_t done, uint64_t total);
+  json_t *warren_image_op (warren_client_t *c, const char *path, const json_t *req,
+                           warren_progress_fn fn, void *ud, warren_error_t *err);
+  json_t *warren_image_import_progress (warren_client_t *c, const char *name, const char *path,
+                                        warren_progress_fn fn, void *ud, warren_error_t *err);
+  /* ref: HOST[:PORT]/REPO[:TAG|@DIGEST]; name: local NAME[:TAG] or NULL. */
+  json_t *warren_image_pull (warren_client_t *c, const char *ref, const char *name, bool insecure,
+                             warren_progress_fn fn, void *ud, warren_error_t *err);
+  /* spec: the build file's text; context: a directory on the daemon's host or NULL. */
+  json_t *warren_image_build (warren_client_t *c, const char *name, const char *spec,
+                              const char *context, warren_progress_fn fn, void *ud,
+                              warren_error_t *err);
+  json_t *warren_sandbox_pack_progress (warren_client_t *c, const char *id, const char *name,
+                                        warren_progress_fn fn, void *ud, warren_error_t *err);
+  json_t *warren_image_tag (warren_client_t *c, const char *src, const char *dst,
+                            warren_error_t *err);
+  /* {"removed_layers","removed_images","layers","images"} */
+  json_t *warren_image_gc (warren_client_t *c, warren_error_t *err);
 
   /* Node. */
   json_t *warren_healthz (warren_client_t *c, warren_error_t *err);

@@ -70,6 +70,8 @@ int cmd_run (cli_t *cli, int argc, char **argv);
 int cmd_call (cli_t *cli, int argc, char **argv);
 int cmd_cp (cli_t *cli, int argc, char **argv);
 int cmd_image (cli_t *cli, int argc, char **argv);
+/* image tag | pull | build | gc (cmd_image2.c); -1 when sub is not one of them */
+int cli_image_more (cli_t *cli, const char *sub, int argc, char **argv);
 int cmd_pool (cli_t *cli, int argc, char **argv);
 int cmd_health (cli_t *cli, int argc, char **argv);
 int cmd_metrics (cli_t *cli, int argc, char **argv);

@@ -189,6 +189,9 @@ cmd_image (cli_t *cli, int argc, char **argv)
       return argc < 2 ? CLI_EXIT_USAGE : 0;
     }
   const char *sub = argv[1];
+  int more = cli_image_more (cli, sub, argc - 1, argv + 1);
+  if (more >= 0)
+    return more;
   if (strcmp (sub, "import") == 0)
     return image_import (cli, argc - 1, argv + 1);
   if (strcmp (sub, "ls") == 0 || strcmp (sub, "list") == 0)
@@ -197,11 +200,6 @@ cmd_image (cli_t *cli, int argc, char **argv)
     return image_inspect (cli, argc - 1, argv + 1);
   if (strcmp (sub, "rm") == 0)
     return image_rm (cli, argc - 1, argv + 1);
-  if (strcmp (sub, "build") == 0)
-    {
-      cli_errorf ("image build is not implemented by this client yet");
-      return CLI_EXIT_FAIL;
-    }
   return cli_usage ("image", "unknown image command '%.64s'", sub);
 }
 

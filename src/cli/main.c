@@ -66,7 +66,18 @@ static const struct help helps[] = {
   { "pack", "Usage: warren pack ID NAME[:TAG]\n"
             "Snapshot the sandbox's writable layer into a new image.\n" },
   { "image",
-    "Usage: warren image import NAME[:TAG] PATH | ls [--json] | inspect REF | rm REF...\n" },
+    "Usage: warren image import NAME[:TAG] PATH | ls [--json] | inspect REF | rm REF...\n"
+    "       warren image tag SRC DST | pull REF [NAME] | build NAME[:TAG] -f SPEC [--context DIR]"
+    " | gc\n" },
+  { "image tag", "Usage: warren image tag SRC DST [--json]\nPoint DST (NAME[:TAG]) at SRC's manifest.\n" },
+  { "image pull",
+    "Usage: warren image pull [--insecure] [--quiet] [--json] HOST[:PORT]/REPO[:TAG|@DIGEST] [NAME[:TAG]]\n"
+    "Pull from an OCI registry over plain HTTP (--insecure; implied for loopback).\n" },
+  { "image build",
+    "Usage: warren image build NAME[:TAG] -f SPEC [--context DIR] [--quiet] [--json]\n"
+    "Build from FROM/RUN/COPY/ENV/WORKDIR/USER/LABEL steps (docs/images.md); steps are cached.\n"
+    "The context defaults to the spec's directory.\n" },
+  { "image gc", "Usage: warren image gc [--json]\nRemove manifests and layers nothing uses.\n" },
   { "image import", "Usage: warren image import NAME[:TAG] PATH\n"
                     "Import a rootfs directory or a .tar/.tar.gz/.tar.zst (an OCI layout or\n"
                     "docker-save archive where the daemon supports it). PATH is read by the\n"
@@ -89,7 +100,7 @@ static const char main_usage[]
       "\n"
       "Sandboxes:  create, ls, inspect, rm, exec, run, cp, pause, resume, pack\n"
       "Functions:  call\n"
-      "Images:     image import | ls | inspect | rm\n"
+      "Images:     image import | ls | inspect | rm | tag | pull | build | gc\n"
       "Node:       pool ls | set, health, metrics, bench\n"
       "\n"
       "Options:\n"

@@ -1,0 +1,350 @@
+/* warren image tag | pull | build | gc, with a progress bar on a terminal
+ * and plain lines otherwise (docs/cli.md, docs/images.md). */
+#include "cli/cli.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/util.h"
+
+struct progress
+{
+  bool tty;
+  char what[32];
+  int last_pct;
+  bool drawn;
+};
+
+static void
+progress_cb (void *ud, const char *what, uint64_t done, uint64_t total)
+{
+  struct progress *p = ud;
+  int pct = total ? (int)(done * 100 / total) : 0;
+  if (pct > 100)
+    pct = 100;
+  bool new_step = strncmp (p->what, what, sizeof p->what - 1) != 0;
+  if (!new_step && pct == p->last_pct)
+    return;
+  if (p->tty)
+    {
+      if (new_step && p->drawn)
+        fputc ('\n', stderr);
+      int w = pct * 30 / 100;
+      char unit[64];
+      if (strcmp (what, "download") == 0)
+        snprintf (unit, sizeof unit, "%.1f/%.1f MB", done / 1e6, total / 1e6);
+      else
+        snprintf (unit, sizeof unit, "%llu/%llu", (unsigned long long)done,
+                  (unsigned long long)total);
+      fprintf (stderr, "\r%-9.9s [%.*s%*s] %3d%% %s\033[K", what, w,
+               "##############################", 30 - w, "", pct, unit);
+      p->drawn = true;
+    }
+  else if (new_step || pct == 100 || pct / 10 != p->last_pct / 10)
+    fprintf (stderr, "%s %llu/%llu\n", what, (unsigned long long)done,
+             (unsigned long long)total);
+  snprintf (p->what, sizeof p->what, "%s", what);
+  p->last_pct = pct;
+  fflush (stderr);
+}
+
+static void
+progress_end (struct progress *p)
+{
+  if (p->tty && p->drawn)
+    fputc ('\n', stderr);
+}
+
+static int
+print_result (const json_t *img, bool as_json)
+{
+  if (as_json)
+    return cli_print_json (img);
+  char *name = cli_printable (json_string_value (json_object_get (img, "name")));
+  printf ("%s %s\n", name, json_string_value (json_object_get (img, "digest")));
+  free (name);
+  return 0;
+}
+
+/* Common flags: --json, --quiet (no progress). Returns optind or < 0. */
+static int
+simple_opts (const char *verb, int argc, char **argv, bool *as_json, bool *quiet, int *ret)
+{
+  static const struct option o[]
+      = { { "json", no_argument, NULL, 'j' }, { "quiet", no_argument, NULL, 'q' },
+          { "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 } };
+  optind = 1;
+  int c;
+  while ((c = getopt_long (argc, argv, "+qh", o, NULL)) != -1)
+    switch (c)
+      {
+      case 'j':
+        *as_json = true;
+        break;
+      case 'q':
+        *quiet = true;
+        break;
+      case 'h':
+        cli_help (verb, stdout);
+        *ret = 0;
+        return -1;
+      default:
+        *ret = cli_bad_option (verb, argv);
+        return -1;
+      }
+  return optind;
+}
+
+static int
+image_tag (cli_t *cli, int argc, char **argv)
+{
+  bool as_json = false, quiet = false;
+  int ret, i = simple_opts ("image tag", argc, argv, &as_json, &quiet, &ret);
+  if (i < 0)
+    return ret;
+  if (argc - i != 2)
+    return cli_usage ("image tag", "expected SRC DST");
+  warren_client_t *c = cli_client (cli);
+  if (c == NULL)
+    return CLI_EXIT_FAIL;
+  warren_error_t e;
+  json_auto_t *img = warren_image_tag (c, argv[i], argv[i + 1], &e);
+  if (img == NULL)
+    return cli_fail (&e, NULL);
+  return print_result (img, as_json);
+}
+
+static int
+image_gc (cli_t *cli, int argc, char **argv)
+{
+  bool as_json = false, quiet = false;
+  int ret, i = simple_opts ("image gc", argc, argv, &as_json, &quiet, &ret);
+  if (i < 0)
+    return ret;
+  if (argc != i)
+    return cli_usage ("image gc", "no arguments expected");
+  warren_client_t *c = cli_client (cli);
+  if (c == NULL)
+    return CLI_EXIT_FAIL;
+  warren_error_t e;
+  json_auto_t *r = warren_image_gc (c, &e);
+  if (r == NULL)
+    return cli_fail (&e, NULL);
+  if (as_json)
+    return cli_print_json (r);
+  printf ("removed %lld layers, %lld images; %lld layers, %lld images left\n",
+          (long long)json_integer_value (json_object_get (r, "removed_layers")),
+          (long long)json_integer_value (json_object_get (r, "removed_images")),
+          (long long)json_integer_value (json_object_get (r, "layers")),
+          (long long)json_integer_value (json_object_get (r, "images")));
+  return 0;
+}
+
+static int
+image_pull (cli_t *cli, int argc, char **argv)
+{
+  static const struct option o[]
+      = { { "json", no_argument, NULL, 'j' },     { "quiet", no_argument, NULL, 'q' },
+          { "insecure", no_argument, NULL, 'i' }, { "help", no_argument, NULL, 'h' },
+          { NULL, 0, NULL, 0 } };
+  bool as_json = false, quiet = false, insecure = false;
+  optind = 1;
+  int c;
+  while ((c = getopt_long (argc, argv, "+qh", o, NULL)) != -1)
+    switch (c)
+      {
+      case 'j':
+        as_json = true;
+        break;
+      case 'q':
+        quiet = true;
+        break;
+      case 'i':
+        insecure = true;
+        break;
+      case 'h':
+        cli_help ("image pull", stdout);
+        return 0;
+      default:
+        return cli_bad_option ("image pull", argv);
+      }
+  if (argc - optind < 1 || argc - optind > 2)
+    return cli_usage ("image pull", "expected REF [NAME[:TAG]]");
+  /* plain HTTP only: on loopback that is what the user means */
+  const char *ref = argv[optind];
+  if (!insecure && (strncmp (ref, "127.", 4) == 0 || strncmp (ref, "localhost", 9) == 0
+                    || strncmp (ref, "[::1]", 5) == 0))
+    insecure = true;
+  warren_client_t *cl = cli_client (cli);
+  if (cl == NULL)
+    return CLI_EXIT_FAIL;
+  struct progress p = { .tty = isatty (2), .last_pct = -1 };
+  warren_error_t e;
+  json_auto_t *img = warren_image_pull (cl, ref, argc - optind == 2 ? argv[optind + 1] : NULL,
+                                        insecure, quiet ? NULL : progress_cb, &p, &e);
+  progress_end (&p);
+  if (img == NULL)
+    return cli_fail (&e, NULL);
+  return print_result (img, as_json);
+}
+
+static int
+image_build (cli_t *cli, int argc, char **argv)
+{
+  static const struct option o[]
+      = { { "json", no_argument, NULL, 'j' },   { "quiet", no_argument, NULL, 'q' },
+          { "file", required_argument, NULL, 'f' }, { "context", required_argument, NULL, 'c' },
+          { "help", no_argument, NULL, 'h' },   { NULL, 0, NULL, 0 } };
+  bool as_json = false, quiet = false;
+  const char *file = NULL, *context = NULL;
+  optind = 1;
+  int c;
+  while ((c = getopt_long (argc, argv, "+qhf:c:", o, NULL)) != -1)
+    switch (c)
+      {
+      case 'j':
+        as_json = true;
+        break;
+      case 'q':
+        quiet = true;
+        break;
+      case 'f':
+        file = optarg;
+        break;
+      case 'c':
+        context = optarg;
+        break;
+      case 'h':
+        cli_help ("image build", stdout);
+        return 0;
+      default:
+        return cli_bad_option ("image build", argv);
+      }
+  if (argc - optind != 1 || file == NULL)
+    return cli_usage ("image build", "expected NAME[:TAG] -f SPEC [--context DIR]");
+  int fd = strcmp (file, "-") == 0 ? dup (0) : open (file, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    {
+      cli_errorf ("cannot open %s: %s", file, strerror (errno));
+      return CLI_EXIT_FAIL;
+    }
+  size_t len = 0;
+  _cleanup_free_ char *spec = cli_slurp (fd, file, 256 << 10, &len);
+  close (fd);
+  if (spec == NULL)
+    return CLI_EXIT_FAIL;
+  if (memchr (spec, '\0', len))
+    {
+      cli_errorf ("%s is not a text file", file);
+      return CLI_EXIT_FAIL;
+    }
+  warren_client_t *cl = cli_client (cli);
+  if (cl == NULL)
+    return CLI_EXIT_FAIL;
+  /* The daemon reads the context: over a unix socket it shares our
+   * filesystem, so resolve it here; default: the spec's directory. */
+  _cleanup_free_ char *abs = NULL;
+  bool local = strncmp (warren_client_host (cl), "unix:", 5) == 0;
+  if (context == NULL && local && strcmp (file, "-") != 0)
+    {
+      _cleanup_free_ char *f = realpath (file, NULL);
+      char *slash = f ? strrchr (f, '/') : NULL;
+      if (slash)
+        {
+          *slash = '\0';
+          abs = strdup (f[0] ? f : "/");
+        }
+    }
+  else if (context && local)
+    {
+      abs = realpath (context, NULL);
+      if (abs == NULL)
+        {
+          cli_errorf ("cannot access %s: %s", context, strerror (errno));
+          return CLI_EXIT_FAIL;
+        }
+    }
+  else if (context && context[0] != '/')
+    return cli_usage ("image build", "--context must be absolute on the daemon's host");
+  if (abs)
+    context = abs;
+  struct progress p = { .tty = isatty (2), .last_pct = -1 };
+  warren_error_t e;
+  json_auto_t *img = warren_image_build (cl, argv[optind], spec, context,
+                                         quiet ? NULL : progress_cb, &p, &e);
+  progress_end (&p);
+  if (img == NULL)
+    return cli_fail (&e, NULL);
+  if (!as_json && !quiet)
+    {
+      size_t i;
+      json_t *st;
+      json_array_foreach (json_object_get (img, "steps"), i, st)
+      {
+        char *t = cli_printable (json_string_value (json_object_get (st, "step")));
+        fprintf (stderr, "step %zu%s: %.100s\n", i + 1,
+                 json_is_true (json_object_get (st, "cached")) ? " (cached)" : "", t);
+        free (t);
+      }
+    }
+  return print_result (img, as_json);
+}
+
+/* image import with progress (a long import on a terminal shows a bar) */
+static int
+image_import_progress (cli_t *cli, int argc, char **argv)
+{
+  bool as_json = false, quiet = false;
+  int ret, i = simple_opts ("image import", argc, argv, &as_json, &quiet, &ret);
+  if (i < 0)
+    return ret;
+  if (argc - i != 2)
+    return cli_usage ("image import", "expected NAME[:TAG] PATH");
+  const char *path = argv[i + 1];
+  warren_client_t *c = cli_client (cli);
+  if (c == NULL)
+    return CLI_EXIT_FAIL;
+  _cleanup_free_ char *abs = NULL;
+  if (strncmp (warren_client_host (c), "unix:", 5) == 0)
+    {
+      abs = realpath (path, NULL);
+      if (abs == NULL)
+        {
+          cli_errorf ("cannot access %s: %s", path, strerror (errno));
+          return CLI_EXIT_FAIL;
+        }
+      path = abs;
+    }
+  else if (path[0] != '/')
+    return cli_usage ("image import", "PATH must be absolute on the daemon's host");
+  struct progress p = { .tty = isatty (2), .last_pct = -1 };
+  warren_error_t e;
+  json_auto_t *img
+      = warren_image_import_progress (c, argv[i], path, quiet ? NULL : progress_cb, &p, &e);
+  progress_end (&p);
+  if (img == NULL)
+    return cli_fail (&e, NULL);
+  return print_result (img, as_json);
+}
+
+int
+cli_image_more (cli_t *cli, const char *sub, int argc, char **argv)
+{
+  if (strcmp (sub, "tag") == 0)
+    return image_tag (cli, argc, argv);
+  if (strcmp (sub, "pull") == 0)
+    return image_pull (cli, argc, argv);
+  if (strcmp (sub, "build") == 0)
+    return image_build (cli, argc, argv);
+  if (strcmp (sub, "gc") == 0)
+    return image_gc (cli, argc, argv);
+  if (strcmp (sub, "import") == 0 && isatty (2))
+    return image_import_progress (cli, argc, argv);
+  return -1;
+}
