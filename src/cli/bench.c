@@ -785,6 +785,7 @@ static void
 usage (FILE *f)
 {
   fputs ("usage: warren bench floor|create|burst|exec|all [options]\n"
+         "       warren bench call [options]   (fncall; see warren bench call --help)\n"
          "  -n, --count N          warren iterations (default 200)\n"
          "  -c, --concurrency C    client threads (default 4; exec: 1)\n"
          "      --image REF        image (default: the daemon's default image)\n"
@@ -939,6 +940,11 @@ wr_cli_bench (warren_client_t *c, int argc, char **argv)
       return 2;
     }
   const char *sub = argv[0];
+  if (strcmp (sub, "call") == 0)
+    {
+      int wr_cli_bench_call (warren_client_t * c, int argc, char **argv); /* bench_call.c */
+      return c ? wr_cli_bench_call (c, argc, argv) : 1;
+    }
   if (strcmp (sub, "-h") == 0 || strcmp (sub, "--help") == 0 || strcmp (sub, "help") == 0)
     {
       usage (stdout);
