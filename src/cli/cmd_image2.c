@@ -81,7 +81,7 @@ simple_opts (const char *verb, int argc, char **argv, bool *as_json, bool *quiet
           { "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 } };
   optind = 1;
   int c;
-  while ((c = getopt_long (argc, argv, "+qh", o, NULL)) != -1)
+  while ((c = getopt_long (argc, argv, "qh", o, NULL)) != -1)
     switch (c)
       {
       case 'j':
@@ -156,7 +156,7 @@ image_pull (cli_t *cli, int argc, char **argv)
   bool as_json = false, quiet = false, insecure = false;
   optind = 1;
   int c;
-  while ((c = getopt_long (argc, argv, "+qh", o, NULL)) != -1)
+  while ((c = getopt_long (argc, argv, "qh", o, NULL)) != -1)
     switch (c)
       {
       case 'j':
@@ -205,7 +205,7 @@ image_build (cli_t *cli, int argc, char **argv)
   const char *file = NULL, *context = NULL;
   optind = 1;
   int c;
-  while ((c = getopt_long (argc, argv, "+qhf:c:", o, NULL)) != -1)
+  while ((c = getopt_long (argc, argv, "qhf:c:", o, NULL)) != -1)
     switch (c)
       {
       case 'j':

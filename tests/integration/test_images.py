@@ -707,3 +707,42 @@ def test_registry_corrupt_blob_rejected(api, daemon, registry):
     assert r.status == 400, r
     assert "digest mismatch" in r.json()["error"]["message"]
     assert (store_state(daemon.root), images(api)) == before
+
+
+# ---------------------------------------------------------------- CLI
+
+def test_cli_image_verbs(daemon, api, work):
+    r = daemon.cli("image", "tag", "busybox:latest", "cli-bb:1", check=True)
+    assert r.stdout.decode().startswith("cli-bb:1 sha256:")
+    spec = os.path.join(work, "cli.spec")
+    open(spec, "w").write("FROM cli-bb:1\nRUN echo built > /b\nENV Z=1\n")
+    r = daemon.cli("image", "build", "cli-built:1", "-f", spec, check=True, timeout=300)
+    assert r.stdout.decode().startswith("cli-built:1 sha256:")
+    # not a terminal: plain progress lines
+    assert b"step " in r.stderr, r.stderr
+    r = daemon.cli("run", "cli-built:1", "--", "cat", "/b")
+    assert r.returncode == 0 and r.stdout == b"built\n", r
+    r = daemon.cli("image", "gc", "--json", check=True)
+    assert "removed_layers" in json.loads(r.stdout)
+    r = daemon.cli("image", "tag", "nope:1", "x:1")
+    assert r.returncode == 1 and b"not found" in r.stderr
+    r = daemon.cli("image", "build", "x:1")
+    assert r.returncode == 2
+    sid = api.create()
+    try:
+        api.sh(sid, "echo from-pack > /p")
+        r = daemon.cli("pack", sid, "cli-packed:1", check=True, timeout=300)
+        r = daemon.cli("run", "cli-packed:1", "--", "cat", "/p")
+        assert r.stdout == b"from-pack\n", r
+    finally:
+        api.delete(sid)
+
+
+def test_cli_pull(daemon, registry, bbtar):
+    host, _ = registry
+    push(host, "cli/pulled", "v2", [bbtar, tar_bytes([("cli", "file", "cli\n")])])
+    r = daemon.cli("image", "pull", f"{host}/cli/pulled:v2", "cli-pulled:2", check=True, timeout=300)
+    assert r.stdout.decode().startswith("cli-pulled:2 sha256:")
+    assert b"download" in r.stderr or b"layer" in r.stderr
+    r = daemon.cli("run", "cli-pulled:2", "--", "cat", "/cli")
+    assert r.stdout == b"cli\n", r
