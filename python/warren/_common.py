@@ -218,9 +218,14 @@ def quote(s: str) -> str:
     return urllib.parse.quote(s, safe="")
 
 
+_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
+# Pauses between label sweeps after a create whose answer was lost (~3 s in all).
+REAP_DELAYS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
+
+
 def check_id(sid: str) -> str:
     if not isinstance(sid, str) or not sid or len(sid) > 128 or \
-            any(not (c.islower() and c.isascii() or c.isdigit() or c == "-") for c in sid):
+            any(c not in _ID_CHARS for c in sid):
         raise InvalidArgument(f"malformed sandbox id {sid!r}")
     return sid
 

@@ -14,10 +14,10 @@ from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, Generator, Li
                     Sequence, Set, Union)
 
 from . import _api
-from ._common import (SDK_LABEL, LineSplitter, Request, Response, create_body, exec_body,
+from ._common import (REAP_DELAYS, SDK_LABEL, LineSplitter, Request, Response, create_body, exec_body,
                       exec_deadline, raise_for, resolve_target, resolve_token)
 from ._async import AsyncStream, AsyncTransport
-from .errors import NotFound, ProtocolError, WarrenError, error_from_stream
+from .errors import ConnectError, NotFound, ProtocolError, WarrenError, error_from_stream
 from .types import ExecResult, FileStat, Image, OutputChunk, SandboxInfo, decode_field
 
 __all__ = ["AsyncClient", "AsyncSandbox", "AsyncImages", "AsyncExecStream"]
@@ -101,8 +101,12 @@ class AsyncClient:
                            network, env, dict(labels or {}, **{SDK_LABEL: tag}), extra)
         return _Creation(self, _api.create(body, self._to(timeout)), tag)
 
-    async def _reap_label(self, tag: str, passes: int = 3) -> int:
-        for i in range(passes):
+    async def _reap_label(self, tag: str) -> int:
+        """Delete the sandbox carrying our create label, polling for a few
+        seconds in case the daemon is still creating it."""
+        for delay in (0.0,) + REAP_DELAYS:
+            if delay:
+                await asyncio.sleep(delay)
             try:
                 for s in await self._call(_api.list_sandboxes(10.0)):
                     if s.labels.get(SDK_LABEL) == tag:
@@ -113,8 +117,6 @@ class AsyncClient:
                         return 1
             except WarrenError:
                 pass
-            if i + 1 < passes:
-                await asyncio.sleep(0.1)
         return 0
 
     async def _reap_creation(self, inner: "asyncio.Task[Any]", tag: str) -> None:
@@ -124,7 +126,7 @@ class AsyncClient:
             await self._reap_label(tag)
             return
         except WarrenError as e:
-            if e.status == 0:
+            if e.status == 0 and not isinstance(e, ConnectError):
                 await self._reap_label(tag)
             return
         try:
@@ -195,7 +197,7 @@ class _Creation:
             self._c._background(self._c._reap_creation(inner, self._tag))
             raise
         except WarrenError as e:
-            if e.status == 0:
+            if e.status == 0 and not isinstance(e, ConnectError):
                 await asyncio.shield(self._c._background(self._c._reap_label(self._tag)))
             raise
         return AsyncSandbox(self._c, info)

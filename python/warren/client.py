@@ -7,10 +7,10 @@ import uuid
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 from . import _api
-from ._common import (SDK_LABEL, LineSplitter, Request, Response, create_body, exec_body,
+from ._common import (REAP_DELAYS, SDK_LABEL, LineSplitter, Request, Response, create_body, exec_body,
                       exec_deadline, raise_for, resolve_target, resolve_token)
 from ._sync import SyncStream, SyncTransport
-from .errors import NotFound, ProtocolError, WarrenError, error_from_stream
+from .errors import ConnectError, NotFound, ProtocolError, WarrenError, error_from_stream
 from .types import ExecResult, FileStat, Image, OutputChunk, SandboxInfo, decode_field
 
 __all__ = ["Client", "Sandbox", "Images", "ExecStream"]
@@ -81,7 +81,7 @@ class Client:
         try:
             info = self._call(_api.create(body, self._to(timeout)))
         except WarrenError as e:
-            if e.status == 0:  # no answer: the daemon may still have created it
+            if e.status == 0 and not isinstance(e, ConnectError):  # sent, answer lost
                 self._reap_label(tag)
             raise
         except BaseException:
@@ -89,24 +89,23 @@ class Client:
             raise
         return Sandbox(self, info)
 
-    def _reap_label(self, tag: str, passes: int = 3) -> int:
-        """Delete sandboxes carrying our create label (best effort)."""
-        n = 0
-        for i in range(passes):
+    def _reap_label(self, tag: str) -> int:
+        """Delete the sandbox carrying our create label (best effort), polling
+        for a few seconds in case the daemon is still creating it."""
+        for delay in (0.0,) + REAP_DELAYS:
+            if delay:
+                time.sleep(delay)
             try:
                 for s in self._call(_api.list_sandboxes(10.0)):
                     if s.labels.get(SDK_LABEL) == tag:
                         try:
                             self._call(_api.delete(s.id, 10.0))
-                            n += 1
                         except NotFound:
                             pass
-                        return n
+                        return 1
             except WarrenError:
                 pass
-            if i + 1 < passes:
-                time.sleep(0.1)
-        return n
+        return 0
 
     def sandbox(self, sandbox_id: str) -> "Sandbox":
         """A handle on an existing sandbox, without a request."""

@@ -342,6 +342,34 @@ def test_call(client):
     assert e.value.status in (400, 404), e.value
 
 
+def test_create_whose_answer_is_lost_leaves_no_sandbox(client, host):
+    """A create that hits its deadline after the request went out: the SDK
+    finds what the daemon made by its label and deletes it."""
+    lost = 0
+    for i in range(15):
+        try:
+            with client.create(memory_mb=64, labels=dict(LABEL, lost="1"), timeout=0.001 * (i % 5 + 1)):
+                pass
+        except warren.Timeout as e:
+            assert e.status == 0
+            lost += 1
+
+    async def main():
+        n = 0
+        async with warren.AsyncClient(host) as ac:
+            for i in range(15):
+                try:
+                    async with ac.create(memory_mb=64, labels=dict(LABEL, lost="1"),
+                                         timeout=0.001 * (i % 5 + 1)):
+                        pass
+                except warren.Timeout:
+                    n += 1
+        return n
+    lost += asyncio.run(main())
+    assert lost > 0  # the deadline did bite
+    assert client.list(labels={"lost": "1"}) == []
+
+
 # ---- retry policy, against a scripted fake daemon ----
 
 class FakeDaemon:
