@@ -940,6 +940,11 @@ wr_cli_bench (warren_client_t *c, int argc, char **argv)
       return 2;
     }
   const char *sub = argv[0];
+  if (strcmp (sub, "image") == 0)
+    {
+      int wr_cli_bench_image (warren_client_t * c, int argc, char **argv); /* bench_image.c */
+      return c ? wr_cli_bench_image (c, argc, argv) : 1;
+    }
   if (strcmp (sub, "call") == 0)
     {
       int wr_cli_bench_call (warren_client_t * c, int argc, char **argv); /* bench_call.c */
