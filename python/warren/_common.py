@@ -287,6 +287,28 @@ def exec_body(cmd: Union[None, str, Sequence[str]], shell: Optional[str], env: O
     return body
 
 
+def call_body(cmd: Union[None, str, Sequence[str]], shell: Optional[str], code: Optional[str],
+              image: Optional[str], mode: Optional[str], env: Optional[Mapping[str, str]],
+              stdin: Union[None, bytes, str], timeout: Optional[float],
+              memory_mb: Optional[int], extra: Mapping[str, Any]) -> Json:
+    """The body of ``POST /v1/calls``: a command (``cmd``/``shell``) or
+    Python source (``code``, run by the pool's zygote)."""
+    more: Json = dict(extra)
+    for k, v in (("image", image), ("mode", mode), ("memory_mb", memory_mb)):
+        if v is not None:
+            more[k] = v
+    if code is not None:
+        if cmd is not None or shell is not None:
+            raise InvalidArgument("give either code or cmd/shell, not both")
+        if not isinstance(code, str):
+            raise InvalidArgument("code must be a string of Python source")
+        body = exec_body(None, "", env, None, stdin, timeout, None, None, None, more)
+        del body["shell"]
+        body.update(lang="python", code=code)
+        return body
+    return exec_body(cmd, shell, env, None, stdin, timeout, None, None, None, more)
+
+
 def exec_deadline(body: Json, request_timeout: Optional[float]) -> float:
     if request_timeout is not None:
         return request_timeout

@@ -14,7 +14,7 @@ from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, Generator, Li
                     Sequence, Set, Union)
 
 from . import _api
-from ._common import (REAP_DELAYS, SDK_LABEL, LineSplitter, Request, Response, create_body, exec_body,
+from ._common import (REAP_DELAYS, SDK_LABEL, LineSplitter, Request, Response, call_body, create_body, exec_body,
                       exec_deadline, raise_for, resolve_target, resolve_token)
 from ._async import AsyncStream, AsyncTransport
 from .errors import ConnectError, NotFound, ProtocolError, WarrenError, error_from_stream
@@ -157,13 +157,13 @@ class AsyncClient:
                 raise
 
     async def call(self, cmd: Cmd = None, *, shell: Optional[str] = None,
-                   image: Optional[str] = None, stdin: Union[None, bytes, str] = None,
+                   code: Optional[str] = None, image: Optional[str] = None,
+                   mode: Optional[str] = None, stdin: Union[None, bytes, str] = None,
                    timeout: Optional[float] = None, env: Optional[Mapping[str, str]] = None,
-                   request_timeout: Optional[float] = None, **extra: Any) -> ExecResult:
-        """fncall: one stateless command in a warm pool (``POST /v1/calls``)."""
-        if image is not None:
-            extra["image"] = image
-        body = exec_body(cmd, shell, env, None, stdin, timeout, None, None, None, extra)
+                   memory_mb: Optional[int] = None, request_timeout: Optional[float] = None,
+                   **extra: Any) -> ExecResult:
+        """fncall: one stateless job in a warm pool; see :meth:`warren.Client.call`."""
+        body = call_body(cmd, shell, code, image, mode, env, stdin, timeout, memory_mb, extra)
         return await self._call(_api.call(body, exec_deadline(body, request_timeout)))
 
     async def health(self, *, timeout: Optional[float] = None) -> Dict[str, Any]:

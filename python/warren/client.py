@@ -7,7 +7,7 @@ import uuid
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 from . import _api
-from ._common import (REAP_DELAYS, SDK_LABEL, LineSplitter, Request, Response, create_body, exec_body,
+from ._common import (REAP_DELAYS, SDK_LABEL, LineSplitter, Request, Response, call_body, create_body, exec_body,
                       exec_deadline, raise_for, resolve_target, resolve_token)
 from ._sync import SyncStream, SyncTransport
 from .errors import ConnectError, NotFound, ProtocolError, WarrenError, error_from_stream
@@ -132,15 +132,18 @@ class Client:
             if not missing_ok:
                 raise
 
-    def call(self, cmd: Cmd = None, *, shell: Optional[str] = None, image: Optional[str] = None,
+    def call(self, cmd: Cmd = None, *, shell: Optional[str] = None, code: Optional[str] = None,
+             image: Optional[str] = None, mode: Optional[str] = None,
              stdin: Union[None, bytes, str] = None, timeout: Optional[float] = None,
-             env: Optional[Mapping[str, str]] = None, request_timeout: Optional[float] = None,
-             **extra: Any) -> ExecResult:
-        """fncall: run one stateless command in a warm pool (``POST /v1/calls``).
-        ``cmd`` is an argv list, or a ``str`` run by ``/bin/sh -c``."""
-        if image is not None:
-            extra["image"] = image
-        body = exec_body(cmd, shell, env, None, stdin, timeout, None, None, None, extra)
+             env: Optional[Mapping[str, str]] = None, memory_mb: Optional[int] = None,
+             request_timeout: Optional[float] = None, **extra: Any) -> ExecResult:
+        """fncall: one stateless job in a warm pool (``POST /v1/calls``).
+
+        ``cmd`` is an argv list, or a ``str`` run by ``/bin/sh -c``; or pass
+        ``code=`` (Python source, run by the pool's preloaded interpreter;
+        ``mode="fork"`` for a fresh process per call, ``"reuse"`` for a
+        long-lived worker). ``timeout`` is the job's own limit."""
+        body = call_body(cmd, shell, code, image, mode, env, stdin, timeout, memory_mb, extra)
         return self._call(_api.call(body, exec_deadline(body, request_timeout)))
 
     # ---- node ----

@@ -340,6 +340,15 @@ def test_call(client):
     with pytest.raises(warren.WarrenError) as e:
         client.call(["true"], image="no-such-image:1")
     assert e.value.status in (400, 404), e.value
+    with pytest.raises(warren.InvalidArgument) as e:
+        client.call(["true"], mode="reuse")  # reuse is for Python calls
+    assert e.value.status == 400
+    # Python code needs an interpreter in the image: busybox has none
+    with pytest.raises(warren.WarrenError) as e:
+        client.call(code="print(1+1)", image="busybox:latest", timeout=10)
+    assert e.value.status >= 400 and "python" in e.value.message.lower(), e.value
+    with pytest.raises(warren.InvalidArgument):
+        client.call(["true"], code="print(1)")  # refused locally
 
 
 def test_create_whose_answer_is_lost_leaves_no_sandbox(client, host):
