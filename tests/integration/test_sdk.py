@@ -171,6 +171,25 @@ def test_files(sb):
     assert sb.exec("cat /tmp/b.bin | wc -c").stdout.strip() == str(len(blob))
 
 
+def test_sync_client_shared_by_threads(client, sb):
+    out, errors = [], []
+
+    def work(i):
+        try:
+            for j in range(10):
+                r = sb.exec(["echo", f"{i}-{j}"])
+                out.append(r.stdout.strip())
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert not errors, errors
+    assert sorted(out) == sorted(f"{i}-{j}" for i in range(8) for j in range(10))
+
+
 def test_pause_resume(sb):
     assert sb.pause().state == "paused"
     with pytest.raises(warren.Conflict) as e:
