@@ -913,16 +913,19 @@ snapshot_path (const char *key, char *out, size_t len)
   snprintf (out, len, "%s/snap/%s/state", vm.vmdir, key);
 }
 
-/* Read frames until the agent's HELLO (the guest is up). */
+/* Read whole frames until one of `type` has been consumed completely. */
 static int
-wait_hello (int fd, int pidfd, int timeout_ms, wr_err_t *err)
+wait_frame (int fd, int pidfd, uint8_t type, int timeout_ms, wr_err_t *err)
 {
   uint64_t deadline = wr_now_ms () + (uint64_t)timeout_ms;
   uint8_t hdr[WR_FRAME_HDR];
   size_t have = 0;
   uint32_t skip = 0;
+  bool found = false;
   for (;;)
     {
+      if (found && skip == 0)
+        return 0;
       uint64_t now = wr_now_ms ();
       if (now >= deadline)
         return wr_error (err, ETIMEDOUT, WR_E_TIMEOUT, "guest agent not ready");
@@ -954,9 +957,25 @@ wait_hello (int fd, int pidfd, int timeout_ms, wr_err_t *err)
              | (uint32_t)hdr[3] << 24;
       if (skip > WR_FRAME_MAX)
         return wr_error (err, EPROTO, WR_E_INTERNAL, "bad frame from the agent");
-      if (hdr[8] == WR_MSG_HELLO)
-        return 0;
+      found = hdr[8] == type;
     }
+}
+
+/* The template must be snapshotted idle: nothing half-written on the port
+ * (a clone would deliver the rest to its daemon as garbage). HELLO, then a
+ * PING answered in full, proves the agent's output queue is empty. */
+static int
+wait_agent_idle (int fd, int pidfd, int timeout_ms, wr_err_t *err)
+{
+  int r = wait_frame (fd, pidfd, WR_MSG_HELLO, timeout_ms, err);
+  if (r < 0)
+    return r;
+  uint8_t ping[WR_FRAME_HDR + 4];
+  wr_frame_hdr_encode (ping, 4, 0, WR_MSG_PING);
+  memcpy (ping + WR_FRAME_HDR, "idle", 4);
+  if (wr_write_all (fd, ping, sizeof ping) < 0)
+    return wr_sys_error (err, "write ping");
+  return wait_frame (fd, pidfd, WR_MSG_PONG, 30000, err);
 }
 
 /* Boot a template VM for p (no cgroup: it is the daemon's own work, killed
@@ -1000,7 +1019,7 @@ snapshot_build (const struct vm_params *p, const char *key, wr_err_t *err)
       r = afd < 0 ? afd : 0;
     }
   if (r == 0)
-    r = wait_hello (afd, pidfd, TEMPLATE_READY_TIMEOUT_MS, err);
+    r = wait_agent_idle (afd, pidfd, TEMPLATE_READY_TIMEOUT_MS, err);
   struct qmp q = { .fd = -1 };
   if (r == 0)
     r = qmp_open (dir, pidfd, &q, err);
