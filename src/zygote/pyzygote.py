@@ -158,6 +158,27 @@ def _alive(pid):
         return False
 
 
+SUBREAPER = False  # orphans of calls are reparented to us, not to the agent
+
+
+def has_children():
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        return True
+    except ChildProcessError:
+        return False
+
+
+def reap_all(deadline):
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.001)
+
+
 def kill_uid(spare=0):
     """SIGKILL every living process of the call uid except spare, until none."""
     for _ in range(64):
@@ -210,8 +231,28 @@ def _rm(path):
             pass
 
 
+scratch_ok = False  # SCRATCH exists, empty, ours, mode 0700
+
+
+def scratch_clean():
+    try:
+        st = os.lstat(SCRATCH)
+        if st.st_uid != UID or st.st_mode != 0o40700:
+            return False
+        with os.scandir(SCRATCH) as it:
+            for _ in it:
+                return False
+        return True
+    except OSError:
+        return False
+
+
 def wipe_files():
-    _rm(SCRATCH)
+    """Remove everything the call uid left in the scratch and temp dirs."""
+    global scratch_ok
+    scratch_ok = scratch_clean()  # the common case: untouched, keep it
+    if not scratch_ok:
+        _rm(SCRATCH)
     for d in TMP_DIRS:
         try:
             it = os.scandir(d)
@@ -219,6 +260,8 @@ def wipe_files():
             continue
         with it:
             for e in it:
+                if scratch_ok and d + "/" + e.name == SCRATCH:
+                    continue
                 try:
                     if e.stat(follow_symlinks=False).st_uid == UID:
                         _rm(d + "/" + e.name)
@@ -227,6 +270,10 @@ def wipe_files():
 
 
 def make_scratch():
+    global scratch_ok
+    if scratch_ok:
+        scratch_ok = False  # the call about to run may dirty it
+        return
     try:
         os.mkdir(SCRATCH, 0o700)
     except FileExistsError:
@@ -405,10 +452,12 @@ def call_fork(req):
     dur = time.monotonic() - t0
     os.close(pidfd)
     # Background processes may hold the pipes: kill them, then drain to EOF.
-    for c in caps:
-        c.pump()
-    if not (caps[0].eof and caps[1].eof):
+    # As subreaper, "no children left" proves no process of the call lives.
+    leftovers = not SUBREAPER or has_children()
+    if leftovers:
         kill_uid()
+        if SUBREAPER:
+            reap_all(time.monotonic() + 2)
     for c in caps:
         while not c.eof:
             select.select([c.fd], [], [], 1.0)
@@ -421,7 +470,8 @@ def call_fork(req):
            "usage": usage_of(ru), "mode": "fork"}
     send_result(OUT, hdr, bytes(caps[0].buf), bytes(caps[1].buf))
     # the next request waits in the pipe while we clean up
-    kill_uid()
+    if leftovers and not SUBREAPER:
+        kill_uid()
     wipe_files()
 
 
@@ -611,13 +661,17 @@ def call_reuse(req):
 
 
 def main():
+    global SUBREAPER
+    if _libc is not None and _libc.prctl(36, 1, 0, 0, 0) == 0:  # PR_SET_CHILD_SUBREAPER
+        SUBREAPER = True
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     os.umask(0o022)
     kill_uid()
     wipe_files()
     gc.collect()
     gc.freeze()  # forked children do not dirty the zygote's objects with GC bookkeeping
-    send_result(OUT, {"ready": True, "pid": os.getpid(), "seccomp": SECCOMP, "preloaded": PRELOAD})
+    send_result(OUT, {"ready": True, "pid": os.getpid(), "seccomp": SECCOMP, "subreaper": SUBREAPER,
+                      "preloaded": PRELOAD})
     while True:
         raw = read_frame(IN)
         if raw is None:
