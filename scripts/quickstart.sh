@@ -42,4 +42,6 @@ echo "a fork bomb is contained by the pids limit:"
 "$BIN/warren" run busybox:latest -- sh -c 'echo "warren run: create, exec, remove in one step"'
 "$BIN/warren" ls
 "$BIN/warren" rm "${ids[@]}"
+echo "== Python SDK: a GRPO-style rollout batch (examples/rollout.py) =="
+/usr/bin/python3 examples/rollout.py --short
 echo "== demo done; warrend keeps running (WARREN_HOST=$WARREN_HOST) =="

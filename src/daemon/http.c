@@ -649,7 +649,9 @@ handle_files (struct wrd *d, struct evhttp_request *req, struct sandbox *sb, str
             }
         }
       json_object_set_new (body, "op", json_string ("write"));
-      json_object_set_new (body, "mode", json_integer (mode));
+      /* without ?mode= an existing file keeps its mode (new files get 0644) */
+      if (ms)
+        json_object_set_new (body, "mode", json_integer (mode));
       json_object_set_new (body, "append", json_boolean (wrd_query_flag (q, "append")));
       upload = evhttp_request_get_input_buffer (req);
       f->op_status = 201;
