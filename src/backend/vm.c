@@ -58,6 +58,8 @@ static struct
   uint64_t tsc_khz;
   char ident[65]; /* hash of qemu + kernel + initrd: part of every snapshot key */
   char building[16][65];
+  char seen[64][65]; /* keys booted once (ring): the second boot builds */
+  unsigned seen_next;
 } vm;
 
 static int
@@ -1114,12 +1116,21 @@ build_thread (void *arg)
   return NULL;
 }
 
-/* vm_lock held */
+/* vm_lock held. A configuration booted once may never come back (images
+ * are many and rarely reused): the template is built on its second boot. */
 static void
 kick_build (const struct vm_params *p, const char *key)
 {
   if (building_has (key))
     return;
+  bool seen = false;
+  for (size_t i = 0; i < WR_ARRAY_SIZE (vm.seen) && !seen; i++)
+    seen = strcmp (vm.seen[i], key) == 0;
+  if (!seen)
+    {
+      snprintf (vm.seen[vm.seen_next++ % WR_ARRAY_SIZE (vm.seen)], sizeof vm.seen[0], "%s", key);
+      return;
+    }
   struct build_job *j = calloc (1, sizeof *j);
   if (j == NULL)
     return;
