@@ -945,6 +945,11 @@ wr_cli_bench (warren_client_t *c, int argc, char **argv)
       int wr_cli_bench_image (warren_client_t * c, int argc, char **argv); /* bench_image.c */
       return c ? wr_cli_bench_image (c, argc, argv) : 1;
     }
+  if (strcmp (sub, "vm") == 0)
+    {
+      int wr_cli_bench_vm (warren_client_t * c, int argc, char **argv); /* bench_vm.c */
+      return c ? wr_cli_bench_vm (c, argc, argv) : 1;
+    }
   if (strcmp (sub, "call") == 0)
     {
       int wr_cli_bench_call (warren_client_t * c, int argc, char **argv); /* bench_call.c */
