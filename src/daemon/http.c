@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 #include <event2/listener.h>
@@ -146,7 +147,16 @@ struct exec_ctx
   struct evbuffer *out, *errb;
   uint32_t sid;
   uint64_t t0;
+  struct event *hup_ev; /* watches the client socket for a hang-up */
 };
+
+static void
+exec_unwatch (struct exec_ctx *x)
+{
+  if (x->hup_ev)
+    event_free (x->hup_ev);
+  x->hup_ev = NULL;
+}
 
 static void
 exec_ctx_free (struct exec_ctx *x)
@@ -197,6 +207,7 @@ static void
 exec_on_done (void *ud, json_t *res)
 {
   struct exec_ctx *x = ud;
+  exec_unwatch (x);
   json_t *r = json_deep_copy (res);
   bool trunc = json_is_true (json_object_get (r, "stdout_truncated"))
                || json_is_true (json_object_get (r, "stderr_truncated"));
@@ -252,6 +263,7 @@ static void
 exec_on_error (void *ud, const char *code, const char *message)
 {
   struct exec_ctx *x = ud;
+  exec_unwatch (x);
   wrd_metrics_exec (x->d, (double)(wr_now_ns () - x->t0) / 1e9, false);
   if (x->stream)
     {
@@ -272,6 +284,26 @@ exec_client_closed (struct evhttp_connection *evcon WR_UNUSED, void *arg)
   /* Nobody will read the output: stop the command. */
   if (x->sb && x->sb->conn && x->sid)
     agent_send (x->sb->conn, x->sid, WR_MSG_SIGNAL, "{\"signal\":9}", 12);
+}
+
+static void
+exec_peer_cb (evutil_socket_t fd, short what WR_UNUSED, void *arg)
+{
+  struct exec_ctx *x = arg;
+  char c;
+  ssize_t n = recv (fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR)))
+    {
+      if (n > 0)
+        exec_unwatch (x); /* a pipelined request: not a hang-up */
+      return;
+    }
+  exec_unwatch (x);
+  if (!x->client_gone && x->sb && x->sb->conn && x->sid)
+    {
+      x->client_gone = true;
+      agent_send (x->sb->conn, x->sid, WR_MSG_SIGNAL, "{\"signal\":9}", 12);
+    }
 }
 
 static int
@@ -528,6 +560,16 @@ handle_exec (struct wrd *d, struct evhttp_request *req, struct sandbox *sb, stru
     }
   x->evcon = evhttp_request_get_connection (req);
   evhttp_connection_set_closecb (x->evcon, exec_client_closed, x);
+  /* evhttp does not read from a connection while its request is being
+   * served, so it would not notice a client that gave up on a long exec:
+   * watch the socket ourselves. */
+  int cfd = bufferevent_getfd (evhttp_connection_get_bufferevent (x->evcon));
+  if (cfd >= 0)
+    {
+      x->hup_ev = event_new (d->base, cfd, EV_READ, exec_peer_cb, x);
+      if (x->hup_ev)
+        event_add (x->hup_ev, NULL);
+    }
   if (x->stream)
     {
       evhttp_add_header (evhttp_request_get_output_headers (req), "Content-Type",

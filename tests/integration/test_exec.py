@@ -141,3 +141,21 @@ def test_concurrent_execs_in_one_sandbox(api, sandbox):
     with cf.ThreadPoolExecutor(16) as ex:
         outs = list(ex.map(lambda i: api.exec(sandbox, ["echo", str(i)])["stdout"], range(64)))
     assert outs == [f"{i}\n" for i in range(64)]
+
+
+def test_client_disconnect_buffered_exec(daemon, api, sandbox):
+    """A client that gives up on a plain (non-streaming) exec gets its command killed too."""
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(daemon.sock)
+    body = json.dumps({"shell": "sleep 1001"}).encode()
+    s.sendall(b"POST /v1/sandboxes/%s/exec HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+              % (sandbox.encode(), len(body)) + body)
+    time.sleep(0.3)
+    s.close()
+    deadline = time.time() + 5
+    while time.time() < deadline:
+        r = api.sh(sandbox, "ps -o args | grep 'sleep 1001' | grep -v grep || true")
+        if "sleep 1001" not in r["stdout"]:
+            break
+        time.sleep(0.1)
+    assert "sleep 1001" not in r["stdout"]
