@@ -1513,12 +1513,15 @@ wr_image_commit (struct wr_store *s, const char *refstr, const struct wr_layer_r
     }
   return 0;
 undo:
+  /* give the files back to their staged dirs: the caller may retry */
   for (size_t i = 0; i < m; i++)
     if (fresh[i])
       {
-        char dst[4096];
+        char src[4200], dst[4096];
+        snprintf (src, sizeof src, "%s/layer.erofs", staged[i]->dir);
         store_path (s, dst, sizeof dst, "layers/sha256", layers[i] + 7, ".erofs");
-        unlink (dst);
+        if (rename (dst, src) < 0)
+          unlink (dst);
       }
   return r;
 }

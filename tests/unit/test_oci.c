@@ -1,0 +1,295 @@
+/* OCI whiteout conversion, multi-layer commits, tags, blob mappings, and
+ * OCI layout / docker-save imports built with tar(1) (TAP). */
+#include "image/internal.h"
+#include "image/sha256.h"
+#include "image/store.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "tap.h"
+
+#define CHECK(cond, ...) TAP_OK (cond, __VA_ARGS__)
+
+static char base[256], root[300];
+
+static int sh (const char *fmt, ...) __attribute__ ((format (printf, 1, 2)));
+static int
+sh (const char *fmt, ...)
+{
+  char cmd[8192];
+  va_list ap;
+  va_start (ap, fmt);
+  vsnprintf (cmd, sizeof cmd, fmt, ap);
+  va_end (ap);
+  return system (cmd);
+}
+
+static int
+count_dir (const char *path)
+{
+  _cleanup_closedir_ DIR *d = opendir (path);
+  int n = 0;
+  struct dirent *de;
+  while (d && (de = readdir (d)))
+    n += de->d_name[0] != '.';
+  return n;
+}
+
+static int
+extract (const char *tar, const char *dir, unsigned flags, struct wr_extract_stats *xs,
+         wr_err_t *err)
+{
+  sh ("rm -rf %s && mkdir -p %s", dir, dir);
+  _cleanup_close_ int fd = open (tar, O_RDONLY | O_CLOEXEC);
+  _cleanup_close_ int dfd = open (dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  return wr_tar_extract_ex (fd, dfd, flags, xs, err);
+}
+
+static void
+test_whiteouts (void)
+{
+  char src[400], tar[400], out[400], p[600];
+  snprintf (src, sizeof src, "%s/wsrc", base);
+  snprintf (tar, sizeof tar, "%s/w.tar", base);
+  snprintf (out, sizeof out, "%s/wout", base);
+  sh ("mkdir -p %s/d/sub && touch %s/.wh.gone %s/d/.wh..wh..opq %s/d/sub/.wh.x %s/d/keep"
+      " && tar -C %s -cf %s .",
+      src, src, src, src, src, src, tar);
+  struct wr_extract_stats xs;
+  wr_err_t err;
+  int r = extract (tar, out, WR_EXTRACT_OCI_WHITEOUTS, &xs, &err);
+  CHECK (r == 0, "extract with whiteouts (%s)", r ? err.msg : "ok");
+  CHECK (xs.whiteouts == 3, "3 whiteouts converted (%llu)", (unsigned long long)xs.whiteouts);
+  struct stat st;
+  snprintf (p, sizeof p, "%s/gone", out);
+  CHECK (lstat (p, &st) == 0 && S_ISCHR (st.st_mode) && st.st_rdev == makedev (0, 0),
+         ".wh.gone -> 0/0 char device gone");
+  snprintf (p, sizeof p, "%s/d/sub/x", out);
+  CHECK (lstat (p, &st) == 0 && S_ISCHR (st.st_mode), "nested whiteout");
+  snprintf (p, sizeof p, "%s/.wh.gone", out);
+  CHECK (lstat (p, &st) < 0, "no .wh. file left");
+  snprintf (p, sizeof p, "%s/d", out);
+  char v[8] = "";
+  CHECK (getxattr (p, "user.overlay.opaque", v, sizeof v) == 1 && v[0] == 'y',
+         ".wh..wh..opq -> user.overlay.opaque=y");
+  snprintf (p, sizeof p, "%s/d/.wh..wh..opq", out);
+  CHECK (lstat (p, &st) < 0, "no opaque marker file left");
+  snprintf (p, sizeof p, "%s/d/keep", out);
+  CHECK (lstat (p, &st) == 0 && S_ISREG (st.st_mode), "siblings kept");
+
+  /* a plain rootfs tarball: .wh. files are just files */
+  r = extract (tar, out, 0, &xs, &err);
+  snprintf (p, sizeof p, "%s/.wh.gone", out);
+  CHECK (r == 0 && lstat (p, &st) == 0 && S_ISREG (st.st_mode) && xs.whiteouts == 0,
+         "without the flag .wh. files stay files");
+
+  /* invalid whiteouts */
+  static const char *const bad[] = { ".wh..wh.x", ".wh." };
+  for (size_t i = 0; i < WR_ARRAY_SIZE (bad); i++)
+    {
+      sh ("rm -rf %s && mkdir -p %s && touch '%s/%s' && tar -C %s -cf %s .", src, src, src, bad[i],
+          src, tar);
+      r = extract (tar, out, WR_EXTRACT_OCI_WHITEOUTS, &xs, &err);
+      CHECK (r < 0 && strcmp (err.code, WR_E_INVALID) == 0 && strstr (err.msg, "whiteout"),
+             "whiteout '%s' rejected (%s)", bad[i], r < 0 ? err.msg : "accepted");
+    }
+  /* a whiteout trying to leave the tree is still a '..' path */
+  sh ("rm -rf %s && mkdir -p %s/a && cd %s && tar --transform 's,a/x,../.wh.x,' -cf %s a "
+      "2>/dev/null; touch %s/a/x && tar -C %s --transform 's,^a/x$,a/../../.wh.x,' -cf %s a/x",
+      src, src, src, tar, src, src, tar);
+  r = extract (tar, out, WR_EXTRACT_OCI_WHITEOUTS, &xs, &err);
+  CHECK (r < 0 && strstr (err.msg, ".."), "whiteout with .. rejected (%s)",
+         r < 0 ? err.msg : "accepted");
+  /* overlay xattrs carried by the archive are dropped even for OCI layers */
+  sh ("rm -rf %s && mkdir -p %s/o && setfattr -n user.overlay.redirect -v /x %s/o 2>/dev/null;"
+      " python3 -c \"import os; os.setxattr('%s/o', 'user.overlay.opaque', b'y')\" && "
+      "tar --xattrs --xattrs-include='*' -C %s -cf %s .",
+      src, src, src, src, src, tar);
+  r = extract (tar, out, WR_EXTRACT_OCI_WHITEOUTS, &xs, &err);
+  snprintf (p, sizeof p, "%s/o", out);
+  CHECK (r == 0 && getxattr (p, "user.overlay.opaque", v, sizeof v) < 0,
+         "an archive's own user.overlay.opaque xattr is dropped");
+}
+
+static void
+test_commit (struct wr_store *s)
+{
+  char dir[400], p[600], layers[400];
+  snprintf (dir, sizeof dir, "%s/c1", base);
+  snprintf (layers, sizeof layers, "%s/layers/sha256", root);
+  sh ("mkdir -p %s && echo one > %s/one", dir, dir);
+  wr_err_t err;
+  struct wr_staged_layer *a = NULL, *b = NULL;
+  CHECK (wr_layer_stage (s, dir, 0, &a, &err) == 0, "stage a");
+  sh ("echo two > %s/two", dir);
+  CHECK (wr_layer_stage (s, dir, 0, &b, &err) == 0, "stage b");
+  int before = count_dir (layers);
+  CHECK (count_dir (layers) == before, "staged layers are not in ROOT/layers");
+
+  /* a commit naming a missing layer fails and renames nothing */
+  struct wr_layer_ref refs[3] = { { .staged = a },
+                                  { .digest = "sha256:"
+                                              "0000000000000000000000000000000000000000000000000000"
+                                              "000000000000" },
+                                  { .staged = b } };
+  struct wr_image *img = NULL;
+  int r = wr_image_commit (s, "multi:1", refs, 3, NULL, &img, &err);
+  CHECK (r < 0 && strcmp (err.code, WR_E_NOT_FOUND) == 0, "missing layer: not_found (%s)",
+         r < 0 ? err.msg : "ok");
+  CHECK (count_dir (layers) == before, "and no layer file left behind");
+  CHECK (wr_image_resolve (s, "multi:1", &img, NULL) < 0, "and no image");
+
+  /* duplicates are kept once, at the top-most position */
+  struct wr_layer_ref ok[3] = { { .staged = a }, { .staged = b }, { .staged = a } };
+  r = wr_image_commit (s, "multi:1", ok, 3, NULL, &img, &err);
+  CHECK (r == 0 && img->n_layers == 2 && strcmp (img->layers[0], b->digest) == 0
+             && strcmp (img->layers[1], a->digest) == 0,
+         "commit: duplicate layer kept once, top-most (%s)", r ? err.msg : "ok");
+  CHECK (count_dir (layers) == before + 2, "two layer files");
+  wr_image_free (img);
+  img = NULL;
+
+  /* tags */
+  r = wr_image_tag (s, "multi:1", "multi:2", &img, &err);
+  CHECK (r == 0 && strcmp (img->name, "multi:2") == 0, "tag");
+  wr_image_free (img);
+  img = NULL;
+  CHECK (wr_image_tag (s, "ghost:1", "x:1", NULL, &err) < 0
+             && strcmp (err.code, WR_E_NOT_FOUND) == 0,
+         "tag of an unknown image: not_found");
+  CHECK (wr_image_tag (s, "multi:1", "Bad:1", NULL, &err) < 0
+             && strcmp (err.code, WR_E_INVALID) == 0,
+         "tag to a bad name: invalid_argument");
+
+  /* blob mappings follow their layer */
+  snprintf (a->blob, sizeof a->blob, "sha256:%064d", 7);
+  struct wr_layer_ref withblob[1] = { { .staged = a } };
+  CHECK (wr_image_commit (s, "blobbed:1", withblob, 1, NULL, NULL, &err) == 0, "commit with blob");
+  char have[72];
+  CHECK (wr_blob_layer (s, a->blob, have, &err) == 1 && strcmp (have, a->digest) == 0,
+         "blob maps to its layer");
+  wr_image_remove (s, "blobbed:1", NULL);
+  wr_image_remove (s, "multi:1", NULL);
+  wr_image_remove (s, "multi:2", NULL);
+  CHECK (wr_blob_layer (s, a->blob, have, &err) == 0, "mapping gone with the layer");
+  CHECK (count_dir (layers) == before, "gc removed both layers");
+  wr_layer_stage_free (a);
+  wr_layer_stage_free (b);
+  snprintf (p, sizeof p, "%s/tmp", root);
+  CHECK (count_dir (p) == 0, "staged work dirs removed");
+}
+
+static void
+test_oci_layout (struct wr_store *s)
+{
+  /* build an OCI layout with the shell: one layer, whiteout + opaque */
+  char d[400];
+  snprintf (d, sizeof d, "%s/oci", base);
+  int r = sh (
+      "set -e; d=%s; rm -rf $d; mkdir -p $d/blobs/sha256 $d/l/etc $d/l/opt;"
+      " echo hi > $d/l/etc/hi; touch $d/l/etc/.wh.motd $d/l/opt/.wh..wh..opq;"
+      " tar -C $d/l -cf - . | gzip -n > $d/layer; L=$(sha256sum < $d/layer | cut -c1-64);"
+      " LS=$(stat -c %%s $d/layer); mv $d/layer $d/blobs/sha256/$L;"
+      " printf '{\"architecture\":\"amd64\",\"os\":\"linux\",\"config\":{\"Env\":[\"A=1\"],"
+      "\"WorkingDir\":\"/etc\"},\"rootfs\":{\"type\":\"layers\",\"diff_ids\":[]}}' > $d/c;"
+      " C=$(sha256sum < $d/c | cut -c1-64); CS=$(stat -c %%s $d/c); mv $d/c $d/blobs/sha256/$C;"
+      " printf '{\"schemaVersion\":2,\"config\":{\"digest\":\"sha256:'$C'\",\"size\":'$CS'},"
+      "\"layers\":[{\"mediaType\":\"application/vnd.oci.image.layer.v1.tar+gzip\","
+      "\"digest\":\"sha256:'$L'\",\"size\":'$LS'}]}' > $d/m;"
+      " M=$(sha256sum < $d/m | cut -c1-64); MS=$(stat -c %%s $d/m); mv $d/m $d/blobs/sha256/$M;"
+      " printf '{\"imageLayoutVersion\":\"1.0.0\"}' > $d/oci-layout;"
+      " printf '{\"schemaVersion\":2,\"manifests\":[{\"digest\":\"sha256:'$M'\",\"size\":'$MS'}]}'"
+      " > $d/index.json; rm -rf $d/l",
+      d);
+  CHECK (r == 0, "made an OCI layout");
+  wr_err_t err;
+  struct wr_image *img = NULL;
+  r = wr_image_import_any (s, "ocil:1", d, NULL, NULL, &img, &err);
+  CHECK (r == 0, "import OCI layout (%s)", r ? err.msg : "ok");
+  if (r == 0)
+    {
+      CHECK (img->n_layers == 1, "one layer");
+      CHECK (strcmp (json_string_value (json_object_get (img->config, "workdir")), "/etc") == 0,
+             "WorkingDir mapped");
+      CHECK (strcmp (json_string_value (json_array_get (json_object_get (img->config, "env"), 0)),
+                     "A=1")
+                 == 0,
+             "Env mapped");
+      /* the layer holds the converted whiteout */
+      const char *dir = NULL;
+      r = wr_layer_acquire (s, img->layers[0], &dir, &err);
+      char p[4200];
+      struct stat st;
+      snprintf (p, sizeof p, "%s/etc/motd", dir ? dir : "/nonexistent");
+      CHECK (r == 0 && lstat (p, &st) == 0 && S_ISCHR (st.st_mode) && st.st_rdev == 0,
+             "whiteout in the EROFS layer is a 0/0 char device");
+      char v[4] = "";
+      snprintf (p, sizeof p, "%s/opt", dir ? dir : "/nonexistent");
+      CHECK (getxattr (p, "user.overlay.opaque", v, sizeof v) == 1 && v[0] == 'y',
+             "opaque xattr in the EROFS layer");
+      if (r == 0)
+        wr_layer_release (s, img->layers[0]);
+      wr_image_free (img);
+    }
+  /* tamper with the layer blob: digest mismatch, nothing stored */
+  char layers[400];
+  snprintf (layers, sizeof layers, "%s/layers/sha256", root);
+  int before = count_dir (layers);
+  wr_image_remove (s, "ocil:1", NULL);
+  before = count_dir (layers);
+  sh ("cd %s/blobs/sha256 && for f in *; do if gzip -t $f 2>/dev/null; then "
+      "printf x >> $f; fi; done",
+      d);
+  r = wr_image_import_any (s, "ocil:2", d, NULL, NULL, &img, &err);
+  CHECK (r < 0 && strstr (err.msg, "digest mismatch"), "tampered blob rejected (%s)",
+         r < 0 ? err.msg : "accepted");
+  CHECK (count_dir (layers) == before, "nothing stored");
+}
+
+int
+main (void)
+{
+  if (geteuid () != 0)
+    {
+      TAP_SKIP ("needs root", "oci");
+      return TAP_DONE ();
+    }
+  if (unshare (CLONE_NEWNS) < 0 || mount (NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+    {
+      TAP_SKIP ("no private mount namespace", "oci");
+      return TAP_DONE ();
+    }
+  snprintf (base, sizeof base, "/tmp/wr-oci-test-XXXXXX");
+  if (mkdtemp (base) == NULL)
+    return 1;
+  snprintf (root, sizeof root, "%s/root", base);
+  test_whiteouts ();
+  char dbp[400];
+  snprintf (dbp, sizeof dbp, "%s/db", base);
+  sqlite3 *db = NULL;
+  sqlite3_open_v2 (dbp, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+                   NULL);
+  struct wr_store *s = NULL;
+  wr_err_t err;
+  int r = wr_store_open (root, db, -1, &s, &err);
+  CHECK (r == 0, "open store (%s)", r ? err.msg : "ok");
+  if (r == 0)
+    {
+      test_commit (s);
+      test_oci_layout (s);
+      wr_store_close (s);
+    }
+  sqlite3_close (db);
+  sh ("rm -rf %s", base);
+  return TAP_DONE ();
+}
