@@ -1092,10 +1092,12 @@ parse_call (struct wrd *d, json_t *req, struct fn_call *c, const char **ret_imag
                       "\"cmd\"/\"shell\"");
       else
         {
-          c->body = json_pack ("{s:O,s:s,s:f,s:I,s:I,s:o,s:O}", "code", code, "mode",
+          /* only the caller's variables: the zygote's environment has the rest */
+          json_t *uenv = json_object_get (req, "env");
+          c->body = json_pack ("{s:O,s:s,s:f,s:I,s:I,s:o,s:o}", "code", code, "mode",
                                *ret_mode == 1 ? "reuse" : "fork", "timeout_s", timeout,
                                "out_cap", out_cap, "err_cap", err_cap, "limits", limits, "env",
-                               env);
+                               json_is_object (uenv) ? json_deep_copy (uenv) : json_object ());
           json_object_set_new (c->body, "timeout_ms", json_integer ((json_int_t)(timeout * 1000)));
           limits = NULL;
           if (c->in_len)

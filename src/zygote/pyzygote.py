@@ -40,11 +40,13 @@ for _m in PRELOAD:
 # ---- per-call seccomp filter (same list as the agent's, src/agent/zygote.c) ----
 
 _SYSCALLS = {
-    # x86_64: ptrace process_vm_readv process_vm_writev pidfd_getfd pidfd_open
+    # x86_64: ptrace process_vm_readv process_vm_writev pidfd_getfd
     # io_uring_setup io_uring_enter io_uring_register msgget semget shmget
-    # mq_open personality chroot mknodat mknod
-    "x86_64": (0xC000003E, [101, 310, 311, 438, 434, 425, 426, 427, 68, 64, 29, 240, 135, 161, 259, 133]),
-    "aarch64": (0xC00000B7, [117, 270, 271, 438, 434, 425, 426, 427, 186, 190, 194, 180, 92, 51, 33]),
+    # mq_open personality chroot mknodat mknod. pidfd_open stays allowed: the
+    # zygote waits on its children with it, and a pidfd grants nothing kill()
+    # would not (pidfd_getfd, which needs ptrace rights, is denied).
+    "x86_64": (0xC000003E, [101, 310, 311, 438, 425, 426, 427, 68, 64, 29, 240, 135, 161, 259, 133]),
+    "aarch64": (0xC00000B7, [117, 270, 271, 438, 425, 426, 427, 186, 190, 194, 180, 92, 51, 33]),
 }
 
 
@@ -90,13 +92,23 @@ try:
 except Exception:  # no ctypes in the image: the sandbox-wide filter still applies
     _libc = _fprog = None
 SECCOMP = _fprog is not None
+FILTERED = False  # the zygote itself carries the filter: children inherit it
+
+
+def install_filter():
+    if _libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+        raise OSError(ctypes.get_errno(), "prctl(NO_NEW_PRIVS)")
+    if _fprog is not None and _libc.prctl(22, 2, ctypes.byref(_fprog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "seccomp")
 
 
 def confine(limits):
-    """In a fresh child: drop to the call uid with limits and the filter."""
+    """In a fresh child: drop to the call uid with limits and the filter.
+    Every object touched here costs a copy-on-write fault: keep it lean."""
     try:
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write("1000")
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+        os.write(fd, b"1000")
+        os.close(fd)
     except OSError:
         pass
     for name, res in (("as_bytes", resource.RLIMIT_AS), ("nproc", resource.RLIMIT_NPROC),
@@ -111,11 +123,8 @@ def confine(limits):
     os.setgroups([])
     os.setresgid(GID, GID, GID)
     os.setresuid(UID, UID, UID)
-    if _libc is not None:
-        if _libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
-            raise OSError(ctypes.get_errno(), "prctl(NO_NEW_PRIVS)")
-        if _fprog is not None and _libc.prctl(22, 2, ctypes.byref(_fprog), 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "seccomp")
+    if not FILTERED and _libc is not None:
+        install_filter()
 
 
 def run_code(code, glb):
@@ -401,10 +410,11 @@ def call_fork(req):
             os.closerange(3, 1 << 16)  # the daemon's channel, worker pipes: not the call's
             os.chdir(SCRATCH)
             confine(limits)
-            os.environ["HOME"] = os.environ["TMPDIR"] = SCRATCH
-            sys.stdin = open(0, "r", closefd=False)
-            sys.stdout = open(1, "w", closefd=False)
-            sys.stderr = open(2, "w", closefd=False, buffering=1)
+            env = req.get("env")
+            if env:
+                os.environ.update(env)
+            # sys.stdin/stdout/stderr are the zygote's own objects, unused
+            # and empty there; they now read and write the call's fds
             code = run_code(req.get("code", ""), {"__name__": "__main__", "__builtins__": __builtins__})
             sys.stdout.flush()
             sys.stderr.flush()
@@ -661,16 +671,24 @@ def call_reuse(req):
 
 
 def main():
-    global SUBREAPER
+    global SUBREAPER, FILTERED
     if _libc is not None and _libc.prctl(36, 1, 0, 0, 0) == 0:  # PR_SET_CHILD_SUBREAPER
         SUBREAPER = True
+    if _libc is not None:
+        try:
+            install_filter()  # once here instead of once per call
+            FILTERED = True
+        except OSError as e:
+            sys.stderr.write("pyzygote: seccomp in the zygote: %s (per call instead)\n" % e)
+    os.environ["HOME"] = os.environ["TMPDIR"] = SCRATCH
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     os.umask(0o022)
     kill_uid()
     wipe_files()
     gc.collect()
     gc.freeze()  # forked children do not dirty the zygote's objects with GC bookkeeping
-    send_result(OUT, {"ready": True, "pid": os.getpid(), "seccomp": SECCOMP, "subreaper": SUBREAPER,
+    send_result(OUT, {"ready": True, "pid": os.getpid(), "seccomp": SECCOMP or FILTERED,
+                      "subreaper": SUBREAPER,
                       "preloaded": PRELOAD})
     while True:
         raw = read_frame(IN)
