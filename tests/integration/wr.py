@@ -124,6 +124,11 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+                raise AssertionError("warrend did not stop within 30 s of SIGTERM")
+            log = self.logtext()
+            # a clean stop; under ASan/UBSan any report fails the test module
+            assert self.proc.returncode == 0, f"warrend exited {self.proc.returncode}: {log}"
+            assert "AddressSanitizer" not in log and "runtime error" not in log, log
 
     def cli(self, *args, input=None, timeout=120, check=False):
         env = dict(os.environ, WARREN_HOST="unix:" + self.sock)
