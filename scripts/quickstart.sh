@@ -22,6 +22,14 @@ if ! "$BIN/warren" image inspect busybox:latest >/dev/null 2>&1; then
   "$BIN/warren" image import busybox:latest "$tmp/rootfs"
   rm -rf "$tmp"
 fi
+if ! "$BIN/warren" image inspect base:bookworm >/dev/null 2>&1; then
+  echo "quickstart: building the default image base:bookworm (debootstrap; ~1 minute the first time, cached after)"
+  if tarball=$(bash scripts/mk-debian-rootfs.sh); then
+    "$BIN/warren" image import base:bookworm "$tarball"
+  else
+    echo "quickstart: debootstrap failed; continuing with busybox:latest only" >&2
+  fi
+fi
 
 echo "== demo: three sandboxes, commands, files =="
 ids=()
@@ -40,6 +48,9 @@ echo "a fork bomb is contained by the pids limit:"
 "$BIN/warren" exec --timeout 3 "${ids[2]}" -- sh -c 'bomb() { bomb | bomb & }; bomb' >/dev/null 2>&1 || true
 "$BIN/warren" exec "${ids[2]}" -- echo "sandbox ${ids[2]} still alive"
 "$BIN/warren" run busybox:latest -- sh -c 'echo "warren run: create, exec, remove in one step"'
+if "$BIN/warren" image inspect base:bookworm >/dev/null 2>&1; then
+  "$BIN/warren" run base:bookworm -- python3 -c 'import sys; print("python", sys.version.split()[0], "in base:bookworm")'
+fi
 "$BIN/warren" ls
 "$BIN/warren" rm "${ids[@]}"
 echo "== Python SDK: a GRPO-style rollout batch (examples/rollout.py) =="
