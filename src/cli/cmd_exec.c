@@ -308,11 +308,13 @@ cmd_call (cli_t *cli, int argc, char **argv)
                                         { "timeout", required_argument, NULL, OPT_TIMEOUT },
                                         { "env", required_argument, NULL, OPT_ENV },
                                         { "stdin", required_argument, NULL, OPT_STDIN_FILE },
+                                        { "python", required_argument, NULL, 'P' },
+                                        { "mode", required_argument, NULL, 'm' },
                                         { "help", no_argument, NULL, 'h' },
                                         { 0 } };
   json_auto_t *req = json_object ();
   struct exec_opts o = { 0 };
-  const char *stdin_file = NULL;
+  const char *stdin_file = NULL, *code = NULL;
   int opt;
   optind = 0;
   while ((opt = getopt_long (argc, argv, "+h", opts, NULL)) != -1)
@@ -327,6 +329,15 @@ cmd_call (cli_t *cli, int argc, char **argv)
           stdin_file = optarg;
           r = 1;
         }
+      else if (opt == 'P' || opt == 'm')
+        {
+          /* fncall Python form: code runs in the pool's preloaded interpreter */
+          if (opt == 'P')
+            code = optarg;
+          else
+            json_object_set_new (req, "mode", json_string (optarg));
+          r = 1;
+        }
       if (r < 0)
         return CLI_EXIT_USAGE;
       if (r > 0)
@@ -336,12 +347,22 @@ cmd_call (cli_t *cli, int argc, char **argv)
       return cli_bad_option ("call", argv);
     }
   int ci = cmd_start (argc, argv, optind);
-  if (ci < 0)
-    return cli_usage ("call", "expected -- CMD [ARG...]");
-  json_auto_t *cmd = cli_cmd_request (argc - ci, argv + ci);
-  if (cmd == NULL)
-    return CLI_EXIT_USAGE;
-  json_object_update (req, cmd);
+  if (code)
+    {
+      if (ci >= 0)
+        return cli_usage ("call", "--python CODE takes no command");
+      json_object_set_new (req, "lang", json_string ("python"));
+      json_object_set_new (req, "code", json_string (code));
+    }
+  else
+    {
+      if (ci < 0)
+        return cli_usage ("call", "expected -- CMD [ARG...] (or --python CODE)");
+      json_auto_t *cmd = cli_cmd_request (argc - ci, argv + ci);
+      if (cmd == NULL)
+        return CLI_EXIT_USAGE;
+      json_object_update (req, cmd);
+    }
   if (stdin_file)
     {
       bool is_std = strcmp (stdin_file, "-") == 0;

@@ -50,8 +50,10 @@ static const struct help helps[] = {
            "on error or interrupt. Exits with the command's status.\n" CREATE_FLAGS EXEC_FLAGS },
   { "call", "Usage: warren call [--image REF] [--timeout S] [--memory MB] [--stdin FILE]\n"
             "                   [--env K=V]... -- CMD [ARG...]\n"
+            "       warren call [--image REF] ... --python CODE [--mode fork|reuse]\n"
             "Run CMD as one stateless job in a warm fncall pool; prints its output and exits\n"
-            "with its status. --stdin FILE sends FILE ('-' for warren's stdin).\n" },
+            "with its status. --stdin FILE sends FILE ('-' for warren's stdin). --python runs\n"
+            "CODE in the pool's preloaded interpreter (docs/fncall.md).\n" },
   { "cp", "Usage: warren cp SRC DST\n"
           "Copy a file into or out of a sandbox; exactly one side is ID:PATH. '-' is\n"
           "stdin (SRC) or stdout (DST). Binary safe, streamed. A DST ending in '/' or\n"
