@@ -373,3 +373,6 @@ def test_cli_call(fn):
     assert r.returncode == 4 and r.stdout == b"out\n" and b"err" in r.stderr, r
     r = fn.cli("call", "--timeout", "1", "--", "sleep", "10")
     assert r.returncode != 0
+    r = fn.cli("call", "--image", "python:latest", "--python", "print(6*7); raise SystemExit(2)",
+               "--mode", "reuse")
+    assert r.returncode == 2 and r.stdout == b"42\n", r
