@@ -245,3 +245,23 @@ def test_microvm_boots_20_in_a_row(rootfs):
     finally:
         d.stop()
         shutil.rmtree(d.root, ignore_errors=True)
+
+
+def test_microvm_adopted_after_daemon_restart(rootfs):
+    """kill -9 the daemon: the next one reconnects to the VM's agent socket."""
+    d = vm_daemon(rootfs, WARREN_VM_SNAPSHOTS="0", WARREN_VM_ACCEL=os.environ.get("WARREN_VM_ACCEL", "tcg"))
+    d2 = None
+    try:
+        sid = d.api.create(backend="microvm", memory_mb=192)
+        assert d.api.exec(sid, ["sh", "-c", "echo kept > /root/mark"])["exit_code"] == 0
+        pid = d.api.raw("GET", f"/v1/sandboxes/{sid}").json()["pid"]
+        d.kill9()
+        from wr import Daemon
+        d2 = Daemon(d.build, root=d.root).start()
+        assert d2.api.exec(sid, ["cat", "/root/mark"])["stdout"] == "kept\n"
+        assert d2.api.raw("GET", f"/v1/sandboxes/{sid}").json()["pid"] == pid
+        d2.api.delete(sid)
+        assert wait_gone(lambda: not os.path.exists(f"/proc/{pid}"))
+    finally:
+        (d2 or d).stop()
+        shutil.rmtree(d.root, ignore_errors=True)
