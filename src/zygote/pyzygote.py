@@ -408,6 +408,15 @@ def call_fork(req):
     except BaseException as e:  # SyntaxError, ValueError (NUL), MemoryError...
         compiled = e
     glb = {"__name__": "__main__", "__builtins__": __builtins__}
+    os.set_blocking(out_r, False)
+    os.set_blocking(err_r, False)
+    caps = [Capture(out_r, req.get("out_cap", 1 << 20)), Capture(err_r, req.get("err_cap", 1 << 20))]
+    poll = select.poll()
+    for c in caps:
+        poll.register(c.fd, select.POLLIN)
+    deadline = t0 + timeout
+    timed_out = exited = False
+    status = ru = None
     pid = os.fork()
     if pid == 0:
         code = 1
@@ -437,17 +446,8 @@ def call_fork(req):
     os.close(in_fd)
     os.close(out_w)
     os.close(err_w)
-    os.set_blocking(out_r, False)
-    os.set_blocking(err_r, False)
-    caps = [Capture(out_r, req.get("out_cap", 1 << 20)), Capture(err_r, req.get("err_cap", 1 << 20))]
     pidfd = os.pidfd_open(pid)
-    poll = select.poll()
     poll.register(pidfd, select.POLLIN)
-    for c in caps:
-        poll.register(c.fd, select.POLLIN)
-    deadline = t0 + timeout
-    timed_out = exited = False
-    status = ru = None
     while not exited:
         left = deadline - time.monotonic()
         if left <= 0:
