@@ -162,10 +162,9 @@ write_agent_cpio (int out, int agent_fd, wr_err_t *err)
     return wr_sys_error (err, "stat agent");
   static const char name[] = "warren-agent";
   char hdr[111 + sizeof name + 4];
-  int n = snprintf (hdr, sizeof hdr,
-                    "070701%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%s", 1u, 0100755u,
-                    0u, 0u, 1u, (unsigned)st.st_mtime, (unsigned)st.st_size, 0u, 0u, 0u, 0u,
-                    (unsigned)sizeof name, 0u, name);
+  int n = snprintf (hdr, sizeof hdr, "070701%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%s",
+                    1u, 0100755u, 0u, 0u, 1u, (unsigned)st.st_mtime, (unsigned)st.st_size, 0u, 0u,
+                    0u, 0u, (unsigned)sizeof name, 0u, name);
   n++; /* the name's NUL */
   while (n % 4)
     hdr[n++] = '\0';
@@ -188,8 +187,8 @@ write_agent_cpio (int out, int agent_fd, wr_err_t *err)
   if (off % 4 && wr_write_all (out, zeros, (size_t)(4 - off % 4)) < 0)
     return wr_sys_error (err, "write initrd");
   static const char tname[] = "TRAILER!!!";
-  n = snprintf (hdr, sizeof hdr, "070701%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%s",
-                0u, 0u, 0u, 0u, 1u, 0u, 0u, 0u, 0u, 0u, 0u, (unsigned)sizeof tname, 0u, tname);
+  n = snprintf (hdr, sizeof hdr, "070701%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%s", 0u,
+                0u, 0u, 0u, 1u, 0u, 0u, 0u, 0u, 0u, 0u, (unsigned)sizeof tname, 0u, tname);
   n++;
   while (n % 4)
     hdr[n++] = '\0';
@@ -277,10 +276,26 @@ probe_kvm (const char *kit_initramfs)
   char cmdline[256];
   snprintf (cmdline, sizeof cmdline,
             "console=ttyS0 quiet panic=-1 tsc_early_khz=%" PRIu64 " warren.probe=1", vm.tsc_khz);
-  char *argv[] = { vm.qemu, "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
-                   "-machine", "microvm", "-accel", "kvm", "-m", "128", "-kernel", vm.kernel,
-                   "-initrd", (char *)kit_initramfs, "-append", cmdline, "-serial",
-                   "file:probe.log", NULL };
+  char *argv[] = { vm.qemu,
+                   "-nodefaults",
+                   "-no-user-config",
+                   "-nographic",
+                   "-no-reboot",
+                   "-machine",
+                   "microvm",
+                   "-accel",
+                   "kvm",
+                   "-m",
+                   "128",
+                   "-kernel",
+                   vm.kernel,
+                   "-initrd",
+                   (char *)kit_initramfs,
+                   "-append",
+                   cmdline,
+                   "-serial",
+                   "file:probe.log",
+                   NULL };
   _cleanup_close_ int dirfd = open (vm.vmdir, O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (dirfd < 0)
     return false;
@@ -395,8 +410,7 @@ strv_free (struct strv *s)
   free (s->v);
 }
 
-static void __attribute__ ((format (printf, 2, 3)))
-strv_addf (struct strv *s, const char *fmt, ...)
+static void __attribute__ ((format (printf, 2, 3))) strv_addf (struct strv *s, const char *fmt, ...)
 {
   if (s->n + 2 > s->cap)
     {
@@ -548,8 +562,8 @@ build_argv (const struct vm_params *p, const char *hostname, const char *incomin
       strv_addf (a, "-drive");
       strv_addf (a, "id=wl%zu,file=%s,format=raw,if=none,readonly=on", i, f);
       strv_addf (a, "-device");
-      strv_addf (a, "%s,drive=wl%zu,serial=wl%zu",
-                 micro ? "virtio-blk-device" : "virtio-blk-pci", i, i);
+      strv_addf (a, "%s,drive=wl%zu,serial=wl%zu", micro ? "virtio-blk-device" : "virtio-blk-pci",
+                 i, i);
     }
   strv_addf (a, "-device");
   strv_addf (a, "%s", micro ? "virtio-rng-device" : "virtio-rng-pci");
@@ -786,8 +800,7 @@ qmp_read_msg (struct qmp *q, int timeout_ms, json_t **ret, wr_err_t *err)
 
 /* Send one command; *ret (may be NULL) gets its "return" value. */
 static int
-qmp_cmd (struct qmp *q, const char *cmd, json_t *args, int timeout_ms, json_t **ret,
-         wr_err_t *err)
+qmp_cmd (struct qmp *q, const char *cmd, json_t *args, int timeout_ms, json_t **ret, wr_err_t *err)
 {
   json_t *m = json_pack ("{s:s}", "execute", cmd);
   if (args)
@@ -859,8 +872,9 @@ qmp_wait_running (struct qmp *q, int timeout_ms, wr_err_t *err)
         return r;
       const char *s = json_string_value (json_object_get (st, "status"));
       bool running = s && strcmp (s, "running") == 0;
-      bool bad = s && (strcmp (s, "internal-error") == 0 || strcmp (s, "shutdown") == 0
-                       || strcmp (s, "guest-panicked") == 0);
+      bool bad = s
+                 && (strcmp (s, "internal-error") == 0 || strcmp (s, "shutdown") == 0
+                     || strcmp (s, "guest-panicked") == 0);
       /* the template was stopped before its migration: a finished restore
        * stays paused until told to run */
       bool paused = s && (strcmp (s, "paused") == 0 || strcmp (s, "postmigrate") == 0);
@@ -1364,8 +1378,7 @@ wr_vm_create (struct wr_runtime *rt, enum wr_vm_kind kind, const struct wr_conta
 }
 
 int
-wr_vm_destroy (struct wr_runtime *rt, struct wr_container *c, const char *state_dir,
-               wr_err_t *err)
+wr_vm_destroy (struct wr_runtime *rt, struct wr_container *c, const char *state_dir, wr_err_t *err)
 {
   if (c == NULL || !valid_id (c->id))
     return wr_error (err, EINVAL, WR_E_INVALID, "invalid sandbox id");
