@@ -329,8 +329,8 @@ vm_restored (const uint8_t *p, size_t len)
   uint64_t ns = 0;
   for (int i = 0; i < 8; i++)
     ns |= (uint64_t)p[69 + i] << (8 * i);
-  struct timespec ts = { .tv_sec = (time_t)(ns / 1000000000ull),
-                         .tv_nsec = (long)(ns % 1000000000ull) };
+  struct timespec ts
+      = { .tv_sec = (time_t)(ns / 1000000000ull), .tv_nsec = (long)(ns % 1000000000ull) };
   if (ns)
     clock_settime (CLOCK_REALTIME, &ts);
   if (len > 77)

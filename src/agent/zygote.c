@@ -25,7 +25,7 @@ static const struct
   const char *name;
   int res;
 } limit_names[] = {
-  { "cpu_s", RLIMIT_CPU },     { "as_bytes", RLIMIT_AS }, { "nproc", RLIMIT_NPROC },
+  { "cpu_s", RLIMIT_CPU },         { "as_bytes", RLIMIT_AS },   { "nproc", RLIMIT_NPROC },
   { "fsize_bytes", RLIMIT_FSIZE }, { "nofile", RLIMIT_NOFILE }, { "core_bytes", RLIMIT_CORE },
 };
 
@@ -43,9 +43,9 @@ ag_call_parse (json_t *body, struct ag_call *c, wr_err_t *err)
     return wr_error (err, EINVAL, WR_E_INVALID, "\"call\" must be an object");
   json_t *uid = json_object_get (j, "uid"), *gid = json_object_get (j, "gid");
   /* Never root or the overflow ids: the call uid must own nothing else. */
-  if (!json_is_integer (uid) || json_integer_value (uid) < 1000
-      || json_integer_value (uid) > 65000 || !json_is_integer (gid)
-      || json_integer_value (gid) < 1000 || json_integer_value (gid) > 65000)
+  if (!json_is_integer (uid) || json_integer_value (uid) < 1000 || json_integer_value (uid) > 65000
+      || !json_is_integer (gid) || json_integer_value (gid) < 1000
+      || json_integer_value (gid) > 65000)
     return wr_error (err, EINVAL, WR_E_INVALID, "\"call\": uid and gid must be in [1000, 65000]");
   c->uid = (uid_t)json_integer_value (uid);
   c->gid = (gid_t)json_integer_value (gid);
@@ -99,10 +99,21 @@ ag_call_prepare (const struct ag_call *c, wr_err_t *err)
  * processes by handle, no state that outlives the call in the sandbox's IPC
  * namespace, no io_uring (it bypasses this filter). */
 static const int call_denied[] = {
-  __NR_ptrace,        __NR_process_vm_readv, __NR_process_vm_writev, __NR_pidfd_getfd,
-  __NR_pidfd_open,    __NR_io_uring_setup,   __NR_io_uring_enter,    __NR_io_uring_register,
-  __NR_msgget,        __NR_semget,           __NR_shmget,            __NR_mq_open,
-  __NR_personality,   __NR_chroot,           __NR_mknodat,
+  __NR_ptrace,
+  __NR_process_vm_readv,
+  __NR_process_vm_writev,
+  __NR_pidfd_getfd,
+  __NR_pidfd_open,
+  __NR_io_uring_setup,
+  __NR_io_uring_enter,
+  __NR_io_uring_register,
+  __NR_msgget,
+  __NR_semget,
+  __NR_shmget,
+  __NR_mq_open,
+  __NR_personality,
+  __NR_chroot,
+  __NR_mknodat,
 #ifdef __NR_mknod
   __NR_mknod,
 #endif
@@ -130,12 +141,12 @@ build_filter (void)
                                          offsetof (struct seccomp_data, arch));
   f[n++] = (struct sock_filter)BPF_JUMP (BPF_JMP | BPF_JEQ | BPF_K, CALL_AUDIT_ARCH, 1, 0);
   f[n++] = (struct sock_filter)BPF_STMT (BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS);
-  f[n++] = (struct sock_filter)BPF_STMT (BPF_LD | BPF_W | BPF_ABS,
-                                         offsetof (struct seccomp_data, nr));
+  f[n++]
+      = (struct sock_filter)BPF_STMT (BPF_LD | BPF_W | BPF_ABS, offsetof (struct seccomp_data, nr));
   for (size_t i = 0; i < N_DENIED; i++)
     {
-      f[n++] = (struct sock_filter)BPF_JUMP (BPF_JMP | BPF_JEQ | BPF_K, (unsigned)call_denied[i],
-                                             0, 1);
+      f[n++] = (struct sock_filter)BPF_JUMP (BPF_JMP | BPF_JEQ | BPF_K, (unsigned)call_denied[i], 0,
+                                             1);
       f[n++] = (struct sock_filter)BPF_STMT (BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
     }
   f[n++] = (struct sock_filter)BPF_STMT (BPF_RET | BPF_K, SECCOMP_RET_ALLOW);

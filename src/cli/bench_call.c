@@ -34,8 +34,8 @@ struct call_opts
   bool no_alt, quiet;
 };
 
-static void
-say (const struct call_opts *o, const char *fmt, ...) __attribute__ ((format (printf, 2, 3)));
+static void say (const struct call_opts *o, const char *fmt, ...)
+    __attribute__ ((format (printf, 2, 3)));
 static void
 say (const struct call_opts *o, const char *fmt, ...)
 {
@@ -139,8 +139,8 @@ warm (warren_client_t *c, const char *image, const char *lang, unsigned size, js
       char *msg, size_t msglen)
 {
   warren_error_t e;
-  json_t *body = json_pack ("{s:s,s:s,s:I}", "image", image, "lang", lang, "size",
-                            (json_int_t)size);
+  json_t *body
+      = json_pack ("{s:s,s:s,s:I}", "image", image, "lang", lang, "size", (json_int_t)size);
   json_t *r = NULL;
   if (warren_request (c, "PUT", "/v1/fncall/pools", body, &r, &e) < 0)
     {
@@ -248,8 +248,8 @@ host_spawn (char *const argv[], size_t n, wr_bench_stats_t *ret)
       uint64_t t0 = wr_now_ns ();
       pid_t pid;
       int st;
-      if (posix_spawn (&pid, argv[0], &fa, NULL, argv, environ) != 0
-          || waitpid (pid, &st, 0) != pid || !WIFEXITED (st) || WEXITSTATUS (st) != 0)
+      if (posix_spawn (&pid, argv[0], &fa, NULL, argv, environ) != 0 || waitpid (pid, &st, 0) != pid
+          || !WIFEXITED (st) || WEXITSTATUS (st) != 0)
         {
           out = err_entry ("spawn failed or exited non-zero");
           break;
@@ -348,11 +348,16 @@ wr_cli_bench_call (warren_client_t *c, int argc, char **argv)
                          .image = "busybox:latest",
                          .py_image = "python:latest" };
   static const struct option opts[] = {
-    { "count", required_argument, NULL, 'n' },      { "alt-count", required_argument, NULL, 'a' },
-    { "concurrency", required_argument, NULL, 'c' }, { "pool-size", required_argument, NULL, 's' },
-    { "image", required_argument, NULL, 'i' },      { "python-image", required_argument, NULL, 'p' },
-    { "no-alt", no_argument, NULL, 'N' },           { "quiet", no_argument, NULL, 'q' },
-    { "help", no_argument, NULL, 'h' },             { 0 },
+    { "count", required_argument, NULL, 'n' },
+    { "alt-count", required_argument, NULL, 'a' },
+    { "concurrency", required_argument, NULL, 'c' },
+    { "pool-size", required_argument, NULL, 's' },
+    { "image", required_argument, NULL, 'i' },
+    { "python-image", required_argument, NULL, 'p' },
+    { "no-alt", no_argument, NULL, 'N' },
+    { "quiet", no_argument, NULL, 'q' },
+    { "help", no_argument, NULL, 'h' },
+    { 0 },
   };
   optind = 0;
   int opt;
@@ -435,8 +440,8 @@ wr_cli_bench_call (warren_client_t *c, int argc, char **argv)
   static const char *modes[2] = { "fork", "reuse" };
   for (int m = 0; m < 2; m++)
     {
-      json_t *preq = json_pack ("{s:s,s:s,s:s,s:s}", "image", o.py_image, "lang", "python",
-                                "code", "print(1+1)", "mode", modes[m]);
+      json_t *preq = json_pack ("{s:s,s:s,s:s,s:s}", "image", o.py_image, "lang", "python", "code",
+                                "print(1+1)", "mode", modes[m]);
       char key[32];
       snprintf (key, sizeof key, "fncall_python_%s", modes[m]);
       say (&o, "warming the %s python pool (%s)", o.py_image, modes[m]);
@@ -506,13 +511,13 @@ wr_cli_bench_call (warren_client_t *c, int argc, char **argv)
       wr_rm_rf_at (AT_FDCWD, tmp);
     }
 
-  json_object_set_new (
-      rep, "ratios",
-      json_pack ("{s:o,s:o,s:o,s:o,s:o}", "true_vs_posix_spawn", ratio (true_best, spawn_rate),
-                 "true_vs_oneshot_sandbox", ratio (true_best, oneshot_rate), "true_vs_bwrap",
-                 ratio (true_best, bwrap_rate), "python_fork_vs_python3_c",
-                 ratio (py_best[0], pyc_rate), "python_reuse_vs_python3_c",
-                 ratio (py_best[1], pyc_rate)));
+  json_object_set_new (rep, "ratios",
+                       json_pack ("{s:o,s:o,s:o,s:o,s:o}", "true_vs_posix_spawn",
+                                  ratio (true_best, spawn_rate), "true_vs_oneshot_sandbox",
+                                  ratio (true_best, oneshot_rate), "true_vs_bwrap",
+                                  ratio (true_best, bwrap_rate), "python_fork_vs_python3_c",
+                                  ratio (py_best[0], pyc_rate), "python_reuse_vs_python3_c",
+                                  ratio (py_best[1], pyc_rate)));
   json_t *targets = json_array ();
   json_array_append_new (targets, target ("fncall true calls/s / host posix_spawn calls/s",
                                           spawn_rate > 0 ? true_best / spawn_rate : 0, 0.8, ">="));

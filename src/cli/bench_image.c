@@ -175,8 +175,8 @@ import_case (warren_client_t *c, const char *dir, const char *base, const char *
   json_decref (x);
   json_decref (res);
   warren_sandbox_delete (c, id, e);
-  return json_pack ("{s:s,s:I,s:f,s:f,s:f}", "image", name, "bytes", (json_int_t)bytes,
-                    "import_s", t1 - t0, "first_sandbox_s", t2 - t1, "read_all_s", t4 - t3);
+  return json_pack ("{s:s,s:I,s:f,s:f,s:f}", "image", name, "bytes", (json_int_t)bytes, "import_s",
+                    t1 - t0, "first_sandbox_s", t2 - t1, "read_all_s", t4 - t3);
 }
 
 int wr_cli_bench_image (warren_client_t *c, int argc, char **argv);
@@ -281,8 +281,8 @@ wr_cli_bench_image (warren_client_t *c, int argc, char **argv)
         p50[k] = median (v, count);
         char key[16];
         snprintf (key, sizeof key, "%zu", ks[k]);
-        json_object_set_new (lat, key, json_pack ("{s:f,s:f}", "create_p50_ms", p50[k],
-                                                  "create_min_ms", v[0]));
+        json_object_set_new (
+            lat, key, json_pack ("{s:f,s:f}", "create_p50_ms", p50[k], "create_min_ms", v[0]));
         free (v);
         json_decref (req);
       }
@@ -297,7 +297,7 @@ wr_cli_bench_image (warren_client_t *c, int argc, char **argv)
     fprintf (stderr, "bench image: %u sandboxes reading one 10 MB layer\n", density);
     const char *layers[1] = { "bench-image-10mb:latest" };
     json_t *req = create_req (base, layers, 1);
-    char(*ids)[140] = calloc (density, sizeof *ids);
+    char (*ids)[140] = calloc (density, sizeof *ids);
     sync ();
     long long cached0 = meminfo_kb ("Cached"), shmem0 = meminfo_kb ("Shmem");
     long long avail0 = meminfo_kb ("MemAvailable");
@@ -320,15 +320,15 @@ wr_cli_bench_image (warren_client_t *c, int argc, char **argv)
     json_decref (img);
     double page_cache_mb = (double)((cached1 - shmem1) - (cached0 - shmem0)) / 1024.0;
     double private_mb = 10.0 * density;
-    json_object_set_new (
-        report, "density",
-        json_pack ("{s:i,s:f,s:f,s:f,s:f,s:I,s:f,s:s,s:b}", "sandboxes", (int)density,
-                   "create_and_read_s", t1 - t0, "page_cache_growth_mb", page_cache_mb,
-                   "mem_available_drop_mb", (double)(avail0 - avail1) / 1024.0,
-                   "if_private_copies_mb", private_mb, "layer_disk_bytes", layer_bytes,
-                   "disk_if_private_copies_mb", private_mb, "target",
-                   "the layer's pages held once (growth ~10 MB, not ~1000 MB)", "met",
-                   page_cache_mb < 3 * 10.0 + 5));
+    json_object_set_new (report, "density",
+                         json_pack ("{s:i,s:f,s:f,s:f,s:f,s:I,s:f,s:s,s:b}", "sandboxes",
+                                    (int)density, "create_and_read_s", t1 - t0,
+                                    "page_cache_growth_mb", page_cache_mb, "mem_available_drop_mb",
+                                    (double)(avail0 - avail1) / 1024.0, "if_private_copies_mb",
+                                    private_mb, "layer_disk_bytes", layer_bytes,
+                                    "disk_if_private_copies_mb", private_mb, "target",
+                                    "the layer's pages held once (growth ~10 MB, not ~1000 MB)",
+                                    "met", page_cache_mb < 3 * 10.0 + 5));
   }
   goto out;
 fail:

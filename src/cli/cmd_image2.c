@@ -47,8 +47,7 @@ progress_cb (void *ud, const char *what, uint64_t done, uint64_t total)
       p->drawn = true;
     }
   else if (new_step || pct == 100 || pct / 10 != p->last_pct / 10)
-    fprintf (stderr, "%s %llu/%llu\n", what, (unsigned long long)done,
-             (unsigned long long)total);
+    fprintf (stderr, "%s %llu/%llu\n", what, (unsigned long long)done, (unsigned long long)total);
   snprintf (p->what, sizeof p->what, "%s", what);
   p->last_pct = pct;
   fflush (stderr);
@@ -76,9 +75,10 @@ print_result (const json_t *img, bool as_json)
 static int
 simple_opts (const char *verb, int argc, char **argv, bool *as_json, bool *quiet, int *ret)
 {
-  static const struct option o[]
-      = { { "json", no_argument, NULL, 'j' }, { "quiet", no_argument, NULL, 'q' },
-          { "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 } };
+  static const struct option o[] = { { "json", no_argument, NULL, 'j' },
+                                     { "quiet", no_argument, NULL, 'q' },
+                                     { "help", no_argument, NULL, 'h' },
+                                     { NULL, 0, NULL, 0 } };
   optind = 1;
   int c;
   while ((c = getopt_long (argc, argv, "qh", o, NULL)) != -1)
@@ -149,10 +149,11 @@ image_gc (cli_t *cli, int argc, char **argv)
 static int
 image_pull (cli_t *cli, int argc, char **argv)
 {
-  static const struct option o[]
-      = { { "json", no_argument, NULL, 'j' },     { "quiet", no_argument, NULL, 'q' },
-          { "insecure", no_argument, NULL, 'i' }, { "help", no_argument, NULL, 'h' },
-          { NULL, 0, NULL, 0 } };
+  static const struct option o[] = { { "json", no_argument, NULL, 'j' },
+                                     { "quiet", no_argument, NULL, 'q' },
+                                     { "insecure", no_argument, NULL, 'i' },
+                                     { "help", no_argument, NULL, 'h' },
+                                     { NULL, 0, NULL, 0 } };
   bool as_json = false, quiet = false, insecure = false;
   optind = 1;
   int c;
@@ -178,8 +179,9 @@ image_pull (cli_t *cli, int argc, char **argv)
     return cli_usage ("image pull", "expected REF [NAME[:TAG]]");
   /* plain HTTP only: on loopback that is what the user means */
   const char *ref = argv[optind];
-  if (!insecure && (strncmp (ref, "127.", 4) == 0 || strncmp (ref, "localhost", 9) == 0
-                    || strncmp (ref, "[::1]", 5) == 0))
+  if (!insecure
+      && (strncmp (ref, "127.", 4) == 0 || strncmp (ref, "localhost", 9) == 0
+          || strncmp (ref, "[::1]", 5) == 0))
     insecure = true;
   warren_client_t *cl = cli_client (cli);
   if (cl == NULL)
@@ -198,9 +200,9 @@ static int
 image_build (cli_t *cli, int argc, char **argv)
 {
   static const struct option o[]
-      = { { "json", no_argument, NULL, 'j' },   { "quiet", no_argument, NULL, 'q' },
+      = { { "json", no_argument, NULL, 'j' },       { "quiet", no_argument, NULL, 'q' },
           { "file", required_argument, NULL, 'f' }, { "context", required_argument, NULL, 'c' },
-          { "help", no_argument, NULL, 'h' },   { NULL, 0, NULL, 0 } };
+          { "help", no_argument, NULL, 'h' },       { NULL, 0, NULL, 0 } };
   bool as_json = false, quiet = false;
   const char *file = NULL, *context = NULL;
   optind = 1;
@@ -276,8 +278,8 @@ image_build (cli_t *cli, int argc, char **argv)
     context = abs;
   struct progress p = { .tty = isatty (2), .last_pct = -1 };
   warren_error_t e;
-  json_auto_t *img = warren_image_build (cl, argv[optind], spec, context,
-                                         quiet ? NULL : progress_cb, &p, &e);
+  json_auto_t *img
+      = warren_image_build (cl, argv[optind], spec, context, quiet ? NULL : progress_cb, &p, &e);
   progress_end (&p);
   if (img == NULL)
     return cli_fail (&e, NULL);

@@ -71,9 +71,11 @@ static const struct help helps[] = {
     "Usage: warren image import NAME[:TAG] PATH | ls [--json] | inspect REF | rm REF...\n"
     "       warren image tag SRC DST | pull REF [NAME] | build NAME[:TAG] -f SPEC [--context DIR]"
     " | gc\n" },
-  { "image tag", "Usage: warren image tag SRC DST [--json]\nPoint DST (NAME[:TAG]) at SRC's manifest.\n" },
+  { "image tag",
+    "Usage: warren image tag SRC DST [--json]\nPoint DST (NAME[:TAG]) at SRC's manifest.\n" },
   { "image pull",
-    "Usage: warren image pull [--insecure] [--quiet] [--json] HOST[:PORT]/REPO[:TAG|@DIGEST] [NAME[:TAG]]\n"
+    "Usage: warren image pull [--insecure] [--quiet] [--json] HOST[:PORT]/REPO[:TAG|@DIGEST] "
+    "[NAME[:TAG]]\n"
     "Pull from an OCI registry over plain HTTP (--insecure; implied for loopback).\n" },
   { "image build",
     "Usage: warren image build NAME[:TAG] -f SPEC [--context DIR] [--quiet] [--json]\n"

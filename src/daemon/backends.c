@@ -49,7 +49,7 @@ static const struct wrd_backend container_backend = {
 /* microvm / vm (src/backend/vm.c): QEMU processes; stats come from their
  * cgroup exactly as for containers. */
 #define VM_OPS(prefix, kind)                                                                       \
-  static int prefix##_create (struct wrd *d, const struct wr_container_spec *spec,                \
+  static int prefix##_create (struct wrd *d, const struct wr_container_spec *spec,                 \
                               struct wr_container *ret, wr_err_t *err)                             \
   {                                                                                                \
     return wr_vm_create (d->rt, kind, spec, ret, err);                                             \

@@ -108,8 +108,7 @@ struct build
 static int
 parse_spec (struct build *b, wr_err_t *err)
 {
-  static const char *const names[]
-      = { "FROM", "RUN", "COPY", "ENV", "WORKDIR", "USER", "LABEL" };
+  static const char *const names[] = { "FROM", "RUN", "COPY", "ENV", "WORKDIR", "USER", "LABEL" };
   char *p = b->spec;
   int lineno = 0;
   while (*p)
@@ -159,8 +158,8 @@ parse_spec (struct build *b, wr_err_t *err)
         return wr_error (err, 0, WR_E_INVALID, "spec line %d: %s needs an argument", first,
                          names[op]);
       if ((op == OP_FROM) != (b->n_steps == 0))
-        return wr_error (err, 0, WR_E_INVALID,
-                         "spec line %d: FROM must come first, and only once", first);
+        return wr_error (err, 0, WR_E_INVALID, "spec line %d: FROM must come first, and only once",
+                         first);
       if (b->n_steps == MAX_STEPS)
         return wr_error (err, 0, WR_E_INVALID, "spec has more than %d steps", MAX_STEPS);
       b->steps[b->n_steps++] = (struct step){ (enum op)op, arg, first };
@@ -372,8 +371,8 @@ open_in_context (int ctx, const char *rel, int flags, wr_err_t *err)
 /* Copy the file or tree at sfd (named name) into dfd, hashing names, modes
  * and content into h. Symlinks are copied as links, never followed. */
 static int
-copy_in (int sfd, const struct stat *st, int dfd, const char *name, struct wr_sha256 *h,
-         int depth, wr_err_t *err)
+copy_in (int sfd, const struct stat *st, int dfd, const char *name, struct wr_sha256 *h, int depth,
+         wr_err_t *err)
 {
   char hdr[600];
   snprintf (hdr, sizeof hdr, "%s\n%o\n", name, (unsigned)st->st_mode);
@@ -609,8 +608,10 @@ copy_prepare (struct build *b, const struct step *s, const char *workdir, const 
             return r;
         }
       else
-        return wr_error (err, 0, WR_E_INVALID, "spec line %d: COPY source %s is not a file or "
-                                               "directory", s->line, w[i]);
+        return wr_error (err, 0, WR_E_INVALID,
+                         "spec line %d: COPY source %s is not a file or "
+                         "directory",
+                         s->line, w[i]);
     }
   uint8_t d[32];
   wr_sha256_final (&h, d);
@@ -821,8 +822,8 @@ build_work (void *arg)
               break;
             }
           set_cur (b, img);
-          json_array_append_new (b->log, json_pack ("{s:s,s:b,s:s}", "step", s->arg, "cached",
-                                                    1, "digest", b->cur));
+          json_array_append_new (
+              b->log, json_pack ("{s:s,s:b,s:s}", "step", s->arg, "cached", 1, "digest", b->cur));
           continue;
         }
       char extra_hex[65] = "";
@@ -889,8 +890,8 @@ build_work (void *arg)
             wr_rm_rf_at (pfd, slash + 1);
         }
       if (b->r == 0)
-        json_array_append_new (b->log, json_pack ("{s:s,s:b,s:s}", "step", s->arg, "cached", hit,
-                                                  "digest", b->cur));
+        json_array_append_new (
+            b->log, json_pack ("{s:s,s:b,s:s}", "step", s->arg, "cached", hit, "digest", b->cur));
       else if (err->msg[0] && !strstr (err->msg, "spec line"))
         wr_error_wrap (err, "spec line %d", s->line);
     }

@@ -120,7 +120,7 @@ struct fn_call
 struct wrd_fncall
 {
   struct wrd_fncall_config cfg;
-  char *zygote;       /* script text, NULL when not found */
+  char *zygote; /* script text, NULL when not found */
   char zygote_path[PATH_MAX];
   char preload[512];
   struct fn_pool *pools;
@@ -148,8 +148,7 @@ call_free (struct fn_call *c)
   free (c);
 }
 
-static void
-call_fail (struct fn_call *c, const char *code, const char *fmt, ...)
+static void call_fail (struct fn_call *c, const char *code, const char *fmt, ...)
     __attribute__ ((format (printf, 3, 4)));
 static void
 call_fail (struct fn_call *c, const char *code, const char *fmt, ...)
@@ -187,12 +186,12 @@ call_reply (struct fn_call *c, json_t *r)
   if (!json_is_boolean (json_object_get (r, "timed_out")))
     json_object_set_new (r, "timed_out", json_false ());
   uint64_t now = wr_now_ns ();
-  json_object_set_new (
-      r, "fncall",
-      json_pack ("{s:s,s:s,s:I,s:I,s:I}", "pool", c->pool->key, "sandbox",
-                 c->m && c->m->sb ? c->m->sb->id : "", "queued_ms",
-                 (json_int_t)((c->start_ns - c->t0_ns) / 1000000), "total_ms",
-                 (json_int_t)((now - c->t0_ns) / 1000000), "attempts", (json_int_t)c->tries));
+  json_object_set_new (r, "fncall",
+                       json_pack ("{s:s,s:s,s:I,s:I,s:I}", "pool", c->pool->key, "sandbox",
+                                  c->m && c->m->sb ? c->m->sb->id : "", "queued_ms",
+                                  (json_int_t)((c->start_ns - c->t0_ns) / 1000000), "total_ms",
+                                  (json_int_t)((now - c->t0_ns) / 1000000), "attempts",
+                                  (json_int_t)c->tries));
   wrd_metrics_exec (c->d, (double)(now - c->t0_ns) / 1e9, true);
   wrd_reply_json (c->req, 200, r);
   call_free (c);
@@ -383,8 +382,8 @@ zygote_on_data (void *ud, uint8_t type, const uint8_t *data, size_t len)
       if (have < 4)
         return;
       uint8_t *h = evbuffer_pullup (m->zbuf, 4);
-      uint32_t n = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16
-                   | (uint32_t)h[3] << 24;
+      uint32_t n
+          = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24;
       if (n > MAX_ZYGOTE_FRAME)
         {
           member_kill (d, m, "its zygote sent a malformed frame");
@@ -438,8 +437,8 @@ zygote_on_done (void *ud, json_t *res)
                 why ? why : "exit status " /* completed below */);
       if (why == NULL)
         snprintf (p->last_error, sizeof p->last_error,
-                  "the Python zygote of image %s exited before it was ready (exit %lld)",
-                  p->image, json_integer_value (json_object_get (res, "exit_code")));
+                  "the Python zygote of image %s exited before it was ready (exit %lld)", p->image,
+                  json_integer_value (json_object_get (res, "exit_code")));
     }
   member_kill (d, m, "its zygote exited");
 }
@@ -469,10 +468,10 @@ zygote_start (struct wrd *d, struct fn_member *m, wr_err_t *err)
   snprintf (uid, sizeof uid, "%u", m->uid);
   json_t *env = json_pack ("[s,s,s]", "PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
                            "PYTHONDONTWRITEBYTECODE=1", "LANG=C.UTF-8");
-  json_t *body = json_pack ("{s:[s,s,s,s,s,s,s,s,s,s],s:o,s:s,s:b,s:I,s:I}", "cmd", "python3",
-                            "-I", "-S", "-u", "-c", f->zygote, uid, uid, scratch, f->preload,
-                            "env", env, "cwd", "/", "stdin", 1, "stdout_cap",
-                            (json_int_t)INT64_MAX / 2, "stderr_cap", (json_int_t)(1 << 20));
+  json_t *body = json_pack ("{s:[s,s,s,s,s,s,s,s,s,s],s:o,s:s,s:b,s:I,s:I}", "cmd", "python3", "-I",
+                            "-S", "-u", "-c", f->zygote, uid, uid, scratch, f->preload, "env", env,
+                            "cwd", "/", "stdin", 1, "stdout_cap", (json_int_t)INT64_MAX / 2,
+                            "stderr_cap", (json_int_t)(1 << 20));
   static const struct agent_ops ops = { zygote_on_data, zygote_on_done, zygote_on_error };
   m->zbuf = evbuffer_new ();
   m->zsid = agent_request (m->sb->conn, WR_MSG_EXEC, body, &ops, m);
@@ -537,9 +536,9 @@ member_add (struct wrd *d, struct fn_pool *p, wr_err_t *err)
   struct wrd_fncall *f = d->fncall;
   /* The sandbox holds the call's memory plus the agent (and zygote). */
   unsigned sb_mem = p->memory_mb + (p->lang == LANG_PYTHON ? 128 : 32);
-  json_t *req = json_pack ("{s:s,s:I,s:I,s:f,s:s}", "image", p->image, "memory_mb",
-                           (json_int_t)sb_mem, "pids_max", (json_int_t)(CALL_NPROC * 2 + 32),
-                           "cpus", 2.0, "network", "none");
+  json_t *req
+      = json_pack ("{s:s,s:I,s:I,s:f,s:s}", "image", p->image, "memory_mb", (json_int_t)sb_mem,
+                   "pids_max", (json_int_t)(CALL_NPROC * 2 + 32), "cpus", 2.0, "network", "none");
   struct sandbox *sb = NULL;
   int r = wrd_sandbox_build_internal (d, req, &sb, err);
   json_decref (req);
@@ -818,9 +817,8 @@ zygote_result (struct wrd *d, struct fn_member *m, json_t *hdr, const uint8_t *b
   evbuffer_add (c->out, body, ol);
   evbuffer_add (c->err, body + ol, el);
   json_t *r = json_object ();
-  static const char *keep[] = { "exit_code",        "signal",           "timed_out",
-                                "stdout_truncated", "stderr_truncated", "duration_ms",
-                                "usage",            "mode" };
+  static const char *keep[] = { "exit_code",        "signal",      "timed_out", "stdout_truncated",
+                                "stderr_truncated", "duration_ms", "usage",     "mode" };
   for (size_t i = 0; i < WR_ARRAY_SIZE (keep); i++)
     {
       json_t *v = json_object_get (hdr, keep[i]);
@@ -903,8 +901,8 @@ get_uint (json_t *req, const char *field, json_int_t def, json_int_t min, json_i
       return 0;
     }
   if (!json_is_integer (v) || json_integer_value (v) < min || json_integer_value (v) > max)
-    return wr_error (err, 0, WR_E_INVALID, "field \"%s\" must be an integer in [%lld, %lld]",
-                     field, (long long)min, (long long)max);
+    return wr_error (err, 0, WR_E_INVALID, "field \"%s\" must be an integer in [%lld, %lld]", field,
+                     (long long)min, (long long)max);
   *ret = json_integer_value (v);
   return 0;
 }
@@ -957,8 +955,8 @@ env_array (struct wrd *d, json_t *req_env, json_t **ret, wr_err_t *err)
 {
   (void)d;
   json_t *env = json_object ();
-  json_object_set_new (env, "PATH",
-                       json_string ("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"));
+  json_object_set_new (
+      env, "PATH", json_string ("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"));
   json_object_set_new (env, "HOME", json_string (SCRATCH));
   json_object_set_new (env, "TMPDIR", json_string (SCRATCH));
   json_object_set_new (env, "LANG", json_string ("C.UTF-8"));
@@ -1060,9 +1058,8 @@ parse_call (struct wrd *d, json_t *req, struct fn_call *c, const char **ret_imag
     return -EINVAL;
   c->timeout_s = timeout;
   json_t *limits = json_pack ("{s:I,s:I,s:I,s:I,s:I}", "cpu_s", cpu_s, "as_bytes",
-                              (json_int_t)mem << 20, "nproc", (json_int_t)CALL_NPROC,
-                              "fsize_bytes", (json_int_t)CALL_FSIZE, "nofile",
-                              (json_int_t)CALL_NOFILE);
+                              (json_int_t)mem << 20, "nproc", (json_int_t)CALL_NPROC, "fsize_bytes",
+                              (json_int_t)CALL_FSIZE, "nofile", (json_int_t)CALL_NOFILE);
   json_t *env = NULL;
   if (env_array (d, json_object_get (req, "env"), &env, err) < 0)
     {
@@ -1095,8 +1092,8 @@ parse_call (struct wrd *d, json_t *req, struct fn_call *c, const char **ret_imag
           /* only the caller's variables: the zygote's environment has the rest */
           json_t *uenv = json_object_get (req, "env");
           c->body = json_pack ("{s:O,s:s,s:f,s:I,s:I,s:o,s:o}", "code", code, "mode",
-                               *ret_mode == 1 ? "reuse" : "fork", "timeout_s", timeout,
-                               "out_cap", out_cap, "err_cap", err_cap, "limits", limits, "env",
+                               *ret_mode == 1 ? "reuse" : "fork", "timeout_s", timeout, "out_cap",
+                               out_cap, "err_cap", err_cap, "limits", limits, "env",
                                json_is_object (uenv) ? json_deep_copy (uenv) : json_object ());
           json_object_set_new (c->body, "timeout_ms", json_integer ((json_int_t)(timeout * 1000)));
           limits = NULL;
@@ -1129,11 +1126,11 @@ parse_call (struct wrd *d, json_t *req, struct fn_call *c, const char **ret_imag
       }
       if (r == 0)
         {
-          c->body = json_pack (
-              "{s:O,s:o,s:s,s:I,s:I,s:I,s:b,s:{s:s,s:b,s:o}}", cmd ? "cmd" : "shell",
-              cmd ? cmd : shell, "env", env, "cwd", "/", "timeout_ms",
-              (json_int_t)(timeout * 1000), "stdout_cap", out_cap, "stderr_cap", err_cap,
-              "stdin", c->in != NULL, "call", "scratch", SCRATCH, "seccomp", 1, "rlimits", limits);
+          c->body = json_pack ("{s:O,s:o,s:s,s:I,s:I,s:I,s:b,s:{s:s,s:b,s:o}}",
+                               cmd ? "cmd" : "shell", cmd ? cmd : shell, "env", env, "cwd", "/",
+                               "timeout_ms", (json_int_t)(timeout * 1000), "stdout_cap", out_cap,
+                               "stderr_cap", err_cap, "stdin", c->in != NULL, "call", "scratch",
+                               SCRATCH, "seccomp", 1, "rlimits", limits);
           env = limits = NULL;
         }
     }
@@ -1274,17 +1271,17 @@ pools_json (struct wrd *d)
           a, json_pack ("{s:s,s:s,s:s,s:I,s:s,s:I,s:I,s:b,s:o,s:I,s:I,s:I,s:I,s:I,s:I,s:s}", "key",
                         p->key, "image", p->image, "lang", lang_name (p->lang), "memory_mb",
                         (json_int_t)p->memory_mb, "mode", p->reuse ? "reuse" : "fork", "size",
-                        (json_int_t)p->size, "min", (json_int_t)p->min, "configured",
-                        p->configured, "members", ms, "queued", (json_int_t)p->qlen, "calls",
-                        (json_int_t)p->calls, "retries", (json_int_t)p->retries, "rejected",
-                        (json_int_t)p->rejected, "replaced", (json_int_t)p->replaced, "failed",
-                        (json_int_t)p->failed, "last_error", p->last_error));
+                        (json_int_t)p->size, "min", (json_int_t)p->min, "configured", p->configured,
+                        "members", ms, "queued", (json_int_t)p->qlen, "calls", (json_int_t)p->calls,
+                        "retries", (json_int_t)p->retries, "rejected", (json_int_t)p->rejected,
+                        "replaced", (json_int_t)p->replaced, "failed", (json_int_t)p->failed,
+                        "last_error", p->last_error));
     }
   struct wrd_fncall *f = d->fncall;
   return json_pack ("{s:o,s:{s:I,s:I,s:I,s:I,s:b}}", "pools", a, "config", "default_size",
                     (json_int_t)f->cfg.default_size, "max_queue", (json_int_t)f->cfg.max_queue,
-                    "max_calls", (json_int_t)f->cfg.max_calls, "idle_s",
-                    (json_int_t)f->cfg.idle_s, "python", f->zygote != NULL);
+                    "max_calls", (json_int_t)f->cfg.max_calls, "idle_s", (json_int_t)f->cfg.idle_s,
+                    "python", f->zygote != NULL);
 }
 
 int
@@ -1340,7 +1337,8 @@ wrd_fncall_pool_arg (struct wrd *d, const char *arg, wr_err_t *err)
   snprintf (buf, sizeof buf, "%s", arg);
   char *eq = strchr (buf, '=');
   if (eq == NULL)
-    return wr_error (err, 0, WR_E_INVALID, "--fncall-pool wants REF=N[,python][,reuse][,memory=MB]");
+    return wr_error (err, 0, WR_E_INVALID,
+                     "--fncall-pool wants REF=N[,python][,reuse][,memory=MB]");
   *eq = '\0';
   char *rest = eq + 1, *save = NULL;
   char *tok = strtok_r (rest, ",", &save);
@@ -1394,15 +1392,15 @@ wrd_fncall_http_pools (struct wrd *d, struct evhttp_request *req)
       || (mem && !json_is_null (mem)
           && (!json_is_integer (mem) || json_integer_value (mem) < 0
               || json_integer_value (mem) > 65536)))
-    r = wr_error (&err, 0, WR_E_INVALID,
-                  "PUT /v1/fncall/pools wants {\"image\",\"size\",\"lang\",\"memory_mb\",\"mode\"}");
+    r = wr_error (
+        &err, 0, WR_E_INVALID,
+        "PUT /v1/fncall/pools wants {\"image\",\"size\",\"lang\",\"memory_mb\",\"mode\"}");
   else
-    r = wrd_fncall_pool_set (d, json_string_value (json_object_get (body, "image")),
-                             json_string_value (json_object_get (body, "lang")),
-                             (unsigned)json_integer_value (mem),
-                             (unsigned)(json_integer_value (size) > 1000 ? 1000
-                                                                          : json_integer_value (size)),
-                             json_string_value (json_object_get (body, "mode")), &err);
+    r = wrd_fncall_pool_set (
+        d, json_string_value (json_object_get (body, "image")),
+        json_string_value (json_object_get (body, "lang")), (unsigned)json_integer_value (mem),
+        (unsigned)(json_integer_value (size) > 1000 ? 1000 : json_integer_value (size)),
+        json_string_value (json_object_get (body, "mode")), &err);
   json_decref (body);
   if (r < 0)
     wrd_reply_error (req, &err);
@@ -1470,8 +1468,7 @@ wrd_fncall_init (struct wrd *d, const struct wrd_fncall_config *cfg, wr_err_t *e
     f->cfg.max_calls = 1000;
   if (f->cfg.idle_s == 0)
     f->cfg.idle_s = 60;
-  snprintf (f->preload, sizeof f->preload, "%s",
-            f->cfg.preload ? f->cfg.preload : DEFAULT_PRELOAD);
+  snprintf (f->preload, sizeof f->preload, "%s", f->cfg.preload ? f->cfg.preload : DEFAULT_PRELOAD);
   for (const char *s = f->preload; *s; s++)
     if (!(*s == ',' || *s == '.' || *s == '_' || (*s >= 'a' && *s <= 'z')
           || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9')))

@@ -111,9 +111,9 @@ wrd_stream_finish (struct wrd_stream *st, int r, const wr_err_t *err, json_t *re
     }
   else
     {
-      json_t *line = r < 0 ? json_pack ("{s:{s:s,s:s}}", "error", "code", err->code, "message",
-                                        err->msg)
-                           : result;
+      json_t *line
+          = r < 0 ? json_pack ("{s:{s:s,s:s}}", "error", "code", err->code, "message", err->msg)
+                  : result;
       if (r < 0)
         json_decref (result);
       char *text = line ? json_dumps (line, JSON_COMPACT) : NULL;

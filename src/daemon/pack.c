@@ -157,8 +157,8 @@ static bool
 scrubbed (const char *rel, const char *name)
 {
   static const char *const history[]
-      = { ".bash_history", ".ash_history", ".sh_history", ".zsh_history", ".python_history",
-          ".lesshst", ".wget-hsts", ".viminfo" };
+      = { ".bash_history",   ".ash_history", ".sh_history", ".zsh_history",
+          ".python_history", ".lesshst",     ".wget-hsts",  ".viminfo" };
   for (size_t i = 0; i < WR_ARRAY_SIZE (history); i++)
     if (strcmp (name, history[i]) == 0)
       return true;
@@ -279,8 +279,10 @@ copy_dir (struct copy *c, int sfd, int dfd, const char *rel, int depth, wr_err_t
         {
           if (mkdirat (dfd, name, 0700) < 0)
             return wr_sys_error (err, "mkdir %s", sub);
-          _cleanup_close_ int s2 = openat (sfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-          _cleanup_close_ int d2 = openat (dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+          _cleanup_close_ int s2
+              = openat (sfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+          _cleanup_close_ int d2
+              = openat (dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
           if (s2 < 0 || d2 < 0)
             return wr_sys_error (err, "open %s", sub);
           int r = copy_dir (c, s2, d2, sub, depth + 1, err);

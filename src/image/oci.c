@@ -236,7 +236,8 @@ index_pick (json_t *index)
     json_t *p = json_object_get (m, "platform");
     const char *os = json_string_value (json_object_get (p, "os"));
     const char *arch = json_string_value (json_object_get (p, "architecture"));
-    if (p == NULL || ((!os || strcmp (os, "linux") == 0) && (!arch || strcmp (arch, WR_OCI_ARCH) == 0)))
+    if (p == NULL
+        || ((!os || strcmp (os, "linux") == 0) && (!arch || strcmp (arch, WR_OCI_ARCH) == 0)))
       return m;
   }
   return NULL;
@@ -331,9 +332,9 @@ wr_oci_from_manifest_dir (struct wr_store *s, const char *ref, int dfd, json_t *
   if (!json_is_array (layers))
     return wr_error (err, 0, WR_E_INVALID, "image manifest has no layer list");
   _cleanup_ (json_decrefp) json_t *config = NULL;
-  int r = json_blob (dfd, json_string_value (json_object_get (json_object_get (manifest, "config"),
-                                                              "digest")),
-                     "config", &config, err);
+  int r = json_blob (
+      dfd, json_string_value (json_object_get (json_object_get (manifest, "config"), "digest")),
+      "config", &config, err);
   if (r < 0)
     return r;
   size_t n = json_array_size (layers);
@@ -508,8 +509,8 @@ import_dir_fd (struct wr_store *s, const char *ref, const char *path, int dfd,
 }
 
 int
-wr_image_import_any (struct wr_store *s, const char *ref, const char *path,
-                     wr_progress_fn progress, void *ud, struct wr_image **ret, wr_err_t *err)
+wr_image_import_any (struct wr_store *s, const char *ref, const char *path, wr_progress_fn progress,
+                     void *ud, struct wr_image **ret, wr_err_t *err)
 {
   if (!wr_ref_valid (ref) || strchr (ref, '@'))
     return wr_error (err, EINVAL, WR_E_INVALID,

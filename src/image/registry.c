@@ -122,8 +122,8 @@ struct resp
 
 struct sink
 {
-  int fd;              /* >= 0: write here */
-  char *buf;           /* else: accumulate (max bytes) */
+  int fd;    /* >= 0: write here */
+  char *buf; /* else: accumulate (max bytes) */
   size_t len, max;
   struct wr_sha256 *hash;
   uint64_t *counter; /* progress, updated under pull lock */

@@ -1274,8 +1274,8 @@ wr_layer_stage_free (struct wr_staged_layer *l)
 }
 
 int
-wr_layer_stage (struct wr_store *s, const char *path, unsigned flags,
-                struct wr_staged_layer **ret, wr_err_t *err)
+wr_layer_stage (struct wr_store *s, const char *path, unsigned flags, struct wr_staged_layer **ret,
+                wr_err_t *err)
 {
   if (path == NULL || path[0] == '\0')
     return wr_error (err, EINVAL, WR_E_INVALID, "import path is empty");
@@ -1584,8 +1584,7 @@ wr_image_tag (struct wr_store *s, const char *src, const char *dst, struct wr_im
   if (r < 0)
     return r;
   _cleanup_stmt_ sqlite3_stmt *st = NULL;
-  if (db_prepare (s->db, "INSERT OR REPLACE INTO tags (name, tag, digest) VALUES (?,?,?)", &st,
-                  err)
+  if (db_prepare (s->db, "INSERT OR REPLACE INTO tags (name, tag, digest) VALUES (?,?,?)", &st, err)
       < 0)
     return -EIO;
   sqlite3_bind_text (st, 1, dref.name, -1, SQLITE_STATIC);
@@ -1609,9 +1608,9 @@ wr_blob_layer (struct wr_store *s, const char *blob, char ret_layer[72], wr_err_
     return wr_error (err, EINVAL, WR_E_INVALID, "invalid blob digest");
   LOCK_GUARD (s);
   _cleanup_stmt_ sqlite3_stmt *st = NULL;
-  if (db_prepare (s->db,
-                  "SELECT b.layer FROM blobs b JOIN layers l ON l.digest = b.layer WHERE b.blob = ?",
-                  &st, err)
+  if (db_prepare (
+          s->db, "SELECT b.layer FROM blobs b JOIN layers l ON l.digest = b.layer WHERE b.blob = ?",
+          &st, err)
       < 0)
     return -EIO;
   sqlite3_bind_text (st, 1, blob, -1, SQLITE_STATIC);

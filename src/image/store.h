@@ -78,11 +78,11 @@ int wr_image_import_ex (struct wr_store *s, const char *ref, const char *path,
  * as the manifest naming it. wr_layer_stage_free removes its files. */
 struct wr_staged_layer
 {
-  char digest[72];   /* "sha256:<hex>" of the EROFS image */
-  char blob[72];     /* caller may set: the source blob it came from (OCI), for pull skips */
-  uint64_t size;     /* bytes of the EROFS image */
+  char digest[72]; /* "sha256:<hex>" of the EROFS image */
+  char blob[72];   /* caller may set: the source blob it came from (OCI), for pull skips */
+  uint64_t size;   /* bytes of the EROFS image */
   uint64_t skipped_special, whiteouts;
-  char dir[4096];    /* work dir under ROOT/tmp, holding layer.erofs */
+  char dir[4096]; /* work dir under ROOT/tmp, holding layer.erofs */
 };
 #define WR_STAGE_OCI 1u /* tar layer of an OCI image: convert .wh.* whiteouts */
 
@@ -123,8 +123,7 @@ int wr_blob_layer (struct wr_store *s, const char *blob, char ret_layer[72], wr_
 
 /* A fresh private directory ROOT/tmp/PREFIX-XXXXXX (emptied by the next
  * wr_store_open after a crash). The caller removes it. */
-int wr_store_tmpdir (struct wr_store *s, const char *prefix, char *buf, size_t size,
-                     wr_err_t *err);
+int wr_store_tmpdir (struct wr_store *s, const char *prefix, char *buf, size_t size, wr_err_t *err);
 const char *wr_store_root (struct wr_store *s);
 
 /* Import any supported source as ref (docs/images.md): a rootfs directory
