@@ -331,7 +331,7 @@ char *
 cli_slurp (int fd, const char *what, size_t max, size_t *ret_len)
 {
   size_t len = 0, cap = 65536;
-  char *buf = malloc (cap);
+  char *buf = malloc (cap + 1); /* + 1: always NUL terminated for text callers */
   if (buf == NULL)
     abort ();
   for (;;)
@@ -345,7 +345,7 @@ cli_slurp (int fd, const char *what, size_t max, size_t *ret_len)
               return NULL;
             }
           cap *= 2;
-          char *nb = realloc (buf, cap);
+          char *nb = realloc (buf, cap + 1);
           if (nb == NULL)
             abort ();
           buf = nb;
@@ -369,6 +369,7 @@ cli_slurp (int fd, const char *what, size_t max, size_t *ret_len)
       free (buf);
       return NULL;
     }
+  buf[len] = '\0';
   *ret_len = len;
   return buf;
 }

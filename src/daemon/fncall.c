@@ -1135,10 +1135,7 @@ parse_call (struct wrd *d, json_t *req, struct fn_call *c, const char **ret_imag
         }
     }
   json_decref (limits);
-  if (lang == LANG_PYTHON && r < 0)
-    json_decref (env);
-  else if (lang == LANG_CMD)
-    json_decref (env);
+  json_decref (env); /* NULL when the cmd body took it */
   if (r < 0)
     return r;
   if (lang == LANG_PYTHON)
