@@ -216,6 +216,52 @@ emit_result_output (warren_client_t *c, json_t *res, warren_output_fn fn, void *
 
 #define NDJSON_LINE_MAX (256u << 20)
 
+struct stream_ctx
+{
+  warren_client_t *c;
+  warren_output_fn fn;
+  void *ud;
+  json_t *result;
+};
+
+/* One exec stream event: output -> fn, an error event -> err, the last
+ * object with an exit_code is the result. */
+static int
+stream_line (const char *line, size_t l, void *data, warren_error_t *err)
+{
+  struct stream_ctx *ctx = data;
+  json_error_t jerr;
+  json_t *ev = json_loadb (line, l, 0, &jerr);
+  if (!json_is_object (ev))
+    {
+      json_decref (ev);
+      return wl_error (err, 0, WARREN_E_PROTOCOL, 0, "invalid stream event from %s", ctx->c->host);
+    }
+  json_t *e = json_object_get (ev, "error");
+  if (json_object_get (ev, "stream"))
+    {
+      int r = emit_event (ctx->c, ev, ctx->fn, ctx->ud, err);
+      json_decref (ev);
+      return r < 0 ? -1 : 0;
+    }
+  if (json_is_object (e) && !json_object_get (ev, "exit_code"))
+    {
+      const char *code = json_string_value (json_object_get (e, "code"));
+      const char *msg = json_string_value (json_object_get (e, "message"));
+      wl_error (err, 0, code ? code : WARREN_E_INTERNAL, 0, "%s", msg ? msg : "exec failed");
+      json_decref (ev);
+      return -1;
+    }
+  if (json_object_get (ev, "exit_code"))
+    {
+      json_decref (ctx->result);
+      ctx->result = ev;
+    }
+  else
+    json_decref (ev);
+  return 0;
+}
+
 json_t *
 warren_exec_stream (warren_client_t *c, const char *id, const json_t *req, warren_output_fn fn,
                     void *userdata, warren_error_t *err)
@@ -280,101 +326,9 @@ warren_exec_stream (warren_client_t *c, const char *id, const json_t *req, warre
       return res;
     }
 
-  json_t *result = NULL;
-  _cleanup_free_ char *line = NULL;
-  size_t len = 0, cap = 0;
-  char buf[65536];
-  int failed = 0;
-  for (;;)
-    {
-      ssize_t n = wl_http_read (c, &resp, buf, sizeof buf, err);
-      if (n < 0)
-        {
-          failed = 1;
-          break;
-        }
-      /* At the end, a last line without '\n' still counts. */
-      bool eof = n == 0;
-      const char *p = buf, *end = buf + n;
-      while (p < end || (eof && len > 0))
-        {
-          const char *nl = p < end ? memchr (p, '\n', (size_t)(end - p)) : NULL;
-          size_t take = nl ? (size_t)(nl - p) : (size_t)(end - p);
-          if (len + take > NDJSON_LINE_MAX)
-            {
-              wl_error (err, 0, WARREN_E_PROTOCOL, 0, "stream line from %s too long", c->host);
-              failed = 1;
-              break;
-            }
-          if (len + take + 1 > cap)
-            {
-              size_t ncap = cap ? cap : 4096;
-              while (ncap < len + take + 1)
-                ncap *= 2;
-              char *nb = realloc (line, ncap);
-              if (nb == NULL)
-                {
-                  wl_error (err, ENOMEM, WARREN_E_INTERNAL, 0, "stream buffer");
-                  failed = 1;
-                  break;
-                }
-              line = nb;
-              cap = ncap;
-            }
-          memcpy (line + len, p, take);
-          len += take;
-          p += take;
-          if (nl == NULL && !eof)
-            break; /* need more bytes */
-          if (nl)
-            p++;
-          size_t l = len;
-          len = 0;
-          while (l > 0 && (line[l - 1] == '\r' || line[l - 1] == ' '))
-            l--;
-          if (l == 0)
-            continue;
-          json_error_t jerr;
-          json_t *ev = json_loadb (line, l, 0, &jerr);
-          if (!json_is_object (ev))
-            {
-              json_decref (ev);
-              wl_error (err, 0, WARREN_E_PROTOCOL, 0, "invalid stream event from %s", c->host);
-              failed = 1;
-              break;
-            }
-          json_t *e = json_object_get (ev, "error");
-          if (json_object_get (ev, "stream"))
-            {
-              int r = emit_event (c, ev, fn, userdata, err);
-              json_decref (ev);
-              if (r < 0)
-                {
-                  failed = 1;
-                  break;
-                }
-            }
-          else if (json_is_object (e) && !json_object_get (ev, "exit_code"))
-            {
-              const char *code = json_string_value (json_object_get (e, "code"));
-              const char *msg = json_string_value (json_object_get (e, "message"));
-              wl_error (err, 0, code ? code : WARREN_E_INTERNAL, 0, "%s",
-                        msg ? msg : "exec failed");
-              json_decref (ev);
-              failed = 1;
-              break;
-            }
-          else if (json_object_get (ev, "exit_code"))
-            {
-              json_decref (result);
-              result = ev;
-            }
-          else
-            json_decref (ev);
-        }
-      if (failed || eof)
-        break;
-    }
+  struct stream_ctx ctx = { .c = c, .fn = fn, .ud = userdata };
+  int failed = wl_http_read_lines (c, &resp, true, NDJSON_LINE_MAX, stream_line, &ctx, err) < 0;
+  json_t *result = ctx.result;
   wl_http_end (c, &resp); /* drops the connection unless the body was consumed */
   if (failed)
     {

@@ -734,6 +734,58 @@ wl_http_read_all (warren_client_t *c, wl_response_t *resp, size_t max, char **re
 }
 
 int
+wl_http_read_lines (warren_client_t *c, wl_response_t *resp, bool split, size_t max, wl_line_fn fn,
+                    void *ud, warren_error_t *err)
+{
+  _cleanup_free_ char *line = NULL;
+  size_t len = 0, cap = 0;
+  char buf[65536];
+  for (;;)
+    {
+      ssize_t n = wl_http_read (c, resp, buf, sizeof buf, err);
+      if (n < 0)
+        return -1;
+      /* At the end, a last line without '\n' still counts. */
+      bool eof = n == 0;
+      const char *p = buf, *end = buf + n;
+      while (p < end || (eof && len > 0))
+        {
+          const char *nl = split && p < end ? memchr (p, '\n', (size_t)(end - p)) : NULL;
+          size_t take = nl ? (size_t)(nl - p) : (size_t)(end - p);
+          if (len + take > max)
+            return wl_error (err, 0, WARREN_E_PROTOCOL, 0, "response line from %s too long",
+                             c->host);
+          if (len + take + 1 > cap)
+            {
+              size_t ncap = cap ? cap : 4096;
+              while (ncap < len + take + 1)
+                ncap *= 2;
+              char *nb = realloc (line, ncap);
+              if (nb == NULL)
+                return wl_error (err, ENOMEM, WARREN_E_INTERNAL, 0, "response line buffer");
+              line = nb;
+              cap = ncap;
+            }
+          memcpy (line + len, p, take);
+          len += take;
+          p += take;
+          if (nl == NULL && !eof)
+            break; /* need more bytes */
+          if (nl)
+            p++;
+          size_t l = len;
+          len = 0;
+          while (l > 0 && (line[l - 1] == '\r' || line[l - 1] == ' ' || line[l - 1] == '\n'))
+            l--;
+          if (l > 0 && fn (line, l, ud, err) < 0)
+            return -1;
+        }
+      if (eof)
+        return 0;
+    }
+}
+
+int
 wl_http_error (warren_client_t *c, wl_response_t *resp, warren_error_t *err)
 {
   int status = resp->status;

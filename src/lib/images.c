@@ -16,10 +16,22 @@ op_timeout (warren_client_t *c)
 }
 
 /* Handle one NDJSON line: progress -> fn, error -> err, anything else is the result. */
-static int
-progress_line (warren_client_t *c, const char *line, size_t l, warren_progress_fn fn, void *ud,
-               json_t **result, warren_error_t *err)
+struct progress_ctx
 {
+  warren_client_t *c;
+  warren_progress_fn fn;
+  void *ud;
+  json_t *result;
+};
+
+static int
+progress_line (const char *line, size_t l, void *data, warren_error_t *err)
+{
+  struct progress_ctx *ctx = data;
+  warren_client_t *c = ctx->c;
+  warren_progress_fn fn = ctx->fn;
+  void *ud = ctx->ud;
+  json_t **result = &ctx->result;
   json_t *ev = json_loadb (line, l, 0, NULL);
   if (!json_is_object (ev))
     {
@@ -85,67 +97,11 @@ warren_image_op (warren_client_t *c, const char *target, const json_t *req, warr
       wl_http_error (c, &resp, err);
       return NULL;
     }
-  json_t *result = NULL;
-  _cleanup_free_ char *line = NULL;
-  size_t len = 0, cap = 0;
-  char buf[16384];
-  int failed = 0;
+  struct progress_ctx ctx = { .c = c, .fn = fn, .ud = ud };
   bool ndjson = strcasestr (resp.content_type, "ndjson") != NULL;
-  for (;;)
-    {
-      ssize_t n = wl_http_read (c, &resp, buf, sizeof buf, err);
-      if (n < 0)
-        {
-          failed = 1;
-          break;
-        }
-      bool eof = n == 0;
-      const char *p = buf, *end = buf + n;
-      while (p < end || (eof && len > 0))
-        {
-          const char *nl = ndjson && p < end ? memchr (p, '\n', (size_t)(end - p)) : NULL;
-          size_t take = nl ? (size_t)(nl - p) : (size_t)(end - p);
-          if (len + take + 1 > PROGRESS_LINE_MAX)
-            {
-              wl_error (err, 0, WARREN_E_PROTOCOL, 0, "response from %s too long", c->host);
-              failed = 1;
-              break;
-            }
-          if (len + take + 1 > cap)
-            {
-              size_t ncap = cap ? cap : 4096;
-              while (ncap < len + take + 1)
-                ncap *= 2;
-              char *nb = realloc (line, ncap);
-              if (nb == NULL)
-                {
-                  wl_error (err, ENOMEM, WARREN_E_INTERNAL, 0, "buffer");
-                  failed = 1;
-                  break;
-                }
-              line = nb;
-              cap = ncap;
-            }
-          memcpy (line + len, p, take);
-          len += take;
-          p += take;
-          if (nl == NULL && !eof)
-            break;
-          if (nl)
-            p++;
-          size_t l = len;
-          len = 0;
-          while (l > 0 && (line[l - 1] == '\r' || line[l - 1] == ' ' || line[l - 1] == '\n'))
-            l--;
-          if (l > 0 && progress_line (c, line, l, fn, ud, &result, err) < 0)
-            {
-              failed = 1;
-              break;
-            }
-        }
-      if (failed || eof)
-        break;
-    }
+  int failed
+      = wl_http_read_lines (c, &resp, ndjson, PROGRESS_LINE_MAX - 1, progress_line, &ctx, err) < 0;
+  json_t *result = ctx.result;
   wl_http_end (c, &resp);
   if (failed)
     {

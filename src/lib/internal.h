@@ -81,6 +81,13 @@ WL_HIDDEN void wl_http_end (warren_client_t *c, wl_response_t *resp);
 /* Read the remaining body into a malloc'd NUL terminated buffer. */
 WL_HIDDEN int wl_http_read_all (warren_client_t *c, wl_response_t *resp, size_t max, char **ret,
                                 size_t *ret_len, warren_error_t *err);
+/* Read the body as lines: split at '\n' (or, when !split, the whole body is
+ * one line), trailing CR/LF/blanks trimmed, empty lines skipped; fn gets each
+ * one and stops the read by returning < 0 (with err set). A line longer than
+ * max bytes is a protocol error. Returns 0 at the end of the body. */
+typedef int (*wl_line_fn) (const char *line, size_t len, void *ud, warren_error_t *err);
+WL_HIDDEN int wl_http_read_lines (warren_client_t *c, wl_response_t *resp, bool split, size_t max,
+                                  wl_line_fn fn, void *ud, warren_error_t *err);
 /* Turn a >= 400 response into err (reads and parses its body). */
 WL_HIDDEN int wl_http_error (warren_client_t *c, wl_response_t *resp, warren_error_t *err);
 
