@@ -77,6 +77,25 @@ void wr_cg_sandbox_close (struct wr_cg_sandbox *s);
 int wr_stack_acquire (struct wr_runtime *rt);
 void wr_stack_release (struct wr_runtime *rt, int slot);
 
+/* container.c, shared with vm.c */
+bool wr_valid_id (const char *id);
+/* start time (clock ticks since boot, /proc/PID/stat field 22) */
+int wr_read_start_time (pid_t pid, uint64_t *ret);
+/* SIGKILL and wait for the exit (reaped when our child); no-op for -1. */
+void wr_kill_reap (int pidfd);
+/* Destroy's first half: kill the cgroup and the agent (c->pidfd, or c->pid if
+ * its start time matches), close c's fds. Returns the cgroup kill's result. */
+int wr_sandbox_kill (struct wr_runtime *rt, struct wr_container *c, wr_err_t *err);
+/* A pidfd for pid only when its start time proves it is the same process; else -1. */
+int wr_pidfd_if_ours (pid_t pid, uint64_t start_time);
+/* Adopt after a restart: validate, pin pid with a pidfd, check its start time
+ * (what names it in errors) and open state_dir (O_PATH). */
+int wr_adopt_open (const char *what, const char *id, pid_t pid, uint64_t start_time,
+                   const char *state_dir, int *ret_pidfd, int *ret_dirfd, wr_err_t *err);
+/* Fill ret (zeroing the rest); takes pidfd and agent_fd. */
+void wr_container_fill (struct wr_container *ret, const char *id, pid_t pid, int pidfd,
+                        uint64_t start_time, int agent_fd);
+
 /* seccomp.c: build the default profile once; ret->filter is malloc'd. */
 int wr_seccomp_build (struct sock_fprog *ret, wr_err_t *err);
 

@@ -357,8 +357,8 @@ child_main (void *arg)
 
 /* ---------------------------------------------------------------- parent */
 
-static bool
-valid_id (const char *id)
+bool
+wr_valid_id (const char *id)
 {
   size_t n = id ? strlen (id) : 0;
   if (n == 0 || n > 64)
@@ -399,8 +399,8 @@ agent_addr (const char *state_dir, int dirfd, struct sockaddr_un *sa, socklen_t 
   return 0;
 }
 
-static int
-read_start_time (pid_t pid, uint64_t *ret)
+int
+wr_read_start_time (pid_t pid, uint64_t *ret)
 {
   char path[64], buf[1024];
   snprintf (path, sizeof path, "/proc/%d/stat", (int)pid);
@@ -427,6 +427,53 @@ read_start_time (pid_t pid, uint64_t *ret)
   return 0;
 }
 
+int
+wr_pidfd_if_ours (pid_t pid, uint64_t start_time)
+{
+  if (pid <= 0)
+    return -1;
+  uint64_t st;
+  int fd = wr_sys_pidfd_open (pid, 0);
+  if (fd >= 0 && start_time && wr_read_start_time (pid, &st) == 0 && st == start_time)
+    return fd;
+  if (fd >= 0)
+    close (fd);
+  return -1;
+}
+
+int
+wr_adopt_open (const char *what, const char *id, pid_t pid, uint64_t start_time,
+               const char *state_dir, int *ret_pidfd, int *ret_dirfd, wr_err_t *err)
+{
+  if (!wr_valid_id (id) || pid <= 0 || state_dir == NULL || state_dir[0] != '/')
+    return wr_error (err, EINVAL, WR_E_INVALID, "invalid adopt request");
+  _cleanup_close_ int pidfd = wr_sys_pidfd_open (pid, 0);
+  if (pidfd < 0)
+    return wr_error (err, errno, WR_E_GONE, "%s %s pid %d", what, id, (int)pid);
+  /* checked after pidfd_open: the pidfd now pins this very process */
+  uint64_t st = 0;
+  if (wr_read_start_time (pid, &st) < 0 || st != start_time)
+    return wr_error (err, ESRCH, WR_E_GONE, "%s %s: pid %d is another process", what, id, (int)pid);
+  int dirfd = open (state_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (dirfd < 0)
+    return wr_sys_error (err, "open %s", state_dir);
+  *ret_dirfd = dirfd;
+  *ret_pidfd = TAKE_FD (pidfd);
+  return 0;
+}
+
+void
+wr_container_fill (struct wr_container *ret, const char *id, pid_t pid, int pidfd,
+                   uint64_t start_time, int agent_fd)
+{
+  memset (ret, 0, sizeof *ret);
+  ret->pid = pid;
+  ret->pidfd = pidfd;
+  ret->start_time = start_time;
+  ret->agent_fd = agent_fd;
+  snprintf (ret->id, sizeof ret->id, "%s", id);
+}
+
 static void
 reap (int pidfd)
 {
@@ -438,6 +485,37 @@ reap (int pidfd)
       while (poll (&p, 1, 5000) < 0 && errno == EINTR)
         ;
     }
+}
+
+void
+wr_kill_reap (int pidfd)
+{
+  if (pidfd < 0)
+    return;
+  wr_sys_pidfd_send_signal (pidfd, SIGKILL);
+  reap (pidfd);
+}
+
+int
+wr_sandbox_kill (struct wr_runtime *rt, struct wr_container *c, wr_err_t *err)
+{
+  int pidfd = c->pidfd;
+  if (pidfd < 0) /* only trust a bare pid when its start time proves it is ours */
+    pidfd = wr_pidfd_if_ours (c->pid, c->start_time);
+  struct wr_cg_sandbox cgs;
+  wr_cg_open (&rt->cg, c->id, &cgs);
+  int r = wr_cg_kill (&rt->cg, &cgs, err);
+  wr_cg_sandbox_close (&cgs);
+  /* the agent outside its cgroup (failed attach) still dies */
+  wr_kill_reap (pidfd);
+  if (pidfd >= 0)
+    close (pidfd);
+  c->pidfd = -1;
+  c->pid = 0;
+  if (c->agent_fd >= 0)
+    close (c->agent_fd);
+  c->agent_fd = -1;
+  return r;
 }
 
 int
@@ -470,7 +548,7 @@ int
 wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec,
                      struct wr_container *ret, wr_err_t *err)
 {
-  if (spec == NULL || !valid_id (spec->id))
+  if (spec == NULL || !wr_valid_id (spec->id))
     return wr_error (err, EINVAL, WR_E_INVALID, "invalid sandbox id");
   if (spec->state_dir == NULL || spec->state_dir[0] != '/')
     return wr_error (err, EINVAL, WR_E_INVALID, "state_dir must be absolute");
@@ -662,19 +740,16 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
     }
   if (r < 0)
     {
+      wr_kill_reap (pidfd);
       if (pidfd >= 0)
-        {
-          wr_sys_pidfd_send_signal (pidfd, SIGKILL);
-          reap (pidfd);
-          close (pidfd);
-        }
+        close (pidfd);
       wr_stack_release (rt, slot);
       goto fail_cg;
     }
   wr_stack_release (rt, slot);
 
   uint64_t st = 0;
-  read_start_time ((pid_t)pid, &st);
+  wr_read_start_time ((pid_t)pid, &st);
   if (fcntl (ours, F_SETFL, O_NONBLOCK) < 0)
     {
       r = wr_sys_error (err, "O_NONBLOCK");
@@ -685,12 +760,7 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
       goto fail_cg;
     }
   wr_cg_sandbox_close (&cgs);
-  memset (ret, 0, sizeof *ret);
-  ret->pid = (pid_t)pid;
-  ret->pidfd = pidfd;
-  ret->start_time = st;
-  ret->agent_fd = TAKE_FD (ours);
-  snprintf (ret->id, sizeof ret->id, "%s", spec->id);
+  wr_container_fill (ret, spec->id, (pid_t)pid, pidfd, st, TAKE_FD (ours));
   return 0;
 
 fail_cg:
@@ -705,35 +775,9 @@ int
 wr_container_destroy (struct wr_runtime *rt, struct wr_container *c, const char *state_dir,
                       wr_err_t *err)
 {
-  if (c == NULL || !valid_id (c->id))
+  if (c == NULL || !wr_valid_id (c->id))
     return wr_error (err, EINVAL, WR_E_INVALID, "invalid sandbox id");
-  int pidfd = c->pidfd;
-  if (pidfd < 0 && c->pid > 0)
-    {
-      /* only trust a bare pid when its start time proves it is ours */
-      uint64_t st;
-      int fd = wr_sys_pidfd_open (c->pid, 0);
-      if (fd >= 0 && c->start_time && read_start_time (c->pid, &st) == 0 && st == c->start_time)
-        pidfd = fd;
-      else if (fd >= 0)
-        close (fd);
-    }
-  struct wr_cg_sandbox cgs;
-  wr_cg_open (&rt->cg, c->id, &cgs);
-  int r = wr_cg_kill (&rt->cg, &cgs, err);
-  wr_cg_sandbox_close (&cgs);
-  if (pidfd >= 0)
-    {
-      /* the agent outside its cgroup (failed attach) still dies */
-      wr_sys_pidfd_send_signal (pidfd, SIGKILL);
-      reap (pidfd);
-      close (pidfd);
-    }
-  c->pidfd = -1;
-  c->pid = 0;
-  if (c->agent_fd >= 0)
-    close (c->agent_fd);
-  c->agent_fd = -1;
+  int r = wr_sandbox_kill (rt, c, err);
   if (r < 0)
     return r;
   r = wr_cg_remove (&rt->cg, c->id, err);
@@ -750,18 +794,10 @@ int
 wr_container_adopt (struct wr_runtime *rt, const char *id, pid_t pid, uint64_t start_time,
                     const char *state_dir, struct wr_container *ret, wr_err_t *err)
 {
-  if (!valid_id (id) || pid <= 0 || state_dir == NULL || state_dir[0] != '/')
-    return wr_error (err, EINVAL, WR_E_INVALID, "invalid adopt request");
-  _cleanup_close_ int pidfd = wr_sys_pidfd_open (pid, 0);
-  if (pidfd < 0)
-    return wr_error (err, errno, WR_E_GONE, "sandbox %s agent pid %d", id, (int)pid);
-  /* checked after pidfd_open: the pidfd now pins this very process */
-  uint64_t st = 0;
-  if (read_start_time (pid, &st) < 0 || st != start_time)
-    return wr_error (err, ESRCH, WR_E_GONE, "sandbox %s: pid %d is another process", id, (int)pid);
-  _cleanup_close_ int dirfd = open (state_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
-  if (dirfd < 0)
-    return wr_sys_error (err, "open %s", state_dir);
+  _cleanup_close_ int pidfd = -1, dirfd = -1;
+  int r = wr_adopt_open ("sandbox", id, pid, start_time, state_dir, &pidfd, &dirfd, err);
+  if (r < 0)
+    return r;
   struct sockaddr_un sa;
   socklen_t salen;
   if (agent_addr (state_dir, dirfd, &sa, &salen) < 0)
@@ -771,19 +807,14 @@ wr_container_adopt (struct wr_runtime *rt, const char *id, pid_t pid, uint64_t s
     return wr_sys_error (err, "socket");
   if (connect (fd, (struct sockaddr *)&sa, salen) < 0 && errno != EINPROGRESS)
     return wr_error (err, errno, WR_E_UNAVAILABLE, "connect %s/" AGENT_SOCK, state_dir);
-  memset (ret, 0, sizeof *ret);
-  ret->pid = pid;
-  ret->pidfd = TAKE_FD (pidfd);
-  ret->start_time = st;
-  ret->agent_fd = TAKE_FD (fd);
-  snprintf (ret->id, sizeof ret->id, "%s", id);
+  wr_container_fill (ret, id, pid, TAKE_FD (pidfd), start_time, TAKE_FD (fd));
   return 0;
 }
 
 int
 wr_container_freeze (struct wr_runtime *rt, struct wr_container *c, bool frozen, wr_err_t *err)
 {
-  if (c == NULL || !valid_id (c->id))
+  if (c == NULL || !wr_valid_id (c->id))
     return wr_error (err, EINVAL, WR_E_INVALID, "invalid sandbox id");
   struct wr_cg_sandbox cgs;
   if (wr_cg_open (&rt->cg, c->id, &cgs) == 0)
@@ -797,7 +828,7 @@ int
 wr_container_stats (struct wr_runtime *rt, struct wr_container *c, struct wr_container_stats *ret,
                     wr_err_t *err)
 {
-  if (c == NULL || !valid_id (c->id))
+  if (c == NULL || !wr_valid_id (c->id))
     return wr_error (err, EINVAL, WR_E_INVALID, "invalid sandbox id");
   struct wr_cg_sandbox cgs;
   if (wr_cg_open (&rt->cg, c->id, &cgs) == 0)

@@ -252,7 +252,6 @@ host_tsc_khz (void)
 
 static int spawn_qemu (char **argv, int dirfd, int logfd, const struct wr_cg_sandbox *cgs,
                        bool die_with_parent, pid_t *ret_pid, int *ret_pidfd, wr_err_t *err);
-static void kill_reap (int pidfd);
 
 static bool
 wait_exit (int pidfd, int timeout_ms)
@@ -306,7 +305,7 @@ probe_kvm (const char *kit_initramfs)
   if (spawn_qemu (argv, dirfd, logfd, NULL, true, &pid, &pidfd, NULL) < 0)
     return false;
   bool exited = wait_exit (pidfd, PROBE_TIMEOUT_MS);
-  kill_reap (pidfd);
+  wr_kill_reap (pidfd);
   close (pidfd);
   if (!exited)
     return false;
@@ -664,44 +663,6 @@ spawn_qemu (char **argv, int dirfd, int logfd, const struct wr_cg_sandbox *cgs,
     }
   *ret_pid = pid;
   *ret_pidfd = pidfd;
-  return 0;
-}
-
-static void
-kill_reap (int pidfd)
-{
-  if (pidfd < 0)
-    return;
-  wr_sys_pidfd_send_signal (pidfd, SIGKILL);
-  siginfo_t si;
-  if (waitid ((idtype_t)P_PIDFD, (id_t)pidfd, &si, WEXITED | __WALL) < 0 && errno == ECHILD)
-    wait_exit (pidfd, 5000); /* adopted: not our child */
-}
-
-static int
-read_start_time (pid_t pid, uint64_t *ret)
-{
-  char path[64], buf[1024];
-  snprintf (path, sizeof path, "/proc/%d/stat", (int)pid);
-  _cleanup_close_ int fd = open (path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return -errno;
-  ssize_t n = read (fd, buf, sizeof buf - 1);
-  if (n <= 0)
-    return n < 0 ? -errno : -EIO;
-  buf[n] = '\0';
-  char *p = strrchr (buf, ')');
-  if (p == NULL)
-    return -EIO;
-  p += 2;
-  for (int field = 3; field < 22; field++)
-    {
-      p = strchr (p, ' ');
-      if (p == NULL)
-        return -EIO;
-      p++;
-    }
-  *ret = strtoull (p, NULL, 10);
   return 0;
 }
 
@@ -1071,7 +1032,7 @@ snapshot_build (const struct vm_params *p, const char *key, wr_err_t *err)
     }
   if (q.fd >= 0)
     close (q.fd);
-  kill_reap (pidfd);
+  wr_kill_reap (pidfd);
   if (pidfd >= 0)
     close (pidfd);
   if (r == 0)
@@ -1238,18 +1199,6 @@ wr_vm_snapshot_build (struct wr_runtime *rt, enum wr_vm_kind kind,
 
 /* ---- the backend ---- */
 
-static bool
-valid_id (const char *id)
-{
-  size_t n = id ? strlen (id) : 0;
-  if (n == 0 || n > 64)
-    return false;
-  for (size_t i = 0; i < n; i++)
-    if (!((id[i] >= 'a' && id[i] <= 'z') || (id[i] >= '0' && id[i] <= '9') || id[i] == '-'))
-      return false;
-  return true;
-}
-
 static int
 vm_start (struct wr_runtime *rt, const struct vm_params *p, const struct wr_container_spec *spec,
           const char *incoming, struct wr_container *ret, wr_err_t *err)
@@ -1307,10 +1256,10 @@ vm_start (struct wr_runtime *rt, const struct vm_params *p, const struct wr_cont
     r = wr_sys_error (err, "O_NONBLOCK");
   uint64_t st = 0;
   if (r == 0)
-    read_start_time (pid, &st);
+    wr_read_start_time (pid, &st);
   if (r < 0)
     {
-      kill_reap (pidfd);
+      wr_kill_reap (pidfd);
       if (pidfd >= 0)
         close (pidfd);
       wr_cg_kill (&rt->cg, &cgs, NULL);
@@ -1321,12 +1270,7 @@ vm_start (struct wr_runtime *rt, const struct vm_params *p, const struct wr_cont
       return r;
     }
   wr_cg_sandbox_close (&cgs);
-  memset (ret, 0, sizeof *ret);
-  ret->pid = pid;
-  ret->pidfd = pidfd;
-  ret->start_time = st;
-  ret->agent_fd = TAKE_FD (afd);
-  snprintf (ret->id, sizeof ret->id, "%s", spec->id);
+  wr_container_fill (ret, spec->id, pid, pidfd, st, TAKE_FD (afd));
   return 0;
 }
 
@@ -1334,7 +1278,7 @@ int
 wr_vm_create (struct wr_runtime *rt, enum wr_vm_kind kind, const struct wr_container_spec *spec,
               struct wr_container *ret, wr_err_t *err)
 {
-  if (spec == NULL || !valid_id (spec->id))
+  if (spec == NULL || !wr_valid_id (spec->id))
     return wr_error (err, EINVAL, WR_E_INVALID, "invalid sandbox id");
   if (spec->state_dir == NULL || spec->state_dir[0] != '/')
     return wr_error (err, EINVAL, WR_E_INVALID, "state_dir must be absolute");
@@ -1380,30 +1324,9 @@ wr_vm_create (struct wr_runtime *rt, enum wr_vm_kind kind, const struct wr_conta
 int
 wr_vm_destroy (struct wr_runtime *rt, struct wr_container *c, const char *state_dir, wr_err_t *err)
 {
-  if (c == NULL || !valid_id (c->id))
+  if (c == NULL || !wr_valid_id (c->id))
     return wr_error (err, EINVAL, WR_E_INVALID, "invalid sandbox id");
-  int pidfd = c->pidfd;
-  if (pidfd < 0 && c->pid > 0)
-    {
-      uint64_t st;
-      int fd = wr_sys_pidfd_open (c->pid, 0);
-      if (fd >= 0 && c->start_time && read_start_time (c->pid, &st) == 0 && st == c->start_time)
-        pidfd = fd;
-      else if (fd >= 0)
-        close (fd);
-    }
-  struct wr_cg_sandbox cgs;
-  wr_cg_open (&rt->cg, c->id, &cgs);
-  int r = wr_cg_kill (&rt->cg, &cgs, err);
-  wr_cg_sandbox_close (&cgs);
-  kill_reap (pidfd);
-  if (pidfd >= 0)
-    close (pidfd);
-  c->pidfd = -1;
-  c->pid = 0;
-  if (c->agent_fd >= 0)
-    close (c->agent_fd);
-  c->agent_fd = -1;
+  int r = wr_sandbox_kill (rt, c, err);
   if (r < 0)
     return r;
   r = wr_cg_remove (&rt->cg, c->id, err);
@@ -1423,17 +1346,10 @@ int
 wr_vm_adopt (struct wr_runtime *rt, const char *id, pid_t pid, uint64_t start_time,
              const char *state_dir, struct wr_container *ret, wr_err_t *err)
 {
-  if (!valid_id (id) || pid <= 0 || state_dir == NULL || state_dir[0] != '/')
-    return wr_error (err, EINVAL, WR_E_INVALID, "invalid adopt request");
-  _cleanup_close_ int pidfd = wr_sys_pidfd_open (pid, 0);
-  if (pidfd < 0)
-    return wr_error (err, errno, WR_E_GONE, "vm %s pid %d", id, (int)pid);
-  uint64_t st = 0;
-  if (read_start_time (pid, &st) < 0 || st != start_time)
-    return wr_error (err, ESRCH, WR_E_GONE, "vm %s: pid %d is another process", id, (int)pid);
-  _cleanup_close_ int dirfd = open (state_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
-  if (dirfd < 0)
-    return wr_sys_error (err, "open %s", state_dir);
+  _cleanup_close_ int pidfd = -1, dirfd = -1;
+  int r = wr_adopt_open ("vm", id, pid, start_time, state_dir, &pidfd, &dirfd, err);
+  if (r < 0)
+    return r;
   int fd = connect_qemu_sock (state_dir, dirfd, AGENT_SOCK, pidfd, 2000, err);
   if (fd < 0)
     return fd;
@@ -1442,12 +1358,7 @@ wr_vm_adopt (struct wr_runtime *rt, const char *id, pid_t pid, uint64_t start_ti
       close (fd);
       return wr_sys_error (err, "O_NONBLOCK");
     }
-  memset (ret, 0, sizeof *ret);
-  ret->pid = pid;
-  ret->pidfd = TAKE_FD (pidfd);
-  ret->start_time = st;
-  ret->agent_fd = fd;
-  snprintf (ret->id, sizeof ret->id, "%s", id);
+  wr_container_fill (ret, id, pid, TAKE_FD (pidfd), start_time, fd);
   (void)rt;
   return 0;
 }
