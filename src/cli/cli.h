@@ -53,6 +53,12 @@ bool cli_add_env (json_t *req, const char *kv, const char *verb);
 /* Read a whole fd (max bytes); NULL after printing why. */
 char *cli_slurp (int fd, const char *what, size_t max, size_t *ret_len);
 
+/* A path the daemon will open (verb's argument what): resolved here when the
+ * daemon shares our filesystem (unix socket; *abs then owns it), else it must
+ * be absolute. Returns an exit status to stop with, or -1 to go on. */
+int cli_daemon_path (warren_client_t *c, const char *verb, const char *what, const char **path,
+                     char **abs);
+
 /* SIGINT/SIGTERM/SIGHUP set cli_interrupted (the signal number) instead of
  * killing warren, so run can remove its sandbox and exec can drop its stream. */
 extern volatile sig_atomic_t cli_interrupted;

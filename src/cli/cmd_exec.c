@@ -91,6 +91,29 @@ attach_stdin (json_t *req, int fd, const char *what)
   return true;
 }
 
+/* exec and run: the command after argv[after] ("[--] CMD [ARG...]") and, when
+ * asked, stdin into req; then the client. NULL with *status set to stop. */
+static warren_client_t *
+cmd_request (cli_t *cli, int argc, char **argv, int after, const char *verb, const char *what,
+             json_t *req, const struct exec_opts *o, int *status)
+{
+  *status = CLI_EXIT_USAGE;
+  int ci = cmd_start (argc, argv, after + 1);
+  if (ci < 0)
+    {
+      *status = cli_usage (verb, "expected a command after the %s", what);
+      return NULL;
+    }
+  json_auto_t *cmd = cli_cmd_request (argc - ci, argv + ci);
+  if (cmd == NULL)
+    return NULL;
+  json_object_update (req, cmd);
+  *status = CLI_EXIT_OWN;
+  if (o->stdin_all && !attach_stdin (req, STDIN_FILENO, "stdin"))
+    return NULL;
+  return cli_client (cli);
+}
+
 /* The end of the command's stderr, to avoid repeating an error message the
  * sandbox already printed there. */
 struct tail
@@ -206,18 +229,11 @@ cmd_exec (cli_t *cli, int argc, char **argv)
   const char *id = argv[optind];
   if (!warren_id_valid (id))
     return cli_usage ("exec", "invalid sandbox id '%.64s' (expected [a-z0-9-])", id);
-  int ci = cmd_start (argc, argv, optind + 1);
-  if (ci < 0)
-    return cli_usage ("exec", "expected a command after the sandbox id");
-  json_auto_t *cmd = cli_cmd_request (argc - ci, argv + ci);
-  if (cmd == NULL)
-    return CLI_EXIT_USAGE;
-  json_object_update (req, cmd);
-  if (o.stdin_all && !attach_stdin (req, STDIN_FILENO, "stdin"))
-    return CLI_EXIT_OWN;
-  warren_client_t *c = cli_client (cli);
+  int status;
+  warren_client_t *c
+      = cmd_request (cli, argc, argv, optind, "exec", "sandbox id", req, &o, &status);
   if (c == NULL)
-    return CLI_EXIT_OWN;
+    return status;
   cli_trap_signals ();
   return stream_exec (c, id, req, o.timeout);
 }
@@ -256,18 +272,10 @@ cmd_run (cli_t *cli, int argc, char **argv)
       return cli_usage ("run", "bad image reference");
     }
   json_object_set_new (create, "image", iv);
-  int ci = cmd_start (argc, argv, optind + 1);
-  if (ci < 0)
-    return cli_usage ("run", "expected a command after the image");
-  json_auto_t *cmd = cli_cmd_request (argc - ci, argv + ci);
-  if (cmd == NULL)
-    return CLI_EXIT_USAGE;
-  json_object_update (req, cmd);
-  if (o.stdin_all && !attach_stdin (req, STDIN_FILENO, "stdin"))
-    return CLI_EXIT_OWN;
-  warren_client_t *c = cli_client (cli);
+  int rc;
+  warren_client_t *c = cmd_request (cli, argc, argv, optind, "run", "image", req, &o, &rc);
   if (c == NULL)
-    return CLI_EXIT_OWN;
+    return rc;
 
   /* Signals are trapped before the create, which is never cancelled: a create
    * abandoned half way could leave a sandbox whose id we never learned. */

@@ -263,17 +263,12 @@ image_build (cli_t *cli, int argc, char **argv)
           abs = strdup (f[0] ? f : "/");
         }
     }
-  else if (context && local)
+  else if (context)
     {
-      abs = realpath (context, NULL);
-      if (abs == NULL)
-        {
-          cli_errorf ("cannot access %s: %s", context, strerror (errno));
-          return CLI_EXIT_FAIL;
-        }
+      int r = cli_daemon_path (cl, "image build", "--context", &context, &abs);
+      if (r >= 0)
+        return r;
     }
-  else if (context && context[0] != '/')
-    return cli_usage ("image build", "--context must be absolute on the daemon's host");
   if (abs)
     context = abs;
   struct progress p = { .tty = isatty (2), .last_pct = -1 };
@@ -313,18 +308,9 @@ image_import_progress (cli_t *cli, int argc, char **argv)
   if (c == NULL)
     return CLI_EXIT_FAIL;
   _cleanup_free_ char *abs = NULL;
-  if (strncmp (warren_client_host (c), "unix:", 5) == 0)
-    {
-      abs = realpath (path, NULL);
-      if (abs == NULL)
-        {
-          cli_errorf ("cannot access %s: %s", path, strerror (errno));
-          return CLI_EXIT_FAIL;
-        }
-      path = abs;
-    }
-  else if (path[0] != '/')
-    return cli_usage ("image import", "PATH must be absolute on the daemon's host");
+  ret = cli_daemon_path (c, "image import", "PATH", &path, &abs);
+  if (ret >= 0)
+    return ret;
   struct progress p = { .tty = isatty (2), .last_pct = -1 };
   warren_error_t e;
   json_auto_t *img

@@ -39,6 +39,26 @@ ref_ok (const char *verb, const char *ref)
   return true;
 }
 
+int
+cli_daemon_path (warren_client_t *c, const char *verb, const char *what, const char **path,
+                 char **abs)
+{
+  /* over a unix socket the daemon shares our filesystem but not our cwd */
+  if (strncmp (warren_client_host (c), "unix:", 5) == 0)
+    {
+      *abs = realpath (*path, NULL);
+      if (*abs == NULL)
+        {
+          cli_errorf ("cannot access %s: %s", *path, strerror (errno));
+          return CLI_EXIT_FAIL;
+        }
+      *path = *abs;
+    }
+  else if ((*path)[0] != '/')
+    return cli_usage (verb, "%s must be absolute on the daemon's host", what);
+  return -1;
+}
+
 static void
 print_image_line (const json_t *img)
 {
@@ -63,21 +83,10 @@ image_import (cli_t *cli, int argc, char **argv)
   warren_client_t *c = cli_client (cli);
   if (c == NULL)
     return CLI_EXIT_FAIL;
-  /* The daemon reads PATH: over a unix socket it shares our filesystem, so
-   * resolve it here (its cwd is not ours) and report a missing file early. */
   _cleanup_free_ char *abs = NULL;
-  if (strncmp (warren_client_host (c), "unix:", 5) == 0)
-    {
-      abs = realpath (path, NULL);
-      if (abs == NULL)
-        {
-          cli_errorf ("cannot access %s: %s", path, strerror (errno));
-          return CLI_EXIT_FAIL;
-        }
-      path = abs;
-    }
-  else if (path[0] != '/')
-    return cli_usage ("image import", "PATH must be absolute on the daemon's host");
+  r = cli_daemon_path (c, "image import", "PATH", &path, &abs);
+  if (r >= 0)
+    return r;
   warren_error_t e;
   json_auto_t *img = warren_image_import (c, name, path, &e);
   if (img == NULL)
