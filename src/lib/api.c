@@ -273,35 +273,11 @@ warren_exec_stream (warren_client_t *c, const char *id, const json_t *req, warre
       wl_error (err, 0, WARREN_E_INVALID, 0, "exec request must be a JSON object");
       return NULL;
     }
-  _cleanup_ (json_decrefp) json_t *body = json_copy ((json_t *)req);
-  if (body == NULL || json_object_set_new (body, "stream", json_true ()) < 0)
-    {
-      wl_error (err, ENOMEM, WARREN_E_INTERNAL, 0, "exec request");
-      return NULL;
-    }
-  _cleanup_free_ char *text = json_dumps (body, JSON_COMPACT);
-  if (text == NULL)
-    {
-      wl_error (err, 0, WARREN_E_INVALID, 0, "exec request is not serializable JSON");
-      return NULL;
-    }
   char target[256];
   snprintf (target, sizeof target, "/v1/sandboxes/%s/exec?stream=1", id);
-  wl_request_t hreq = { .method = "POST",
-                        .target = target,
-                        .content_type = "application/json",
-                        .body = text,
-                        .body_fd = -1,
-                        .body_len = strlen (text),
-                        .timeout_ms = exec_timeout (c, req) };
   wl_response_t resp;
-  if (wl_http_begin (c, &hreq, &resp, err) < 0)
+  if (wl_stream_begin (c, target, req, exec_timeout (c, req), "exec request", &resp, err) < 0)
     return NULL;
-  if (resp.status >= 400)
-    {
-      wl_http_error (c, &resp, err);
-      return NULL;
-    }
   if (!strcasestr (resp.content_type, "ndjson"))
     {
       /* A daemon that answered with the buffered result: still deliver it. */

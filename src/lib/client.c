@@ -192,6 +192,30 @@ warren_client_disconnect (warren_client_t *c)
 }
 
 int
+wl_stream_begin (warren_client_t *c, const char *target, const json_t *req, int timeout_ms,
+                 const char *what, wl_response_t *resp, warren_error_t *err)
+{
+  _cleanup_ (json_decrefp) json_t *body = json_copy ((json_t *)req);
+  if (body == NULL || json_object_set_new (body, "stream", json_true ()) < 0)
+    return wl_error (err, ENOMEM, WARREN_E_INTERNAL, 0, "%s", what);
+  _cleanup_free_ char *text = json_dumps (body, JSON_COMPACT);
+  if (text == NULL)
+    return wl_error (err, 0, WARREN_E_INVALID, 0, "%s is not serializable JSON", what);
+  wl_request_t hreq = { .method = "POST",
+                        .target = target,
+                        .content_type = "application/json",
+                        .body = text,
+                        .body_fd = -1,
+                        .body_len = strlen (text),
+                        .timeout_ms = timeout_ms };
+  if (wl_http_begin (c, &hreq, resp, err) < 0)
+    return -1;
+  if (resp->status >= 400)
+    return wl_http_error (c, resp, err);
+  return 0;
+}
+
+int
 wl_json_call (warren_client_t *c, const char *method, const char *target, const json_t *body,
               int timeout_ms, json_t **ret, warren_error_t *err)
 {

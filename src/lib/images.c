@@ -70,33 +70,9 @@ warren_image_op (warren_client_t *c, const char *target, const json_t *req, warr
       wl_error (err, 0, WARREN_E_INVALID, 0, "image request must be a JSON object");
       return NULL;
     }
-  _cleanup_ (json_decrefp) json_t *body = json_copy ((json_t *)req);
-  if (body == NULL || json_object_set_new (body, "stream", json_true ()) < 0)
-    {
-      wl_error (err, ENOMEM, WARREN_E_INTERNAL, 0, "request");
-      return NULL;
-    }
-  _cleanup_free_ char *text = json_dumps (body, JSON_COMPACT);
-  if (text == NULL)
-    {
-      wl_error (err, 0, WARREN_E_INVALID, 0, "request is not serializable JSON");
-      return NULL;
-    }
-  wl_request_t hreq = { .method = "POST",
-                        .target = target,
-                        .content_type = "application/json",
-                        .body = text,
-                        .body_fd = -1,
-                        .body_len = strlen (text),
-                        .timeout_ms = op_timeout (c) };
   wl_response_t resp;
-  if (wl_http_begin (c, &hreq, &resp, err) < 0)
+  if (wl_stream_begin (c, target, req, op_timeout (c), "request", &resp, err) < 0)
     return NULL;
-  if (resp.status >= 400)
-    {
-      wl_http_error (c, &resp, err);
-      return NULL;
-    }
   struct progress_ctx ctx = { .c = c, .fn = fn, .ud = ud };
   bool ndjson = strcasestr (resp.content_type, "ndjson") != NULL;
   int failed

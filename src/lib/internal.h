@@ -95,6 +95,12 @@ WL_HIDDEN int wl_http_error (warren_client_t *c, wl_response_t *resp, warren_err
 WL_HIDDEN int wl_json_call (warren_client_t *c, const char *method, const char *target,
                             const json_t *body, int timeout_ms, json_t **ret, warren_error_t *err);
 
+/* POST req plus "stream": true to target and read the response head; a
+ * >= 400 answer becomes err. what names the request in errors. */
+WL_HIDDEN int wl_stream_begin (warren_client_t *c, const char *target, const json_t *req,
+                               int timeout_ms, const char *what, wl_response_t *resp,
+                               warren_error_t *err);
+
 /* Percent-encode everything but RFC 3986 unreserved characters. */
 WL_HIDDEN char *wl_urlencode (const char *s);
 
