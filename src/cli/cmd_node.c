@@ -39,6 +39,34 @@ ref_ok (const char *verb, const char *ref)
   return true;
 }
 
+/* opts_json, then exactly nargs arguments (else usage), the first an image
+ * reference when ref; an exit status to stop with, or -1 to go on. */
+static int
+verb_args (const char *verb, int argc, char **argv, bool *as_json, int nargs, const char *usage,
+           bool ref)
+{
+  int r = opts_json (verb, argc, argv, as_json);
+  if (r >= 0)
+    return r;
+  if (argc - optind != nargs)
+    return cli_usage (verb, "%s", usage);
+  if (ref && !ref_ok (verb, argv[optind]))
+    return CLI_EXIT_USAGE;
+  return -1;
+}
+
+/* "GROUP", "GROUP --help": the group's help; -1 to go on to a subcommand. */
+static int
+group_help (const char *group, int argc, char **argv)
+{
+  if (argc < 2 || strcmp (argv[1], "--help") == 0 || strcmp (argv[1], "-h") == 0)
+    {
+      cli_help (group, argc < 2 ? stderr : stdout);
+      return argc < 2 ? CLI_EXIT_USAGE : 0;
+    }
+  return -1;
+}
+
 int
 cli_daemon_path (warren_client_t *c, const char *verb, const char *what, const char **path,
                  char **abs)
@@ -72,14 +100,10 @@ print_image_line (const json_t *img)
 static int
 image_import (cli_t *cli, int argc, char **argv)
 {
-  int r = opts_json ("image import", argc, argv, NULL);
+  int r = verb_args ("image import", argc, argv, NULL, 2, "expected NAME[:TAG] PATH", true);
   if (r >= 0)
     return r;
-  if (argc - optind != 2)
-    return cli_usage ("image import", "expected NAME[:TAG] PATH");
   const char *name = argv[optind], *path = argv[optind + 1];
-  if (!ref_ok ("image import", name))
-    return CLI_EXIT_USAGE;
   warren_client_t *c = cli_client (cli);
   if (c == NULL)
     return CLI_EXIT_FAIL;
@@ -99,11 +123,9 @@ static int
 image_ls (cli_t *cli, int argc, char **argv)
 {
   bool as_json = false;
-  int r = opts_json ("image ls", argc, argv, &as_json);
+  int r = verb_args ("image ls", argc, argv, &as_json, 0, "unexpected argument", false);
   if (r >= 0)
     return r;
-  if (optind < argc)
-    return cli_usage ("image ls", "unexpected argument");
   warren_client_t *c = cli_client (cli);
   if (c == NULL)
     return CLI_EXIT_FAIL;
@@ -145,13 +167,9 @@ image_ls (cli_t *cli, int argc, char **argv)
 static int
 image_inspect (cli_t *cli, int argc, char **argv)
 {
-  int r = opts_json ("image inspect", argc, argv, NULL);
+  int r = verb_args ("image inspect", argc, argv, NULL, 1, "expected one image reference", true);
   if (r >= 0)
     return r;
-  if (argc - optind != 1)
-    return cli_usage ("image inspect", "expected one image reference");
-  if (!ref_ok ("image inspect", argv[optind]))
-    return CLI_EXIT_USAGE;
   warren_client_t *c = cli_client (cli);
   if (c == NULL)
     return CLI_EXIT_FAIL;
@@ -192,11 +210,9 @@ image_rm (cli_t *cli, int argc, char **argv)
 int
 cmd_image (cli_t *cli, int argc, char **argv)
 {
-  if (argc < 2 || strcmp (argv[1], "--help") == 0 || strcmp (argv[1], "-h") == 0)
-    {
-      cli_help ("image", argc < 2 ? stderr : stdout);
-      return argc < 2 ? CLI_EXIT_USAGE : 0;
-    }
+  int h = group_help ("image", argc, argv);
+  if (h >= 0)
+    return h;
   const char *sub = argv[1];
   int more = cli_image_more (cli, sub, argc - 1, argv + 1);
   if (more >= 0)
@@ -246,14 +262,10 @@ pool_ls (cli_t *cli, int argc, char **argv)
 static int
 pool_set (cli_t *cli, int argc, char **argv)
 {
-  int r = opts_json ("pool set", argc, argv, NULL);
+  int r = verb_args ("pool set", argc, argv, NULL, 2, "expected IMAGE N", true);
   if (r >= 0)
     return r;
-  if (argc - optind != 2)
-    return cli_usage ("pool set", "expected IMAGE N");
   uint64_t n;
-  if (!ref_ok ("pool set", argv[optind]))
-    return CLI_EXIT_USAGE;
   if (!cli_parse_u64 (argv[optind + 1], 0, 1000000, &n))
     return cli_usage ("pool set", "N must be an integer in [0, 1000000]");
   warren_client_t *c = cli_client (cli);
@@ -269,11 +281,9 @@ pool_set (cli_t *cli, int argc, char **argv)
 int
 cmd_pool (cli_t *cli, int argc, char **argv)
 {
-  if (argc < 2 || strcmp (argv[1], "--help") == 0 || strcmp (argv[1], "-h") == 0)
-    {
-      cli_help ("pool", argc < 2 ? stderr : stdout);
-      return argc < 2 ? CLI_EXIT_USAGE : 0;
-    }
+  int h = group_help ("pool", argc, argv);
+  if (h >= 0)
+    return h;
   if (strcmp (argv[1], "ls") == 0 || strcmp (argv[1], "list") == 0)
     return pool_ls (cli, argc - 1, argv + 1);
   if (strcmp (argv[1], "set") == 0)
