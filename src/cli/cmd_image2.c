@@ -71,24 +71,38 @@ print_result (const json_t *img, bool as_json)
   return 0;
 }
 
-/* Common flags: --json, --quiet (no progress). Returns optind or < 0. */
-static int
-simple_opts (const char *verb, int argc, char **argv, bool *as_json, bool *quiet, int *ret)
+struct image_flags
 {
-  static const struct option o[] = { { "json", no_argument, NULL, 'j' },
-                                     { "quiet", no_argument, NULL, 'q' },
-                                     { "help", no_argument, NULL, 'h' },
-                                     { NULL, 0, NULL, 0 } };
+  bool as_json, quiet, insecure;
+  const char *file, *context;
+};
+
+/* Parse the flags of table o (a subset of --json, --quiet (no progress),
+ * --insecure, --file, --context, --help) into f. Returns optind, or < 0 with
+ * *ret the exit status to stop with. */
+static int
+image_opts (const char *verb, int argc, char **argv, const struct option *o, const char *shortopts,
+            struct image_flags *f, int *ret)
+{
   optind = 1;
   int c;
-  while ((c = getopt_long (argc, argv, "qh", o, NULL)) != -1)
+  while ((c = getopt_long (argc, argv, shortopts, o, NULL)) != -1)
     switch (c)
       {
       case 'j':
-        *as_json = true;
+        f->as_json = true;
         break;
       case 'q':
-        *quiet = true;
+        f->quiet = true;
+        break;
+      case 'i':
+        f->insecure = true;
+        break;
+      case 'f':
+        f->file = optarg;
+        break;
+      case 'c':
+        f->context = optarg;
         break;
       case 'h':
         cli_help (verb, stdout);
@@ -99,6 +113,21 @@ simple_opts (const char *verb, int argc, char **argv, bool *as_json, bool *quiet
         return -1;
       }
   return optind;
+}
+
+/* Common flags: --json, --quiet. Returns optind or < 0. */
+static int
+simple_opts (const char *verb, int argc, char **argv, bool *as_json, bool *quiet, int *ret)
+{
+  static const struct option o[] = { { "json", no_argument, NULL, 'j' },
+                                     { "quiet", no_argument, NULL, 'q' },
+                                     { "help", no_argument, NULL, 'h' },
+                                     { NULL, 0, NULL, 0 } };
+  struct image_flags f = { 0 };
+  int i = image_opts (verb, argc, argv, o, "qh", &f, ret);
+  *as_json = f.as_json;
+  *quiet = f.quiet;
+  return i;
 }
 
 static int
@@ -154,27 +183,11 @@ image_pull (cli_t *cli, int argc, char **argv)
                                      { "insecure", no_argument, NULL, 'i' },
                                      { "help", no_argument, NULL, 'h' },
                                      { NULL, 0, NULL, 0 } };
-  bool as_json = false, quiet = false, insecure = false;
-  optind = 1;
-  int c;
-  while ((c = getopt_long (argc, argv, "qh", o, NULL)) != -1)
-    switch (c)
-      {
-      case 'j':
-        as_json = true;
-        break;
-      case 'q':
-        quiet = true;
-        break;
-      case 'i':
-        insecure = true;
-        break;
-      case 'h':
-        cli_help ("image pull", stdout);
-        return 0;
-      default:
-        return cli_bad_option ("image pull", argv);
-      }
+  struct image_flags f = { 0 };
+  int ret;
+  if (image_opts ("image pull", argc, argv, o, "qh", &f, &ret) < 0)
+    return ret;
+  bool as_json = f.as_json, quiet = f.quiet, insecure = f.insecure;
   if (argc - optind < 1 || argc - optind > 2)
     return cli_usage ("image pull", "expected REF [NAME[:TAG]]");
   /* plain HTTP only: on loopback that is what the user means */
@@ -203,31 +216,12 @@ image_build (cli_t *cli, int argc, char **argv)
       = { { "json", no_argument, NULL, 'j' },       { "quiet", no_argument, NULL, 'q' },
           { "file", required_argument, NULL, 'f' }, { "context", required_argument, NULL, 'c' },
           { "help", no_argument, NULL, 'h' },       { NULL, 0, NULL, 0 } };
-  bool as_json = false, quiet = false;
-  const char *file = NULL, *context = NULL;
-  optind = 1;
-  int c;
-  while ((c = getopt_long (argc, argv, "qhf:c:", o, NULL)) != -1)
-    switch (c)
-      {
-      case 'j':
-        as_json = true;
-        break;
-      case 'q':
-        quiet = true;
-        break;
-      case 'f':
-        file = optarg;
-        break;
-      case 'c':
-        context = optarg;
-        break;
-      case 'h':
-        cli_help ("image build", stdout);
-        return 0;
-      default:
-        return cli_bad_option ("image build", argv);
-      }
+  struct image_flags fl = { 0 };
+  int ret;
+  if (image_opts ("image build", argc, argv, o, "qhf:c:", &fl, &ret) < 0)
+    return ret;
+  bool as_json = fl.as_json, quiet = fl.quiet;
+  const char *file = fl.file, *context = fl.context;
   if (argc - optind != 1 || file == NULL)
     return cli_usage ("image build", "expected NAME[:TAG] -f SPEC [--context DIR]");
   int fd = strcmp (file, "-") == 0 ? dup (0) : open (file, O_RDONLY | O_CLOEXEC);
