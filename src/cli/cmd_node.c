@@ -39,7 +39,7 @@ ref_ok (const char *verb, const char *ref)
   return true;
 }
 
-/* opts_json, then exactly nargs arguments (else usage), the first an image
+/* opts_json, then exactly nargs arguments if >= 0 (else usage), the first an image
  * reference when ref; an exit status to stop with, or -1 to go on. */
 static int
 verb_args (const char *verb, int argc, char **argv, bool *as_json, int nargs, const char *usage,
@@ -48,11 +48,34 @@ verb_args (const char *verb, int argc, char **argv, bool *as_json, int nargs, co
   int r = opts_json (verb, argc, argv, as_json);
   if (r >= 0)
     return r;
-  if (argc - optind != nargs)
+  if (nargs >= 0 && argc - optind != nargs)
     return cli_usage (verb, "%s", usage);
   if (ref && !ref_ok (verb, argv[optind]))
     return CLI_EXIT_USAGE;
   return -1;
+}
+
+/* A verb that GETs one JSON document: after verb_args, get's answer (the
+ * client in *ret_c when asked), or NULL with *status the exit status. */
+static json_t *
+get_json (cli_t *cli, const char *verb, int argc, char **argv, int nargs, bool *as_json,
+          json_t *(*get) (warren_client_t *, warren_error_t *), warren_client_t **ret_c,
+          int *status)
+{
+  *status = verb_args (verb, argc, argv, as_json, nargs, "unexpected argument", false);
+  if (*status >= 0)
+    return NULL;
+  *status = CLI_EXIT_FAIL;
+  warren_client_t *c = cli_client (cli);
+  if (c == NULL)
+    return NULL;
+  warren_error_t e;
+  json_t *j = get (c, &e);
+  if (j == NULL)
+    *status = cli_fail (&e, NULL);
+  if (ret_c)
+    *ret_c = c;
+  return j;
 }
 
 /* "GROUP", "GROUP --help": the group's help; -1 to go on to a subcommand. */
@@ -123,16 +146,11 @@ static int
 image_ls (cli_t *cli, int argc, char **argv)
 {
   bool as_json = false;
-  int r = verb_args ("image ls", argc, argv, &as_json, 0, "unexpected argument", false);
-  if (r >= 0)
-    return r;
-  warren_client_t *c = cli_client (cli);
-  if (c == NULL)
-    return CLI_EXIT_FAIL;
-  warren_error_t e;
-  json_auto_t *list = warren_image_list (c, &e);
+  int status;
+  json_auto_t *list
+      = get_json (cli, "image ls", argc, argv, 0, &as_json, warren_image_list, NULL, &status);
   if (list == NULL)
-    return cli_fail (&e, NULL);
+    return status;
   if (as_json)
     return cli_print_json (list);
   int wn = 4;
@@ -232,16 +250,11 @@ static int
 pool_ls (cli_t *cli, int argc, char **argv)
 {
   bool as_json = false;
-  int r = opts_json ("pool ls", argc, argv, &as_json);
-  if (r >= 0)
-    return r;
-  warren_client_t *c = cli_client (cli);
-  if (c == NULL)
-    return CLI_EXIT_FAIL;
-  warren_error_t e;
-  json_auto_t *p = warren_pools_get (c, &e);
+  int status;
+  json_auto_t *p
+      = get_json (cli, "pool ls", argc, argv, -1, &as_json, warren_pools_get, NULL, &status);
   if (p == NULL)
-    return cli_fail (&e, NULL);
+    return status;
   json_t *pools = json_object_get (p, "pools");
   if (as_json || !json_is_array (pools))
     return cli_print_json (p); /* unknown shape: show it as is */
@@ -295,16 +308,11 @@ int
 cmd_health (cli_t *cli, int argc, char **argv)
 {
   bool as_json = false;
-  int r = opts_json ("health", argc, argv, &as_json);
-  if (r >= 0)
-    return r;
-  warren_client_t *c = cli_client (cli);
-  if (c == NULL)
-    return CLI_EXIT_FAIL;
-  warren_error_t e;
-  json_auto_t *h = warren_healthz (c, &e);
+  int st;
+  warren_client_t *c = NULL;
+  json_auto_t *h = get_json (cli, "health", argc, argv, -1, &as_json, warren_healthz, &c, &st);
   if (h == NULL)
-    return cli_fail (&e, NULL);
+    return st;
   const char *status = json_string_value (json_object_get (h, "status"));
   bool ok = status && strcmp (status, "ok") == 0;
   if (as_json)
