@@ -417,20 +417,31 @@ warren_file_put_fd (warren_client_t *c, const char *id, const char *path, int fd
   return put_body (c, id, path, NULL, total ? spool : -1, 0, total, mode, flags, err);
 }
 
-int
-warren_file_get_fd (warren_client_t *c, const char *id, const char *path, int fd,
-                    uint64_t *ret_size, warren_error_t *err)
+/* GET the file's content: the response head, a >= 400 answer turned into err. */
+static int
+files_get_begin (warren_client_t *c, const char *id, const char *path, wl_response_t *resp,
+                 warren_error_t *err)
 {
   _cleanup_free_ char *target = files_target (id, path, "", err);
   if (target == NULL)
     return -1;
   wl_request_t req
       = { .method = "GET", .target = target, .body_fd = -1, .timeout_ms = slow_timeout (c) };
-  wl_response_t resp;
-  if (wl_http_begin (c, &req, &resp, err) < 0)
+  if (wl_http_begin (c, &req, resp, err) < 0)
     return -1;
-  if (resp.status >= 400)
-    return wl_http_error (c, &resp, err);
+  if (resp->status >= 400)
+    return wl_http_error (c, resp, err);
+  return 0;
+}
+
+int
+warren_file_get_fd (warren_client_t *c, const char *id, const char *path, int fd,
+                    uint64_t *ret_size, warren_error_t *err)
+{
+  wl_response_t resp;
+  int b = files_get_begin (c, id, path, &resp, err);
+  if (b < 0)
+    return b;
   char buf[65536];
   uint64_t total = 0;
   int r = 0;
@@ -462,16 +473,10 @@ int
 warren_file_get (warren_client_t *c, const char *id, const char *path, void **ret, size_t *ret_len,
                  size_t max, warren_error_t *err)
 {
-  _cleanup_free_ char *target = files_target (id, path, "", err);
-  if (target == NULL)
-    return -1;
-  wl_request_t req
-      = { .method = "GET", .target = target, .body_fd = -1, .timeout_ms = slow_timeout (c) };
   wl_response_t resp;
-  if (wl_http_begin (c, &req, &resp, err) < 0)
-    return -1;
-  if (resp.status >= 400)
-    return wl_http_error (c, &resp, err);
+  int b = files_get_begin (c, id, path, &resp, err);
+  if (b < 0)
+    return b;
   char *data = NULL;
   int r = wl_http_read_all (c, &resp, max, &data, ret_len, err);
   wl_http_end (c, &resp);
