@@ -600,6 +600,20 @@ truncated (warren_client_t *c, warren_error_t *err)
                    "connection to %s closed in the middle of the response body", c->host);
 }
 
+/* Up to n bytes of what remains of the body or of the current chunk. */
+static ssize_t
+read_part (warren_client_t *c, wl_response_t *resp, void *buf, size_t n, warren_error_t *err)
+{
+  size_t m = resp->remaining < n ? (size_t)resp->remaining : n;
+  ssize_t r = conn_read (c, buf, m, err);
+  if (r < 0)
+    return -1;
+  if (r == 0)
+    return truncated (c, err);
+  resp->remaining -= (uint64_t)r;
+  return r;
+}
+
 ssize_t
 wl_http_read (warren_client_t *c, wl_response_t *resp, void *buf, size_t n, warren_error_t *err)
 {
@@ -655,28 +669,16 @@ wl_http_read (warren_client_t *c, wl_response_t *resp, void *buf, size_t n, warr
           resp->remaining = size;
           resp->in_chunk = true;
         }
-      size_t m = resp->remaining < n ? (size_t)resp->remaining : n;
-      ssize_t r = conn_read (c, buf, m, err);
-      if (r < 0)
-        return -1;
-      if (r == 0)
-        return truncated (c, err);
-      resp->remaining -= (uint64_t)r;
-      if (resp->remaining == 0)
+      ssize_t r = read_part (c, resp, buf, n, err);
+      if (r > 0 && resp->remaining == 0)
         {
           resp->in_chunk = false;
           resp->chunk_crlf = true;
         }
       return r;
     }
-  size_t m = resp->remaining < n ? (size_t)resp->remaining : n;
-  ssize_t r = conn_read (c, buf, m, err);
-  if (r < 0)
-    return -1;
-  if (r == 0)
-    return truncated (c, err);
-  resp->remaining -= (uint64_t)r;
-  if (resp->remaining == 0)
+  ssize_t r = read_part (c, resp, buf, n, err);
+  if (r > 0 && resp->remaining == 0)
     resp->done = true;
   return r;
 }
