@@ -36,6 +36,7 @@
 
 #define AGENT_SOCK "agent.sock"
 #define QMP_SOCK "qmp.sock"
+#define OVERLAY "overlay.qcow2" /* per-VM overlay on a disk image's shared base */
 #define VM_MAX_LAYERS 64
 #define MIN_GUEST_MB 128
 #define QEMU_OVERHEAD_MB 384 /* QEMU itself + the TCG translation cache */
@@ -466,6 +467,10 @@ struct vm_params
   const char **layers;
   size_t n_layers;
   char hostname[65];
+  /* a disk image (vm_disk.c): the VM boots it through SeaBIOS from its own
+   * qcow2 overlay; the layers and the kit are then unused */
+  char disk[PATH_MAX];
+  char disk_fmt[8];
 };
 
 static int
@@ -495,6 +500,13 @@ vm_params (enum wr_vm_kind kind, const struct wr_container_spec *spec, struct vm
     c = (double)ncpu;
   p->vcpus = c < 1 ? 1 : (unsigned)c;
   snprintf (p->hostname, sizeof p->hostname, "%s", spec->id);
+  int r = wr_vm_disk_from_config (vm.rt->root, spec->image_config, p->disk, sizeof p->disk,
+                                  p->disk_fmt, err);
+  if (r < 0)
+    return r;
+  if (r > 0 && kind != WR_VM_FULL)
+    return wr_error (err, EINVAL, WR_E_INVALID,
+                     "disk images boot through firmware: use backend \"vm\"");
   return 0;
 }
 
@@ -534,15 +546,18 @@ build_argv (const struct vm_params *p, const char *hostname, const char *incomin
   strv_addf (a, "%" PRIu64, p->guest_mb);
   strv_addf (a, "-smp");
   strv_addf (a, "%u", p->vcpus);
-  strv_addf (a, "-kernel");
-  strv_addf (a, "%s", vm.kernel);
-  strv_addf (a, "-initrd");
-  strv_addf (a, "%s", vm.initrd);
-  strv_addf (a, "-append");
-  strv_addf (a,
-             "console=ttyS0 quiet loglevel=4 panic=-1 tsc_early_khz=%" PRIu64
-             " warren.layers=%zu warren.disk_mb=%" PRIu64 " warren.hostname=%s",
-             vm.tsc_khz, p->n_layers, p->disk_mb, hostname);
+  if (p->disk[0] == '\0')
+    {
+      strv_addf (a, "-kernel");
+      strv_addf (a, "%s", vm.kernel);
+      strv_addf (a, "-initrd");
+      strv_addf (a, "%s", vm.initrd);
+      strv_addf (a, "-append");
+      strv_addf (a,
+                 "console=ttyS0 quiet loglevel=4 panic=-1 tsc_early_khz=%" PRIu64
+                 " warren.layers=%zu warren.disk_mb=%" PRIu64 " warren.hostname=%s",
+                 vm.tsc_khz, p->n_layers, p->disk_mb, hostname);
+    }
   strv_addf (a, "-serial");
   strv_addf (a, "file:console.log");
   strv_addf (a, "-qmp");
@@ -553,7 +568,16 @@ build_argv (const struct vm_params *p, const char *hostname, const char *incomin
   strv_addf (a, "%s", micro ? "virtio-serial-device" : "virtio-serial-pci");
   strv_addf (a, "-device");
   strv_addf (a, "virtserialport,chardev=agent,name=org.warren.agent");
-  for (size_t i = 0; i < p->n_layers; i++)
+  if (p->disk[0])
+    {
+      /* SeaBIOS boots the overlay (in the cwd = state dir); its backing
+       * file, the shared base, is opened read-only */
+      strv_addf (a, "-drive");
+      strv_addf (a, "id=disk,file=" OVERLAY ",format=qcow2,if=none");
+      strv_addf (a, "-device");
+      strv_addf (a, "virtio-blk-pci,drive=disk,bootindex=0");
+    }
+  for (size_t i = 0; p->disk[0] == '\0' && i < p->n_layers; i++)
     {
       _cleanup_free_ char *f = qemu_escape (p->layers[i]);
       if (f == NULL)
@@ -1199,6 +1223,55 @@ wr_vm_snapshot_build (struct wr_runtime *rt, enum wr_vm_kind kind,
 
 /* ---- the backend ---- */
 
+/* qemu-img next to the QEMU binary, else from PATH's usual places */
+static bool
+find_qemu_img (char *out, size_t len)
+{
+  snprintf (out, len, "%s", vm.qemu);
+  char *slash = strrchr (out, '/');
+  if (slash && (size_t)(slash - out) + sizeof "/qemu-img" <= len)
+    {
+      strcpy (slash, "/qemu-img");
+      if (access (out, X_OK) == 0)
+        return true;
+    }
+  const char *dirs[] = { "/usr/bin", "/usr/local/bin", "/bin" };
+  for (size_t i = 0; i < WR_ARRAY_SIZE (dirs); i++)
+    {
+      snprintf (out, len, "%s/qemu-img", dirs[i]);
+      if (access (out, X_OK) == 0)
+        return true;
+    }
+  return false;
+}
+
+/* state_dir/overlay.qcow2 on the shared read-only base (qemu-img create) */
+static int
+create_overlay (const struct vm_params *p, int dirfd, int logfd, wr_err_t *err)
+{
+  char img[PATH_MAX];
+  if (!find_qemu_img (img, sizeof img))
+    return wr_error (err, ENOENT, WR_E_UNSUPPORTED, "qemu-img not found (scripts/setup.sh)");
+  unlinkat (dirfd, OVERLAY, 0);
+  char *argv[] = { img,  "create",        "-q",    "-f", "qcow2", "-F", (char *)p->disk_fmt,
+                   "-b", (char *)p->disk, OVERLAY, NULL };
+  pid_t pid;
+  int pidfd;
+  int r = spawn_qemu (argv, dirfd, logfd, NULL, true, &pid, &pidfd, err);
+  if (r < 0)
+    return r;
+  int status = 0;
+  while (waitpid (pid, &status, 0) < 0 && errno == EINTR)
+    ;
+  close (pidfd);
+  if (!WIFEXITED (status) || WEXITSTATUS (status) != 0)
+    {
+      unlinkat (dirfd, OVERLAY, 0);
+      return wr_error (err, 0, WR_E_INTERNAL, "qemu-img create failed (see qemu.log)");
+    }
+  return 0;
+}
+
 static int
 vm_start (struct wr_runtime *rt, const struct vm_params *p, const struct wr_container_spec *spec,
           const char *incoming, struct wr_container *ret, wr_err_t *err)
@@ -1214,6 +1287,8 @@ vm_start (struct wr_runtime *rt, const struct vm_params *p, const struct wr_cont
     return wr_sys_error (err, "create %s/qemu.log", spec->state_dir);
   struct strv a = { 0 };
   int r = build_argv (p, p->hostname, incoming, &a, err);
+  if (r == 0 && p->disk[0])
+    r = create_overlay (p, dirfd, logfd, err);
   if (r < 0)
     {
       strv_free (&a);
@@ -1229,6 +1304,7 @@ vm_start (struct wr_runtime *rt, const struct vm_params *p, const struct wr_cont
   if (r < 0)
     {
       strv_free (&a);
+      unlinkat (dirfd, OVERLAY, 0);
       return r;
     }
   pid_t pid = 0;
@@ -1252,6 +1328,10 @@ vm_start (struct wr_runtime *rt, const struct vm_params *p, const struct wr_cont
       if (r == 0)
         r = send_restore_ping (afd, p->hostname, err);
     }
+  /* a disk image boots with its own name and no host entropy: the same
+   * control PING (queued until the agent opens the port) sets both */
+  if (r == 0 && !incoming && p->disk[0])
+    r = send_restore_ping (afd, p->hostname, err);
   if (r == 0 && fcntl (afd, F_SETFL, O_NONBLOCK) < 0)
     r = wr_sys_error (err, "O_NONBLOCK");
   uint64_t st = 0;
@@ -1267,6 +1347,7 @@ vm_start (struct wr_runtime *rt, const struct vm_params *p, const struct wr_cont
       wr_cg_remove (&rt->cg, spec->id, NULL);
       unlinkat (dirfd, AGENT_SOCK, 0);
       unlinkat (dirfd, QMP_SOCK, 0);
+      unlinkat (dirfd, OVERLAY, 0);
       return r;
     }
   wr_cg_sandbox_close (&cgs);
@@ -1289,7 +1370,8 @@ wr_vm_create (struct wr_runtime *rt, enum wr_vm_kind kind, const struct wr_conta
   int r = vm_setup (rt, err);
   if (r == 0)
     r = vm_params (kind, spec, &p, err);
-  snaps = r == 0 && snapshots_enabled ();
+  /* a disk VM's state includes its overlay: no memory-only snapshots */
+  snaps = r == 0 && snapshots_enabled () && p.disk[0] == '\0';
   if (snaps)
     {
       snapshot_key (&p, key);
@@ -1337,6 +1419,7 @@ wr_vm_destroy (struct wr_runtime *rt, struct wr_container *c, const char *state_
         {
           unlinkat (dfd, AGENT_SOCK, 0);
           unlinkat (dfd, QMP_SOCK, 0);
+          unlinkat (dfd, OVERLAY, 0);
         }
     }
   return r;

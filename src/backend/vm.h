@@ -10,7 +10,10 @@
 
 #include <stdbool.h>
 
+#include <jansson.h>
+
 #include "container.h"
+#include "../image/store.h"
 
 enum wr_vm_kind
 {
@@ -49,5 +52,24 @@ int wr_vm_snapshot_build (struct wr_runtime *rt, enum wr_vm_kind kind,
 /* Whether a snapshot for spec's key exists (create will restore from it). */
 bool wr_vm_snapshot_exists (struct wr_runtime *rt, enum wr_vm_kind kind,
                             const struct wr_container_spec *spec);
+
+/* ---- VM disk images (vm_disk.c) ---- */
+struct wr_store;
+struct wr_image;
+
+/* 1 (fmt "qcow2" or "raw") when path is a disk image by content: qcow2 magic
+ * (no backing or external data file allowed: WR_E_INVALID), or a raw disk
+ * with an MBR/GPT boot signature; 0 when it is not one. */
+int wr_vm_disk_sniff (const char *path, char fmt[8], wr_err_t *err);
+/* Store the disk once, read-only, as ROOT/vm/disks/<sha256>.<fmt> and name
+ * it ref: an image of one marker layer whose config labels
+ * "warren.vm_disk" ("sha256:...") and "warren.vm_disk_format" point at it.
+ * Blocking (copies and hashes the file): call from a worker thread. */
+int wr_vm_disk_import (struct wr_store *s, const char *ref, const char *path, struct wr_image **ret,
+                       wr_err_t *err);
+/* The base disk an image config names: 1 with path/fmt, 0 when the image is
+ * not a disk image, negative when the label is bad or the file missing. */
+int wr_vm_disk_from_config (const char *root, const json_t *config, char *path, size_t len,
+                            char fmt[8], wr_err_t *err);
 
 #endif

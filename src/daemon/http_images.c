@@ -9,6 +9,7 @@
 #include <event2/event.h>
 #include <event2/http.h>
 
+#include "backend/vm.h"
 #include "common/util.h"
 #include "daemon/http_util.h"
 #include "daemon/images.h"
@@ -153,9 +154,11 @@ image_work (void *arg)
   if (j->pull)
     j->r = wr_image_pull (j->d->store, j->ref, j->name[0] ? j->name : NULL, j->insecure,
                           wrd_stream_progress, j->st, &j->img, &j->err);
-  else
+  else if ((j->r = wr_vm_disk_sniff (j->path, (char[8]){ 0 }, &j->err)) == 0)
     j->r = wr_image_import_any (j->d->store, j->name, j->path, wrd_stream_progress, j->st, &j->img,
                                 &j->err);
+  else if (j->r > 0) /* a bootable VM disk (docs/vm.md) */
+    j->r = wr_vm_disk_import (j->d->store, j->name, j->path, &j->img, &j->err);
 }
 
 static void

@@ -219,6 +219,172 @@ def test_vm_backend_q35(vmd):
         api.delete(sid)
 
 
+# ---- disk images: qcow2 overlays on a shared read-only base (docs/vm.md) ----
+
+def sha256_file(path):
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for b in iter(lambda: f.read(1 << 20), b""):
+            h.update(b)
+    return h.hexdigest()
+
+
+def mk_disk(out, *args):
+    need(shutil.which("qemu-img") is not None, "qemu-img is not installed (scripts/setup.sh)")
+    need(shutil.which("extlinux") is not None and shutil.which("sfdisk") is not None,
+         "extlinux/sfdisk not installed (scripts/setup.sh)")
+    r = subprocess.run(["bash", os.path.join(REPO, "scripts", "mk-vm-disk.sh"), *args, out],
+                       capture_output=True, timeout=1800,
+                       env=dict(os.environ, WARREN_AGENT=os.path.join(BUILD, "bin", "warren-agent")))
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def bb_disk(tmp_path_factory):
+    guest_kit()
+    return mk_disk(str(tmp_path_factory.mktemp("disk") / "busybox.qcow2"), "--busybox")
+
+
+def import_disk(api, name, path):
+    r = api.raw("POST", "/v1/images/import", {"name": name, "path": path}, timeout=600)
+    assert r.status == 201, r
+    return r.json()
+
+
+def overlay_info(path):
+    import json
+    r = subprocess.run(["qemu-img", "info", "-U", "--output=json", path], capture_output=True)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_vm_disk_image_overlays(vmd, bb_disk):
+    api, root = vmd.api, vmd.root
+    src_hash = sha256_file(bb_disk)
+    import_disk(api, "vmdisk:bb", bb_disk)
+    base = os.path.join(root, "vm", "disks", src_hash + ".qcow2")
+    assert os.path.exists(base), os.listdir(os.path.join(root, "vm", "disks"))
+    st = os.stat(base)
+    assert st.st_mode & 0o222 == 0  # stored read-only
+    assert sha256_file(base) == src_hash
+    # the same disk imported again is stored once
+    import_disk(api, "vmdisk:again", bb_disk)
+    assert [f for f in os.listdir(os.path.join(root, "vm", "disks")) if not f.startswith(".")] == \
+        [src_hash + ".qcow2"]
+
+    t0 = time.time()
+    a = api.create(backend="vm", image="vmdisk:bb", memory_mb=256)
+    b = api.create(backend="vm", image="vmdisk:bb", memory_mb=256)
+    ov = {s: os.path.join(root, "sandboxes", s, "overlay.qcow2") for s in (a, b)}
+    for s in (a, b):
+        info = overlay_info(ov[s])
+        assert info["format"] == "qcow2"
+        assert info["backing-filename"] == base, info
+        assert info.get("backing-filename-format", "qcow2") == "qcow2"
+        with open(f"/proc/{qemu_pid_of(root, s)}/cmdline", "rb") as f:
+            cmd = f.read().split(b"\0")
+        assert b"-kernel" not in cmd and b"q35" in cmd  # firmware boot from the disk
+    r = api.exec(a, ["sh", "-c", "cat /proc/cmdline; hostname; mount | grep ' / '"])
+    boot_s = time.time() - t0
+    assert r["exit_code"] == 0, r
+    lines = r["stdout"].splitlines()
+    # booted by extlinux from the disk, not the kit's -kernel/-append
+    assert "root=LABEL=warren-root" in lines[0] and "warren.layers" not in lines[0], lines
+    assert lines[1] == a  # the control PING named it
+    assert "/dev/vda1" in lines[2] and "ext4" in lines[2], lines
+    r = api.sh(a, "echo only-in-a > /root/mark; sync; cat /root/mark")
+    assert r["stdout"] == "only-in-a\n"
+    r = api.sh(b, "hostname; cat /root/mark 2>&1 || echo absent")
+    assert r["stdout"].splitlines() == [b, "cat: can't open '/root/mark': No such file or directory",
+                                        "absent"], r
+    # files API over the same agent
+    r = api.raw("PUT", f"/v1/sandboxes/{b}/files?path=/tmp/f.bin", b"\x00\x01disk")
+    assert r.status in (200, 201, 204), r
+    assert api.raw("GET", f"/v1/sandboxes/{b}/files?path=/tmp/f.bin").body == b"\x00\x01disk"
+    print(f"\nvm disk: create x2 + first exec {boot_s:.1f}s (TCG)")
+    # writes went to a's overlay only: the base is untouched
+    assert os.path.getsize(ov[a]) > 0
+    for s in (a, b):
+        assert api.delete(s).status in (200, 204)
+    assert wait_gone(lambda: not any(os.path.exists(p) for p in ov.values()))
+    assert sha256_file(base) == src_hash
+    assert os.stat(base).st_mtime_ns == st.st_mtime_ns
+    assert wait_gone(lambda: not qemu_pids_named(a) and not qemu_pids_named(b))
+
+
+def qemu_pids_named(sid):
+    # a disk VM's command line names no daemon path (the overlay is relative)
+    out = []
+    for p in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if cmd and b"qemu-system" in cmd[0] and f"warren-{sid}".encode() in cmd:
+            out.append(int(p))
+    return out
+
+
+def qemu_pid_of(root, sid):
+    pids = qemu_pids_named(sid)
+    assert len(pids) == 1, f"qemu processes for {sid}: {pids}"
+    return pids[0]
+
+
+def test_vm_disk_image_refusals(vmd, bb_disk, tmp_path):
+    api = vmd.api
+    import_disk(api, "vmdisk:ref", bb_disk)
+    # a disk image needs the firmware path
+    r = api.raw("POST", "/v1/sandboxes", {"backend": "microvm", "image": "vmdisk:ref"})
+    assert r.status == 400 and "vm" in r.json()["error"]["message"], r
+    # a qcow2 with a backing file would make QEMU open a path the importer chose
+    evil = str(tmp_path / "evil.qcow2")
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", "/etc/shadow",
+                    evil, "64M"], check=True)
+    r = api.raw("POST", "/v1/images/import", {"name": "vmdisk:evil", "path": evil})
+    assert r.status == 400 and "backing" in r.json()["error"]["message"], r
+    # a file that is neither a disk nor a rootfs is still refused by the generic import
+    junk = tmp_path / "junk.img"
+    junk.write_bytes(b"\x00" * 4096)
+    r = api.raw("POST", "/v1/images/import", {"name": "vmdisk:junk", "path": str(junk)})
+    assert r.status == 400, r
+
+
+def test_vm_disk_debian_systemd(vmd):
+    """The project's own Debian disk (scripts/mk-vm-disk.sh): kernel,
+    systemd as init, the agent as warren-agent.service."""
+    need(shutil.which("debootstrap") is not None, "debootstrap is not installed (scripts/setup.sh)")
+    cache = os.environ.get("WARREN_CACHE_DIR", "/var/cache/warren")
+    import hashlib
+    key = hashlib.sha256()
+    for f in (os.path.join(REPO, "scripts", "mk-vm-disk.sh"), os.path.join(BUILD, "bin", "warren-agent")):
+        with open(f, "rb") as fh:
+            key.update(fh.read())
+    disk = os.path.join(cache, f"vm-debian-{key.hexdigest()[:12]}.qcow2")
+    if not os.path.exists(disk):
+        os.makedirs(cache, exist_ok=True)
+        mk_disk(disk)
+    api = vmd.api
+    import_disk(api, "vmdisk:debian", disk)
+    t0 = time.time()
+    sid = api.create(backend="vm", image="vmdisk:debian", memory_mb=512)
+    try:
+        r = api.exec(sid, ["sh", "-c", "cat /proc/1/comm; systemctl is-active warren-agent; "
+                           ". /etc/os-release; echo $ID; hostname; readlink -f /dev/virtio-ports/org.warren.agent"],
+                     timeout_s=240)
+        boot_s = time.time() - t0
+        assert r["exit_code"] == 0, r
+        lines = r["stdout"].splitlines()
+        assert lines[0] == "systemd" and lines[1] == "active" and lines[2] == "debian", lines
+        assert lines[3] == sid and lines[4].startswith("/dev/vport"), lines
+        print(f"\nvm debian+systemd disk: create to first exec {boot_s:.1f}s (TCG)")
+    finally:
+        api.delete(sid)
+
+
 def test_no_leaks_after_vm_tests(vmd):
     for s in vmd.api.raw("GET", "/v1/sandboxes").json()["sandboxes"]:
         vmd.api.delete(s["id"])
