@@ -9,7 +9,7 @@ PKGS=(
   python3 python3-pytest python3-pytest-timeout python3-pip python3-setuptools python3-venv
   crun bubblewrap clang-format
   docker-registry debootstrap
-  qemu-system-x86 qemu-utils seabios cpio
+  qemu-system-x86 qemu-utils seabios cpio fdisk extlinux syslinux-common
 )
 missing=()
 for p in "${PKGS[@]}"; do
