@@ -358,10 +358,9 @@ put_body (warren_client_t *c, const char *id, const char *path, const void *data
                        .body_len = len,
                        .timeout_ms = slow_timeout (c) };
   wl_response_t resp;
-  if (wl_http_begin (c, &req, &resp, err) < 0)
-    return -1;
-  if (resp.status >= 400)
-    return wl_http_error (c, &resp, err);
+  int hr = wl_http_request (c, &req, &resp, err);
+  if (hr < 0)
+    return hr;
   _cleanup_free_ char *ignored = NULL;
   int r = wl_http_read_all (c, &resp, WL_ERROR_BODY_MAX, &ignored, NULL, err);
   wl_http_end (c, &resp);
@@ -427,11 +426,7 @@ files_get_begin (warren_client_t *c, const char *id, const char *path, wl_respon
     return -1;
   wl_request_t req
       = { .method = "GET", .target = target, .body_fd = -1, .timeout_ms = slow_timeout (c) };
-  if (wl_http_begin (c, &req, resp, err) < 0)
-    return -1;
-  if (resp->status >= 400)
-    return wl_http_error (c, resp, err);
-  return 0;
+  return wl_http_request (c, &req, resp, err);
 }
 
 int
@@ -585,13 +580,8 @@ warren_metrics (warren_client_t *c, warren_error_t *err)
 {
   wl_request_t req = { .method = "GET", .target = "/metrics", .body_fd = -1 };
   wl_response_t resp;
-  if (wl_http_begin (c, &req, &resp, err) < 0)
+  if (wl_http_request (c, &req, &resp, err) < 0)
     return NULL;
-  if (resp.status >= 400)
-    {
-      wl_http_error (c, &resp, err);
-      return NULL;
-    }
   char *text = NULL;
   int r = wl_http_read_all (c, &resp, 64u << 20, &text, NULL, err);
   wl_http_end (c, &resp);

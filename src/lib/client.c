@@ -208,11 +208,7 @@ wl_stream_begin (warren_client_t *c, const char *target, const json_t *req, int 
                         .body_fd = -1,
                         .body_len = strlen (text),
                         .timeout_ms = timeout_ms };
-  if (wl_http_begin (c, &hreq, resp, err) < 0)
-    return -1;
-  if (resp->status >= 400)
-    return wl_http_error (c, resp, err);
-  return 0;
+  return wl_http_request (c, &hreq, resp, err);
 }
 
 int
@@ -236,10 +232,9 @@ wl_json_call (warren_client_t *c, const char *method, const char *target, const 
     .timeout_ms = timeout_ms,
   };
   wl_response_t resp;
-  if (wl_http_begin (c, &req, &resp, err) < 0)
-    return -1;
-  if (resp.status >= 400)
-    return wl_http_error (c, &resp, err);
+  int hr = wl_http_request (c, &req, &resp, err);
+  if (hr < 0)
+    return hr;
   if (resp.status < 200 || resp.status >= 300)
     {
       wl_http_end (c, &resp);

@@ -821,6 +821,17 @@ wl_http_error (warren_client_t *c, wl_response_t *resp, warren_error_t *err)
                    status, k ? ": " : "", snip);
 }
 
+int
+wl_http_request (warren_client_t *c, const wl_request_t *req, wl_response_t *resp,
+                 warren_error_t *err)
+{
+  if (wl_http_begin (c, req, resp, err) < 0)
+    return -1;
+  if (resp->status >= 400)
+    return wl_http_error (c, resp, err);
+  return 0;
+}
+
 char *
 wl_urlencode (const char *s)
 {

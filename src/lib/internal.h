@@ -91,6 +91,10 @@ WL_HIDDEN int wl_http_read_lines (warren_client_t *c, wl_response_t *resp, bool 
 /* Turn a >= 400 response into err (reads and parses its body). */
 WL_HIDDEN int wl_http_error (warren_client_t *c, wl_response_t *resp, warren_error_t *err);
 
+/* wl_http_begin, then a >= 400 response turned into err (-1 or its error). */
+WL_HIDDEN int wl_http_request (warren_client_t *c, const wl_request_t *req, wl_response_t *resp,
+                               warren_error_t *err);
+
 /* JSON request/response round trip (body may be NULL; ret may be NULL). */
 WL_HIDDEN int wl_json_call (warren_client_t *c, const char *method, const char *target,
                             const json_t *body, int timeout_ms, json_t **ret, warren_error_t *err);
