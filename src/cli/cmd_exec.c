@@ -205,25 +205,41 @@ stream_exec (warren_client_t *c, const char *id, json_t *req, double timeout)
   return report (res, timeout, &t);
 }
 
+/* The flags of exec, or of run when create is given (its create flags go
+ * there), up to the first argument. An exit status to stop with, or -1. */
+static int
+exec_flags (const char *verb, int argc, char **argv, const struct option *opts, json_t *create,
+            json_t *req, struct exec_opts *o)
+{
+  int opt;
+  optind = 0;
+  while ((opt = getopt_long (argc, argv, "+ih", opts, NULL)) != -1)
+    {
+      if (create && opt == 'I')
+        return cli_usage (verb, "the image is the first argument of run, not --image");
+      int r = create ? cli_create_opt (opt, optarg, create, verb) : 0;
+      if (r == 0)
+        r = exec_opt (opt, optarg, req, o, verb);
+      if (r < 0)
+        return CLI_EXIT_USAGE;
+      if (r > 0)
+        continue;
+      if (opt == 'h')
+        return cli_help (verb, stdout), 0;
+      return cli_bad_option (verb, argv);
+    }
+  return -1;
+}
+
 int
 cmd_exec (cli_t *cli, int argc, char **argv)
 {
   static const struct option opts[] = { EXEC_LONGOPTS, { 0 } };
   json_auto_t *req = json_object ();
   struct exec_opts o = { 0 };
-  int opt;
-  optind = 0;
-  while ((opt = getopt_long (argc, argv, "+ih", opts, NULL)) != -1)
-    {
-      int r = exec_opt (opt, optarg, req, &o, "exec");
-      if (r < 0)
-        return CLI_EXIT_USAGE;
-      if (r > 0)
-        continue;
-      if (opt == 'h')
-        return cli_help ("exec", stdout), 0;
-      return cli_bad_option ("exec", argv);
-    }
+  int pr = exec_flags ("exec", argc, argv, opts, NULL, req, &o);
+  if (pr >= 0)
+    return pr;
   if (optind >= argc)
     return cli_usage ("exec", "expected ID -- CMD [ARG...]");
   const char *id = argv[optind];
@@ -245,23 +261,9 @@ cmd_run (cli_t *cli, int argc, char **argv)
   json_auto_t *create = json_object ();
   json_auto_t *req = json_object ();
   struct exec_opts o = { 0 };
-  int opt;
-  optind = 0;
-  while ((opt = getopt_long (argc, argv, "+ih", opts, NULL)) != -1)
-    {
-      if (opt == 'I')
-        return cli_usage ("run", "the image is the first argument of run, not --image");
-      int r = cli_create_opt (opt, optarg, create, "run");
-      if (r == 0)
-        r = exec_opt (opt, optarg, req, &o, "run");
-      if (r < 0)
-        return CLI_EXIT_USAGE;
-      if (r > 0)
-        continue;
-      if (opt == 'h')
-        return cli_help ("run", stdout), 0;
-      return cli_bad_option ("run", argv);
-    }
+  int pr = exec_flags ("run", argc, argv, opts, create, req, &o);
+  if (pr >= 0)
+    return pr;
   if (optind >= argc)
     return cli_usage ("run", "expected IMAGE -- CMD [ARG...]");
   const char *image = argv[optind];
