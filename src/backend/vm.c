@@ -1187,7 +1187,7 @@ wr_vm_snapshot_exists (struct wr_runtime *rt, enum wr_vm_kind kind,
 {
   struct vm_params p;
   pthread_mutex_lock (&vm_lock);
-  bool ok = vm_setup (rt, NULL) == 0 && vm_params (kind, spec, &p, NULL) == 0;
+  bool ok = vm_setup (rt, NULL) == 0 && vm_params (kind, spec, &p, NULL) == 0 && p.disk[0] == '\0';
   char key[65], path[PATH_MAX + 160];
   if (ok)
     {
@@ -1211,6 +1211,8 @@ wr_vm_snapshot_build (struct wr_runtime *rt, enum wr_vm_kind kind,
   pthread_mutex_unlock (&vm_lock);
   if (r < 0)
     return r;
+  if (p.disk[0])
+    return wr_error (err, EINVAL, WR_E_UNSUPPORTED, "disk image VMs have no snapshots");
   if (!path_shell_safe (vm.vmdir))
     return wr_error (err, EINVAL, WR_E_UNSUPPORTED, "snapshots need a plain daemon root path");
   char key[65], path[PATH_MAX + 160];
