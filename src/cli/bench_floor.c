@@ -245,12 +245,8 @@ struct floor_child
 /* With CLONE_VM|CLONE_VFORK (as posix_spawn does) this runs on its own stack
  * in the parent's address space, so nothing is copied or COW-faulted: only
  * raw syscall wrappers, no allocation. */
-static int
-floor_child_fn (void *p)
-{
-  struct floor_child *a = p;
-  size_t k = 0;
-  a->ts[k++] = wr_now_ns ();
+/* In a cloned child: run one setup step, or record which one failed (and
+ * errno) in the caller's struct `a` and exit. */
 #define STEP(name, call)                                                                           \
   do                                                                                               \
     {                                                                                              \
@@ -262,6 +258,13 @@ floor_child_fn (void *p)
         }                                                                                          \
     }                                                                                              \
   while (0)
+
+static int
+floor_child_fn (void *p)
+{
+  struct floor_child *a = p;
+  size_t k = 0;
+  a->ts[k++] = wr_now_ns ();
 #define MARK() (a->ts[k++] = wr_now_ns ())
   STEP ("make / private", mount (NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL));
   MARK ();
@@ -283,7 +286,6 @@ floor_child_fn (void *p)
   MARK ();
   STEP ("execve /bin/true", execve ("/bin/true", a->argv, environ));
 #undef MARK
-#undef STEP
   return 127;
 }
 
@@ -493,17 +495,6 @@ static int
 run_child_fn (void *p)
 {
   struct run_child *a = p;
-#define STEP(name, call)                                                                           \
-  do                                                                                               \
-    {                                                                                              \
-      if ((call) < 0)                                                                              \
-        {                                                                                          \
-          a->failed_errno = errno;                                                                 \
-          a->failed_step = (name);                                                                 \
-          _exit (127);                                                                             \
-        }                                                                                          \
-    }                                                                                              \
-  while (0)
   STEP ("dup2 stdin", dup2 (a->devnull, 0));
   STEP ("dup2 stdout", dup2 (a->devnull, 1));
   STEP ("dup2 stderr", dup2 (a->errfd, 2));
@@ -515,7 +506,6 @@ run_child_fn (void *p)
         STEP ("umount /sys/fs/cgroup/unified", -1);
     }
   STEP ("execve", execve (a->argv[0], a->argv, environ));
-#undef STEP
   return 127;
 }
 
