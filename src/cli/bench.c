@@ -786,6 +786,8 @@ usage (FILE *f)
 {
   fputs ("usage: warren bench floor|create|burst|exec|all [options]\n"
          "       warren bench call [options]   (fncall; see warren bench call --help)\n"
+         "       warren bench image [options]  (layers; see warren bench image --help)\n"
+         "       warren bench vm [options]     (VM boot/restore; see warren bench vm --help)\n"
          "  -n, --count N          warren iterations (default 200)\n"
          "  -c, --concurrency C    client threads (default 4; exec: 1)\n"
          "      --image REF        image (default: the daemon's default image)\n"
