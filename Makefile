@@ -3,11 +3,11 @@
 CC ?= cc
 SAN ?= 0
 ifeq ($(SAN),1)
-B := build-san
+B ?= build-san
 SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 OPT := -O1 -g
 else
-B := build
+B ?= build
 SANFLAGS :=
 OPT := -O2 -g
 endif
