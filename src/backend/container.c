@@ -138,14 +138,14 @@ c_mount (const char *src, const char *dst, const char *fs, unsigned long fl, con
   return wr_raw5 (__NR_mount, src, dst, fs, fl, data);
 }
 
-/* Hand a layer to overlayfs by fd (6.13+); older kernels take the same fd as
- * a /proc/self/fd path, which needs no walk through daemon directories. */
+/* Hand a layer to overlayfs as the string "/proc/self/fd/N": the kernel
+ * resolves it through our fd (no walk through daemon directories) and keeps
+ * the string as the layer's name in the mount options, which the sandbox
+ * reads in /proc/self/mountinfo. FSCONFIG_SET_FD (6.13+) would record the
+ * layer's d_path instead, i.e. the daemon's store path. */
 static long
-set_layer (long fsfd, const char *key, int fd)
+set_layer_fd_path (long fsfd, const char *key, int fd)
 {
-  long r = wr_raw5 (__NR_fsconfig, fsfd, FSCONFIG_SET_FD, key, NULL, fd);
-  if (r != -EINVAL)
-    return r;
   char path[32] = "/proc/self/fd/", digits[12];
   int n = 0;
   do
@@ -210,9 +210,9 @@ child_main (void *arg)
   long o = wr_raw2 (__NR_fsopen, "overlay", FSOPEN_CLOEXEC);
   TRY (ST_OVERLAY, o);
   for (size_t i = 0; i < c->n_lower; i++)
-    TRY (ST_OVERLAY, set_layer (o, "lowerdir+", lower_fds[i]));
-  TRY (ST_OVERLAY, set_layer (o, "upperdir", (int)u));
-  TRY (ST_OVERLAY, set_layer (o, "workdir", (int)w));
+    TRY (ST_OVERLAY, set_layer_fd_path (o, "lowerdir+", lower_fds[i]));
+  TRY (ST_OVERLAY, set_layer_fd_path (o, "upperdir", (int)u));
+  TRY (ST_OVERLAY, set_layer_fd_path (o, "workdir", (int)w));
   TRY (ST_OVERLAY, wr_raw5 (__NR_fsconfig, o, FSCONFIG_SET_FLAG, "userxattr", NULL, 0));
   TRY (ST_OVERLAY, wr_raw5 (__NR_fsconfig, o, FSCONFIG_CMD_CREATE, NULL, NULL, 0));
   long om = wr_raw3 (__NR_fsmount, o, FSMOUNT_CLOEXEC, 0);

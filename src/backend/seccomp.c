@@ -2,11 +2,16 @@
  * runtime with libseccomp and kept as a BPF program the sandbox child loads
  * with one prctl right before exec. */
 #include <errno.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <sched.h>
 #include <seccomp.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 
 #include "../common/util.h"
@@ -15,9 +20,10 @@
 
 /* Denied with EPERM: kernel keyrings, BPF, module/kexec loading, every mount
  * API (the sandbox's mounts are final), namespace entry/creation, swap,
- * reboot, clock setting, perf/userfaultfd (kernel attack surface and side
- * channels), handle-based open (escapes mount confinement), accounting,
- * quotas, raw I/O ports, the kernel log. */
+ * reboot, clock setting, perf/userfaultfd/io_uring (kernel attack surface and
+ * side channels; io_uring also runs operations a filter never sees),
+ * handle-based open (escapes mount confinement), accounting, quotas, raw I/O
+ * ports, the kernel log. */
 static const char *const denied[] = {
   "keyctl",
   "add_key",
@@ -46,6 +52,9 @@ static const char *const denied[] = {
   "unshare",
   "perf_event_open",
   "userfaultfd",
+  "io_uring_setup",
+  "io_uring_enter",
+  "io_uring_register",
   "open_by_handle_at",
   "name_to_handle_at",
   "acct",
@@ -81,6 +90,59 @@ static const unsigned long ns_flags[] = {
   CLONE_NEWNS,  CLONE_NEWUTS, CLONE_NEWIPC,    CLONE_NEWUSER,
   CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWCGROUP,
 };
+
+#if defined(__x86_64__)
+#define NATIVE_AUDIT_ARCH AUDIT_ARCH_X86_64
+#elif defined(__aarch64__)
+#define NATIVE_AUDIT_ARCH AUDIT_ARCH_AARCH64
+#endif
+
+#ifdef NATIVE_AUDIT_ARCH
+/* personality(2) only with the values Docker allows: query (0xffffffff),
+ * PER_LINUX, PER_LINUX32, UNAME26 and their combination; everything else
+ * (ADDR_NO_RANDOMIZE, READ_IMPLIES_EXEC, ...) gets EPERM. libseccomp cannot
+ * say "arg0 not in a set" in a default-ALLOW filter (one comparison per
+ * argument per rule, and an ALLOW rule equal to the default action is
+ * refused), so these few instructions run in front of its program. The
+ * kernel reads the argument as an unsigned int; any high bit is denied. */
+static const uint32_t personas[] = { 0x0, 0x8, 0x20000, 0x20008, 0xffffffff };
+#define PERSONA_PREFIX_LEN (8 + WR_ARRAY_SIZE (personas))
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define ARG0_LO offsetof (struct seccomp_data, args[0])
+#define ARG0_HI (offsetof (struct seccomp_data, args[0]) + 4)
+#else
+#define ARG0_LO (offsetof (struct seccomp_data, args[0]) + 4)
+#define ARG0_HI offsetof (struct seccomp_data, args[0])
+#endif
+
+static void
+persona_prefix (struct sock_filter *f)
+{
+  const unsigned end = PERSONA_PREFIX_LEN, deny = PERSONA_PREFIX_LEN - 1;
+  unsigned n = 0;
+  /* a foreign arch or another syscall falls through to libseccomp's program
+   * (which kills foreign arches), as does an allowed value */
+  f[n++] = (struct sock_filter)BPF_STMT (BPF_LD | BPF_W | BPF_ABS,
+                                         offsetof (struct seccomp_data, arch));
+  f[n] = (struct sock_filter)BPF_JUMP (BPF_JMP | BPF_JEQ | BPF_K, NATIVE_AUDIT_ARCH, 0,
+                                       end - (n + 1));
+  n++;
+  f[n++]
+      = (struct sock_filter)BPF_STMT (BPF_LD | BPF_W | BPF_ABS, offsetof (struct seccomp_data, nr));
+  f[n] = (struct sock_filter)BPF_JUMP (BPF_JMP | BPF_JEQ | BPF_K, __NR_personality, 0,
+                                       end - (n + 1));
+  n++;
+  f[n++] = (struct sock_filter)BPF_STMT (BPF_LD | BPF_W | BPF_ABS, ARG0_HI);
+  f[n] = (struct sock_filter)BPF_JUMP (BPF_JMP | BPF_JEQ | BPF_K, 0, 0, deny - (n + 1));
+  n++;
+  f[n++] = (struct sock_filter)BPF_STMT (BPF_LD | BPF_W | BPF_ABS, ARG0_LO);
+  for (size_t i = 0; i < WR_ARRAY_SIZE (personas); i++, n++)
+    f[n] = (struct sock_filter)BPF_JUMP (BPF_JMP | BPF_JEQ | BPF_K, personas[i], end - (n + 1), 0);
+  f[n++] = (struct sock_filter)BPF_STMT (BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
+}
+#else
+#define PERSONA_PREFIX_LEN 0
+#endif
 
 static void
 ctx_releasep (scmp_filter_ctx *c)
@@ -120,25 +182,22 @@ wr_seccomp_build (struct sock_fprog *ret, wr_err_t *err)
       if (r < 0)
         return wr_error (err, -r, WR_E_INTERNAL, "seccomp rule clone");
     }
-  /* personality: only the values Docker allows (query, PER_LINUX, LINUX32,
-   * UNAME26 combinations); ADDR_NO_RANDOMIZE etc. are denied. */
-  static const unsigned long personas[] = { 0x0, 0x8, 0x20000, 0x20008, 0xffffffff };
-  nr = SCMP_SYS (personality);
-  /* "deny unless one of": express as EPERM for each arg outside the set by
-   * giving the allowed values a higher-priority ALLOW is not possible with a
-   * default-ALLOW filter, so add the deny as ne-chains: arg0 != each value. */
-  r = seccomp_rule_add (ctx, SCMP_ACT_ERRNO (EPERM), nr, 5, SCMP_A0 (SCMP_CMP_NE, personas[0]),
-                        SCMP_A0 (SCMP_CMP_NE, personas[1]), SCMP_A0 (SCMP_CMP_NE, personas[2]),
-                        SCMP_A0 (SCMP_CMP_NE, personas[3]), SCMP_A0 (SCMP_CMP_NE, personas[4]));
+  /* AF_VSOCK reaches the hypervisor's host side (Docker denies it too). The
+   * kernel reads the domain as an int: compare the low 32 bits only. */
+  r = seccomp_rule_add (ctx, SCMP_ACT_ERRNO (EPERM), SCMP_SYS (socket), 1,
+                        SCMP_A0 (SCMP_CMP_MASKED_EQ, 0xffffffffu, AF_VSOCK));
   if (r < 0)
-    {
-      /* libseccomp refuses several comparisons of one argument in one rule on
-       * some versions: fall back to denying the dangerous bit explicitly. */
-      r = seccomp_rule_add (ctx, SCMP_ACT_ERRNO (EPERM), nr, 1,
-                            SCMP_A0 (SCMP_CMP_MASKED_EQ, 0x0040000, 0x0040000));
-      if (r < 0)
-        return wr_error (err, -r, WR_E_INTERNAL, "seccomp rule personality");
-    }
+    return wr_error (err, -r, WR_E_INTERNAL, "seccomp rule socket");
+#ifndef NATIVE_AUDIT_ARCH
+  /* no hand-written personality prefix for this architecture: deny the
+   * dangerous bits one rule each */
+  static const unsigned long persona_bits[] = { 0x0040000, 0x0400000, 0x4000000, 0x0200000 };
+  for (size_t i = 0; i < WR_ARRAY_SIZE (persona_bits); i++)
+    if ((r = seccomp_rule_add (ctx, SCMP_ACT_ERRNO (EPERM), SCMP_SYS (personality), 1,
+                               SCMP_A0 (SCMP_CMP_MASKED_EQ, persona_bits[i], persona_bits[i])))
+        < 0)
+      return wr_error (err, -r, WR_E_INTERNAL, "seccomp rule personality");
+#endif
   /* Note: ptrace stays allowed; the pid namespace already limits it to the
    * sandbox's own processes. */
 
@@ -152,15 +211,19 @@ wr_seccomp_build (struct sock_fprog *ret, wr_err_t *err)
   if (fstat (mfd, &st) < 0)
     return wr_sys_error (err, "fstat seccomp memfd");
   if (st.st_size <= 0 || st.st_size % sizeof (struct sock_filter) != 0
-      || st.st_size / sizeof (struct sock_filter) > BPF_MAXINSNS)
+      || st.st_size / sizeof (struct sock_filter) + PERSONA_PREFIX_LEN > BPF_MAXINSNS)
     return wr_error (err, EINVAL, WR_E_INTERNAL, "seccomp program of %lld bytes",
                      (long long)st.st_size);
-  _cleanup_free_ struct sock_filter *prog = malloc ((size_t)st.st_size);
+  size_t len = (size_t)st.st_size / sizeof (struct sock_filter) + PERSONA_PREFIX_LEN;
+  _cleanup_free_ struct sock_filter *prog = calloc (len, sizeof *prog);
   if (prog == NULL)
     return wr_error (err, ENOMEM, WR_E_INTERNAL, "seccomp program");
-  if (pread (mfd, prog, (size_t)st.st_size, 0) != st.st_size)
+  if (pread (mfd, prog + PERSONA_PREFIX_LEN, (size_t)st.st_size, 0) != st.st_size)
     return wr_sys_error (err, "read seccomp program");
-  ret->len = (unsigned short)(st.st_size / sizeof (struct sock_filter));
+#ifdef NATIVE_AUDIT_ARCH
+  persona_prefix (prog);
+#endif
+  ret->len = (unsigned short)len;
   ret->filter = TAKE_PTR (prog);
   return 0;
 }

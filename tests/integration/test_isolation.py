@@ -1,5 +1,13 @@
 """The container boundary: users, namespaces, capabilities, seccomp, limits."""
+import errno
 import os
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+
+from conftest import need
 
 
 def sh(api, sid, script, **kw):
@@ -79,3 +87,112 @@ def test_sandboxes_do_not_see_each_other(api):
     finally:
         api.delete(a)
         api.delete(b)
+
+
+# ---- seccomp, probed from inside (bubblewrap's try-syscall idea) ----
+#
+# Each syscall is called with arguments that make it fail harmlessly without
+# a filter (EFAULT, EBADF, EINVAL) or succeed; the filter turns it into
+# EPERM. The busybox image has no compiler: a static prober is built with
+# the host's cc and copied in with the files API.
+
+PROBER = r"""
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+static void p(const char *name, long r) { printf("%s %d\n", name, r < 0 ? errno : 0); }
+
+int main(void)
+{
+  p("io_uring_setup", syscall(__NR_io_uring_setup, 1, NULL));          /* EFAULT */
+  p("io_uring_enter", syscall(__NR_io_uring_enter, -1, 0, 0, 0, NULL, 0)); /* EBADF */
+  p("io_uring_register", syscall(__NR_io_uring_register, -1, 0, NULL, 0)); /* EBADF */
+  p("socket_vsock", syscall(__NR_socket, 40 /* AF_VSOCK */, SOCK_STREAM, 0));
+  p("socket_vsock_high", syscall(__NR_socket, 0x100000000L | 40, SOCK_STREAM, 0));
+  p("socket_unix", syscall(__NR_socket, AF_UNIX, SOCK_STREAM, 0));
+  static const struct { const char *name; unsigned long v; } pers[] = {
+    { "personality_query", 0xffffffffUL },     { "personality_linux", 0x0 },
+    { "personality_linux32", 0x8 },            { "personality_uname26", 0x20000 },
+    { "personality_uname26_linux32", 0x20008 },
+    { "personality_addr_no_randomize", 0x0040000 },
+    { "personality_read_implies_exec", 0x0400000 },
+    { "personality_high_bits", 0x100000000UL },
+    { "personality_all_ones", ~0UL },
+  };
+  for (unsigned i = 0; i < sizeof pers / sizeof pers[0]; i++)
+    {
+      p(pers[i].name, syscall(__NR_personality, pers[i].v));
+      syscall(__NR_personality, 0UL);
+    }
+  return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def prober():
+    cc = shutil.which("cc") or shutil.which("gcc")
+    need(cc is not None, "a host C compiler to build the syscall prober")
+    d = tempfile.mkdtemp(prefix="wr-prober-")
+    src = os.path.join(d, "p.c")
+    with open(src, "w") as f:
+        f.write(PROBER)
+    r = subprocess.run([cc, "-static", "-O1", "-o", os.path.join(d, "p"), src],
+                       capture_output=True)
+    need(r.returncode == 0, "static linking with the host cc: %s" % r.stderr[-300:])
+    with open(os.path.join(d, "p"), "rb") as f:
+        data = f.read()
+    shutil.rmtree(d, ignore_errors=True)
+    return data
+
+
+def probe(api, sid, data):
+    r = api.raw("PUT", f"/v1/sandboxes/{sid}/files?path=/tmp/prober&mode=0755", data)
+    assert r.status == 201, r
+    out = sh(api, sid, "/tmp/prober")
+    assert out["exit_code"] == 0, out
+    return {k: int(v) for k, v in (l.split() for l in out["stdout"].splitlines())}
+
+
+def test_seccomp_io_uring_vsock_personality(api, sandbox, prober):
+    res = probe(api, sandbox, prober)
+    for name in ("io_uring_setup", "io_uring_enter", "io_uring_register"):
+        assert res[name] == errno.EPERM, (name, res)
+    assert res["socket_vsock"] == errno.EPERM, res
+    assert res["socket_vsock_high"] == errno.EPERM, res
+    assert res["socket_unix"] == 0, res  # the prober itself works
+    for name in ("personality_query", "personality_linux", "personality_linux32",
+                 "personality_uname26", "personality_uname26_linux32"):
+        assert res[name] == 0, (name, res)
+    for name in ("personality_addr_no_randomize", "personality_read_implies_exec",
+                 "personality_high_bits", "personality_all_ones"):
+        assert res[name] == errno.EPERM, (name, res)
+
+
+# ---- nothing about the host's layout in the mount table ----
+
+
+def test_mountinfo_shows_no_host_paths(daemon, api):
+    for kw in ({}, {"network": "host"}):
+        sid = api.create(**kw)
+        try:
+            text = sh(api, sid, "cat /proc/self/mountinfo /proc/1/mountinfo")["stdout"]
+        finally:
+            api.delete(sid)
+        assert "overlay" in text, text
+        root = os.path.realpath(daemon.root)
+        for leak in (daemon.root, root, "/idmap/", "/layers/", os.path.basename(root)):
+            assert leak not in text, (kw, leak, text)
+        # every path-valued overlay option is a name without host meaning
+        for line in text.splitlines():
+            if " - overlay " not in line:
+                continue
+            opts = line.split(" - overlay ")[1].split(" ", 1)[1]
+            for o in opts.split(","):
+                k, _, v = o.partition("=")
+                if v.startswith("/"):
+                    assert v.startswith("/proc/self/fd/"), (k, v, line)
