@@ -93,6 +93,23 @@ int ag_exec_timeouts (uint64_t now_ms);
 /* SIGKILL every process whose session id is sid (scans /proc). */
 void ag_kill_session (pid_t sid);
 
+/* cgroup.c: the agent's cgroup tree in a VM guest (tasks/ holds the limits,
+ * one child per exec). Without one every call is a no-op. */
+struct ag_exec_cg
+{
+  int dir_fd; /* O_PATH, -1 = none */
+  char name[32];
+};
+int ag_cg_init (void);
+bool ag_cg_enabled (void);
+/* payload of a LIMITS frame */
+void ag_cg_limits (const uint8_t *payload, size_t len);
+int ag_cg_exec_create (uint32_t stream, struct ag_exec_cg *ret);
+int ag_cg_exec_join (const struct ag_exec_cg *c);
+void ag_cg_exec_kill (const struct ag_exec_cg *c);
+bool ag_cg_exec_oom (const struct ag_exec_cg *c);
+void ag_cg_exec_release (struct ag_exec_cg *c);
+
 /* files.c */
 void ag_file_start (uint32_t stream, json_t *body);
 void ag_file_data (struct ag_req *r, const uint8_t *data, size_t len);

@@ -48,7 +48,8 @@ struct exec
   size_t in_len, in_off;
   bool in_eof;
   uint64_t start_ns, deadline_ms;
-  struct ag_call call; /* fncall: ids, limits, scratch; swept after exit */
+  struct ag_exec_cg cg; /* VM guests: the exec's own cgroup */
+  struct ag_call call;  /* fncall: ids, limits, scratch; swept after exit */
 };
 
 static bool output_paused;
@@ -212,6 +213,7 @@ exec_free (struct exec *e)
   ag_watch_close (&e->out[0].w);
   ag_watch_close (&e->out[1].w);
   in_close (e);
+  ag_cg_exec_release (&e->cg);
   ag_defer_free (e);
 }
 
@@ -264,9 +266,13 @@ ag_exec_reaped (pid_t pid, int status, const struct rusage *ru)
       int code = WIFEXITED (status) ? WEXITSTATUS (status) : -1;
       int sig = WIFSIGNALED (status) ? WTERMSIG (status) : 0;
       uint64_t dur = (wr_now_ns () - e->start_ns) / 1000000;
-      ag_send_json (
-          e->r.stream, WR_MSG_EXIT,
-          exit_json (code, sig, e->timed_out, e->out[0].truncated, e->out[1].truncated, dur, ru));
+      json_t *j
+          = exit_json (code, sig, e->timed_out, e->out[0].truncated, e->out[1].truncated, dur, ru);
+      /* only where the agent can tell: the daemon asks the backend otherwise */
+      if (e->cg.dir_fd >= 0)
+        json_object_set_new (json_object_get (j, "usage"), "oom_killed",
+                             json_boolean (ag_cg_exec_oom (&e->cg)));
+      ag_send_json (e->r.stream, WR_MSG_EXIT, j);
     }
   exec_free (e);
 }
@@ -328,6 +334,7 @@ ag_exec_timeouts (uint64_t now_ms)
       if (now_ms >= e->deadline_ms)
         {
           e->timed_out = true;
+          ag_cg_exec_kill (&e->cg);
           kill (-e->pid, SIGKILL);
           ag_kill_session (e->pid);
           continue;
@@ -351,6 +358,8 @@ ag_exec_signal (struct ag_req *r, const uint8_t *data, size_t len)
   if (json_is_integer (v) && json_integer_value (v) > 0 && json_integer_value (v) < NSIG)
     {
       int sig = (int)json_integer_value (v);
+      if (sig == SIGKILL)
+        ag_cg_exec_kill (&e->cg);
       kill (-e->pid, sig);
       if (sig == SIGKILL)
         ag_kill_session (e->pid);
@@ -609,6 +618,73 @@ open_pty (int *ret_master, char *slave, size_t slavesz, unsigned short rows, uns
   return 0;
 }
 
+/* posix_spawn's work by hand, for a child that must join the exec's
+ * cgroup before it runs anything of the task's (a fork bomb must never
+ * start in the agent's cgroup). Returns 0 or an errno value. */
+static int
+spawn_in_cgroup (const struct ag_exec_cg *c, const char *file, char **argv, char **envp, int cwdfd,
+                 const char *slave, const int fds[3], const sigset_t *dfl, pid_t *ret_pid)
+{
+  int ep[2];
+  if (pipe2 (ep, O_CLOEXEC) < 0)
+    return errno;
+  pid_t pid = fork ();
+  if (pid < 0)
+    {
+      int e = errno;
+      close (ep[0]);
+      close (ep[1]);
+      return e;
+    }
+  if (pid == 0)
+    {
+      int e = -ag_cg_exec_join (c);
+      if (e == 0)
+        {
+          for (int sig = 1; sig < NSIG; sig++)
+            if (sigismember (dfl, sig) == 1)
+              signal (sig, SIG_DFL);
+          sigset_t none;
+          sigemptyset (&none);
+          sigprocmask (SIG_SETMASK, &none, NULL);
+          if (setsid () < 0 || (cwdfd >= 0 && fchdir (cwdfd) < 0))
+            e = errno;
+        }
+      if (e == 0 && slave)
+        {
+          int t = open (slave, O_RDWR); /* after setsid: the controlling tty */
+          if (t < 0 || dup2 (t, 0) < 0 || dup2 (t, 1) < 0 || dup2 (t, 2) < 0)
+            e = errno;
+          else if (t > 2)
+            close (t);
+        }
+      else if (e == 0)
+        for (int i = 0; i < 3 && e == 0; i++)
+          if (dup2 (fds[i], i) < 0)
+            e = errno;
+      if (e == 0)
+        {
+          execve (file, argv, envp);
+          e = errno;
+        }
+      if (write (ep[1], &e, sizeof e) < 0)
+        {
+        }
+      _exit (127);
+    }
+  close (ep[1]);
+  int e = 0;
+  ssize_t n;
+  do
+    n = read (ep[0], &e, sizeof e);
+  while (n < 0 && errno == EINTR);
+  close (ep[0]);
+  if (n == (ssize_t)sizeof e && e != 0)
+    return e; /* the child exits 127 and is reaped as an orphan */
+  *ret_pid = pid;
+  return 0;
+}
+
 void
 ag_exec_start (uint32_t stream, json_t *body)
 {
@@ -728,8 +804,21 @@ ag_exec_start (uint32_t stream, json_t *body)
       posix_spawn_file_actions_adddup2 (&fa, err_w, 2);
     }
   pid_t pid;
+  struct ag_exec_cg ecg = { .dir_fd = -1 };
+  if (!call.on && ag_cg_enabled () && (r = ag_cg_exec_create (stream, &ecg)) < 0)
+    {
+      posix_spawn_file_actions_destroy (&fa);
+      posix_spawnattr_destroy (&attr);
+      ag_send_errorf (stream, -r, WR_E_EXHAUSTED, "exec cgroup");
+      return;
+    }
   uint64_t start = wr_now_ns ();
-  if (call.on)
+  if (ecg.dir_fd >= 0)
+    {
+      int fds[3] = { in_r >= 0 ? in_r : ag.devnull, out_w, err_w };
+      r = spawn_in_cgroup (&ecg, file, argv.v, env.v, cwdfd, s.tty ? slave : NULL, fds, &dfl, &pid);
+    }
+  else if (call.on)
     {
       int fds[3] = { in_r >= 0 ? in_r : ag.devnull, out_w, err_w };
       pid = ag_call_spawn (&call, file, argv.v, env.v, fds);
@@ -743,6 +832,7 @@ ag_exec_start (uint32_t stream, json_t *body)
   posix_spawnattr_destroy (&attr);
   if (r != 0)
     {
+      ag_cg_exec_release (&ecg);
       send_exec_failure (stream, r, "exec \"%s\"", argv.v[0]);
       return;
     }
@@ -750,6 +840,8 @@ ag_exec_start (uint32_t stream, json_t *body)
   struct exec *e = calloc (1, sizeof *e);
   if (e == NULL)
     {
+      ag_cg_exec_kill (&ecg);
+      ag_cg_exec_release (&ecg);
       kill (pid, SIGKILL); /* reaped by the SIGCHLD loop like any orphan */
       ag_send_errorf (stream, ENOMEM, WR_E_INTERNAL, "out of memory");
       return;
@@ -759,6 +851,7 @@ ag_exec_start (uint32_t stream, json_t *body)
   e->pid = pid;
   e->tty = s.tty;
   e->call = call;
+  e->cg = ecg;
   e->start_ns = start;
   if (s.timeout_ms)
     e->deadline_ms = start / 1000000 + s.timeout_ms;

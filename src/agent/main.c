@@ -346,6 +346,8 @@ dispatch (const struct wr_frame *f)
         vm_restored (f->payload, f->len);
       if (f->type == WR_MSG_PING)
         ag_send (0, WR_MSG_PONG, f->payload, f->len);
+      else if (f->type == WR_MSG_LIMITS)
+        ag_cg_limits (f->payload, f->len);
       else if (f->type == WR_MSG_EXEC || f->type == WR_MSG_FILE)
         ag_send_errorf (0, EINVAL, WR_E_INVALID, "stream 0 is the control stream");
       return;
@@ -490,9 +492,9 @@ conn_open (int fd)
   conn.in_len = 0;
   conn_update ();
   ag_send_json (0, WR_MSG_HELLO,
-                json_pack ("{s:i,s:s,s:i,s:s}", "version", WR_PROTO_VERSION, "agent",
+                json_pack ("{s:i,s:s,s:i,s:s,s:b}", "version", WR_PROTO_VERSION, "agent",
                            "warren-agent", "pid", (int)getpid (), "resolver",
-                           ag.use_openat2 ? "openat2" : "walk"));
+                           ag.use_openat2 ? "openat2" : "walk", "cgroup", ag_cg_enabled ()));
 }
 
 static void
@@ -655,7 +657,13 @@ setup (int listen_fd, int conn_fd, int keep_fd, const char *root, bool no_openat
   if (conn_fd >= 0)
     conn_open (conn_fd);
   if (device_path)
-    device_open ();
+    {
+      /* init of a VM guest: the limits are ours to enforce */
+      int cr = ag_cg_init ();
+      if (cr < 0)
+        fprintf (stderr, "warren-agent: no cgroup tree, limits not enforced: %s\n", strerror (-cr));
+      device_open ();
+    }
   return 0;
 }
 

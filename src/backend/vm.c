@@ -15,6 +15,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +40,11 @@
 #define OVERLAY "overlay.qcow2" /* per-VM overlay on a disk image's shared base */
 #define VM_MAX_LAYERS 64
 #define MIN_GUEST_MB 128
+/* guest RAM beyond the tasks' memory limit: kernel, agent, page cache */
+#define GUEST_RESERVE_MB 64
+/* QEMU's own threads; the guest's processes are bounded inside the guest */
+#define QEMU_PIDS_MAX 512
+#define UPPER "upper.img"    /* the writable layer: an ext4 disk of disk_mb */
 #define QEMU_OVERHEAD_MB 384 /* QEMU itself + the TCG translation cache */
 #define PROBE_TIMEOUT_MS 8000
 #define RESTORE_TIMEOUT_MS 30000
@@ -464,6 +470,10 @@ struct vm_params
   enum wr_vm_kind kind;
   uint64_t guest_mb, disk_mb;
   unsigned vcpus;
+  /* enforced inside the guest by its agent (LIMITS frame); not part of
+   * the snapshot key: a clone gets its own after restore */
+  uint64_t task_mem_bytes, pids_max;
+  double cpus;
   const char **layers;
   size_t n_layers;
   char hostname[65];
@@ -492,7 +502,10 @@ vm_params (enum wr_vm_kind kind, const struct wr_container_spec *spec, struct vm
   if (mem > (1ull << 20) || spec->disk_mb > (1ull << 20) || spec->cpus < 0 || spec->cpus > 1024)
     return wr_error (err, EINVAL, WR_E_INVALID, "limit out of range");
   /* the kernel, modules and agent need ~100 MiB before any workload */
-  p->guest_mb = mem < MIN_GUEST_MB ? MIN_GUEST_MB : mem;
+  p->guest_mb = mem + GUEST_RESERVE_MB < MIN_GUEST_MB ? MIN_GUEST_MB : mem + GUEST_RESERVE_MB;
+  p->task_mem_bytes = mem << 20;
+  p->pids_max = spec->pids_max ? spec->pids_max : 1024;
+  p->cpus = spec->cpus;
   p->disk_mb = spec->disk_mb ? spec->disk_mb : 1024;
   long ncpu = sysconf (_SC_NPROCESSORS_ONLN);
   double c = spec->cpus > 0 ? ceil (spec->cpus) : 1;
@@ -555,7 +568,8 @@ build_argv (const struct vm_params *p, const char *hostname, const char *incomin
       strv_addf (a, "-append");
       strv_addf (a,
                  "console=ttyS0 quiet loglevel=4 panic=-1 tsc_early_khz=%" PRIu64
-                 " warren.layers=%zu warren.disk_mb=%" PRIu64 " warren.hostname=%s",
+                 " warren.layers=%zu warren.disk_mb=%" PRIu64
+                 " warren.upper=disk warren.hostname=%s",
                  vm.tsc_khz, p->n_layers, p->disk_mb, hostname);
     }
   strv_addf (a, "-serial");
@@ -587,6 +601,16 @@ build_argv (const struct vm_params *p, const char *hostname, const char *incomin
       strv_addf (a, "-device");
       strv_addf (a, "%s,drive=wl%zu,serial=wl%zu", micro ? "virtio-blk-device" : "virtio-blk-pci",
                  i, i);
+    }
+  if (p->disk[0] == '\0')
+    {
+      /* the writable layer lives on the host's disk, bounded by its size,
+       * not in guest RAM */
+      strv_addf (a, "-drive");
+      strv_addf (a, "id=wupper,file=" UPPER ",format=raw,if=none,discard=unmap");
+      strv_addf (a, "-device");
+      strv_addf (a, "%s,drive=wupper,serial=wupper",
+                 micro ? "virtio-blk-device" : "virtio-blk-pci");
     }
   strv_addf (a, "-device");
   strv_addf (a, "%s", micro ? "virtio-rng-device" : "virtio-rng-pci");
@@ -883,6 +907,137 @@ qmp_wait_running (struct qmp *q, int timeout_ms, wr_err_t *err)
 
 /* ---- snapshots ---- */
 
+/* Copy a sparse file's data ranges only (a fresh ext4 is mostly holes). */
+static int
+copy_sparse (int src, int dst, wr_err_t *err)
+{
+  struct stat st;
+  if (fstat (src, &st) < 0 || ftruncate (dst, st.st_size) < 0)
+    return wr_sys_error (err, "upper disk size");
+  off_t off = 0;
+  while (off < st.st_size)
+    {
+      off_t data = lseek (src, off, SEEK_DATA);
+      if (data < 0 && errno == ENXIO)
+        break;
+      if (data < 0)
+        data = off; /* no SEEK_DATA: copy everything */
+      off_t hole = lseek (src, data, SEEK_HOLE);
+      if (hole < 0)
+        hole = st.st_size;
+      while (data < hole)
+        {
+          loff_t in = data, out = data;
+          ssize_t n = copy_file_range (src, &in, dst, &out, (size_t)(hole - data), 0);
+          if (n < 0 && (errno == EXDEV || errno == ENOSYS || errno == EINVAL))
+            {
+              static uint8_t buf[1 << 16];
+              size_t want = (size_t)(hole - data) < sizeof buf ? (size_t)(hole - data) : sizeof buf;
+              n = pread (src, buf, want, data);
+              if (n > 0 && pwrite (dst, buf, (size_t)n, data) != n)
+                n = -1;
+            }
+          if (n <= 0)
+            return wr_sys_error (err, "copy upper disk");
+          data += n;
+        }
+      off = hole;
+    }
+  return 0;
+}
+
+static pthread_mutex_t blank_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* vmdir/upper-MB.img: an empty ext4 of MB MiB, formatted once per size
+ * (no journal: the layer dies with its VM; lazy init: few blocks written). */
+static int
+blank_upper (uint64_t disk_mb, char *out, size_t len, wr_err_t *err)
+{
+  snprintf (out, len, "%s/upper-%" PRIu64 ".img", vm.vmdir, disk_mb);
+  pthread_mutex_lock (&blank_lock);
+  int r = 0;
+  if (access (out, R_OK) < 0)
+    {
+      char tmp[PATH_MAX + 32], size[32];
+      snprintf (tmp, sizeof tmp, "%s.tmp", out);
+      snprintf (size, sizeof size, "%" PRIu64 "M", disk_mb);
+      unlink (tmp);
+      char *argv[] = { "mkfs.ext4",
+                       "-q",
+                       "-F",
+                       "-m",
+                       "0",
+                       "-O",
+                       "^has_journal",
+                       "-E",
+                       "lazy_itable_init=1,nodiscard",
+                       tmp,
+                       size,
+                       NULL };
+      static char *const envp[] = { "PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL };
+      pid_t pid;
+      r = posix_spawnp (&pid, argv[0], NULL, NULL, argv, envp);
+      int status = 0;
+      if (r == 0)
+        while (waitpid (pid, &status, 0) < 0 && errno == EINTR)
+          ;
+      if (r != 0 || !WIFEXITED (status) || WEXITSTATUS (status) != 0)
+        r = wr_error (err, r ? r : EIO, WR_E_UNSUPPORTED,
+                      "mkfs.ext4 of the writable layer failed (e2fsprogs)");
+      else if (rename (tmp, out) < 0)
+        r = wr_sys_error (err, "rename %s", out);
+      if (r < 0)
+        unlink (tmp);
+    }
+  pthread_mutex_unlock (&blank_lock);
+  return r;
+}
+
+/* dirfd/upper.img from `from` (a snapshot's upper disk) or a blank one */
+static int
+create_upper (const struct vm_params *p, int dirfd, const char *from, wr_err_t *err)
+{
+  char blank[PATH_MAX + 64];
+  if (from == NULL)
+    {
+      int r = blank_upper (p->disk_mb, blank, sizeof blank, err);
+      if (r < 0)
+        return r;
+      from = blank;
+    }
+  _cleanup_close_ int src = open (from, O_RDONLY | O_CLOEXEC);
+  if (src < 0)
+    return wr_sys_error (err, "open %s", from);
+  unlinkat (dirfd, UPPER, 0);
+  _cleanup_close_ int dst = openat (dirfd, UPPER, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (dst < 0)
+    return wr_sys_error (err, "create " UPPER);
+  int r = copy_sparse (src, dst, err);
+  if (r < 0)
+    unlinkat (dirfd, UPPER, 0);
+  return r;
+}
+
+/* The tasks' limits, enforced by the guest's agent in its own cgroup tree
+ * (agent/cgroup.c); sent before any request, so every exec runs under them. */
+static int
+send_limits (int fd, const struct vm_params *p, wr_err_t *err)
+{
+  json_int_t quota = p->cpus > 0 ? (json_int_t)(p->cpus * 100000.0) : 0;
+  json_t *j = json_pack ("{s:I,s:I,s:I,s:I}", "pids_max", (json_int_t)p->pids_max, "memory_bytes",
+                         (json_int_t)p->task_mem_bytes, "cpu_quota_us", quota, "cpu_period_us",
+                         (json_int_t)(quota ? 100000 : 0));
+  _cleanup_free_ char *s = j ? json_dumps (j, JSON_COMPACT) : NULL;
+  json_decref (j);
+  if (s == NULL)
+    return wr_error (err, ENOMEM, WR_E_INTERNAL, "limits");
+  uint8_t hdr[WR_FRAME_HDR];
+  wr_frame_hdr_encode (hdr, (uint32_t)strlen (s), 0, WR_MSG_LIMITS);
+  if (wr_write_all (fd, hdr, sizeof hdr) < 0 || wr_write_all (fd, s, strlen (s)) < 0)
+    return wr_sys_error (err, "write limits");
+  return 0;
+}
+
 static void
 snapshot_key (const struct vm_params *p, char key[65])
 {
@@ -1008,6 +1163,8 @@ snapshot_build (const struct vm_params *p, const char *key, wr_err_t *err)
       if (logfd < 0)
         r = wr_sys_error (err, "qemu.log");
     }
+  if (r == 0)
+    r = create_upper (p, dirfd, NULL, err);
   pid_t pid = 0;
   int pidfd = -1;
   if (r == 0)
@@ -1291,6 +1448,20 @@ vm_start (struct wr_runtime *rt, const struct vm_params *p, const struct wr_cont
   int r = build_argv (p, p->hostname, incoming, &a, err);
   if (r == 0 && p->disk[0])
     r = create_overlay (p, dirfd, logfd, err);
+  if (r == 0 && p->disk[0] == '\0')
+    {
+      /* a clone starts from its template's upper disk, as it was when the
+       * template's memory was saved */
+      char from[PATH_MAX + 160] = "";
+      if (incoming)
+        {
+          snprintf (from, sizeof from, "%s", incoming);
+          char *slash = strrchr (from, '/');
+          if (slash)
+            snprintf (slash + 1, sizeof from - (size_t)(slash + 1 - from), UPPER);
+        }
+      r = create_upper (p, dirfd, incoming ? from : NULL, err);
+    }
   if (r < 0)
     {
       strv_free (&a);
@@ -1298,7 +1469,7 @@ vm_start (struct wr_runtime *rt, const struct vm_params *p, const struct wr_cont
     }
   struct wr_cg_limits lim = {
     .memory_bytes = (p->guest_mb + QEMU_OVERHEAD_MB) << 20,
-    .pids_max = spec->pids_max ? spec->pids_max : 1024,
+    .pids_max = QEMU_PIDS_MAX,
     .cpus = spec->cpus,
   };
   struct wr_cg_sandbox cgs;
@@ -1334,6 +1505,8 @@ vm_start (struct wr_runtime *rt, const struct vm_params *p, const struct wr_cont
    * control PING (queued until the agent opens the port) sets both */
   if (r == 0 && !incoming && p->disk[0])
     r = send_restore_ping (afd, p->hostname, err);
+  if (r == 0)
+    r = send_limits (afd, p, err);
   if (r == 0 && fcntl (afd, F_SETFL, O_NONBLOCK) < 0)
     r = wr_sys_error (err, "O_NONBLOCK");
   uint64_t st = 0;
@@ -1350,6 +1523,7 @@ vm_start (struct wr_runtime *rt, const struct vm_params *p, const struct wr_cont
       unlinkat (dirfd, AGENT_SOCK, 0);
       unlinkat (dirfd, QMP_SOCK, 0);
       unlinkat (dirfd, OVERLAY, 0);
+      unlinkat (dirfd, UPPER, 0);
       return r;
     }
   wr_cg_sandbox_close (&cgs);
@@ -1422,6 +1596,7 @@ wr_vm_destroy (struct wr_runtime *rt, struct wr_container *c, const char *state_
           unlinkat (dfd, AGENT_SOCK, 0);
           unlinkat (dfd, QMP_SOCK, 0);
           unlinkat (dfd, OVERLAY, 0);
+          unlinkat (dfd, UPPER, 0);
         }
     }
   return r;

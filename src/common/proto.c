@@ -36,7 +36,7 @@ wr_frame_parse (const uint8_t *buf, size_t avail, struct wr_frame *f)
     return 0;
   uint32_t len = get_le32 (buf);
   uint8_t type = buf[8];
-  if (len > WR_FRAME_MAX || type < WR_MSG_HELLO || type > WR_MSG_PONG || buf[9] || buf[10]
+  if (len > WR_FRAME_MAX || type < WR_MSG_HELLO || type > WR_MSG_LAST || buf[9] || buf[10]
       || buf[11])
     return -EPROTO;
   if (avail - WR_FRAME_HDR < len)
@@ -87,7 +87,8 @@ wr_frame_write (int fd, uint32_t stream, uint8_t type, const void *payload, uint
 const char *
 wr_msg_name (uint8_t type)
 {
-  static const char *names[] = { "?",    "HELLO", "EXEC", "STDIN",  "SIGNAL", "STDOUT", "STDERR",
-                                 "EXIT", "FILE",  "DATA", "RESULT", "ERROR",  "PING",   "PONG" };
+  static const char *names[]
+      = { "?",    "HELLO", "EXEC",   "STDIN", "SIGNAL", "STDOUT", "STDERR", "EXIT",
+          "FILE", "DATA",  "RESULT", "ERROR", "PING",   "PONG",   "LIMITS" };
   return type < WR_ARRAY_SIZE (names) ? names[type] : "?";
 }

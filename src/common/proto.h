@@ -73,6 +73,13 @@ enum wr_msg
   /* liveness, either direction, stream 0; payload echoed back in PONG */
   WR_MSG_PING = 12,
   WR_MSG_PONG = 13,
+  /* daemon -> agent, stream 0, no answer: limits the agent enforces on the
+   * processes it starts, where it owns a cgroup tree (VM guests):
+   *   {"pids_max":N,"memory_bytes":N,"cpu_quota_us":N,"cpu_period_us":N}
+   * (0 or absent = unlimited). Frames are ordered: every later EXEC runs
+   * under them. The agent's HELLO says "cgroup":true when it can. */
+  WR_MSG_LIMITS = 14,
+  WR_MSG_LAST = WR_MSG_LIMITS,
 };
 
 struct wr_frame

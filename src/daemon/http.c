@@ -218,10 +218,12 @@ exec_on_done (void *ud, json_t *res)
       usage = json_object ();
       json_object_set_new (r, "usage", usage);
     }
-  bool oom = false;
+  /* an agent that owns the task cgroup (VM guests) knows; else the backend */
+  bool oom = json_is_true (json_object_get (usage, "oom_killed"));
   json_int_t code = json_integer_value (json_object_get (r, "exit_code"));
   json_int_t sig = json_integer_value (json_object_get (r, "signal"));
-  if (x->sb && x->sb->has_container && (sig == 9 || code == 137))
+  if (!oom && json_object_get (usage, "oom_killed") == NULL && x->sb && x->sb->has_container
+      && (sig == 9 || code == 137))
     {
       struct wr_container_stats st;
       if (x->sb->ops->stats (x->d, &x->sb->c, &st, NULL) == 0 && st.oom_kills > x->sb->oom_seen)
