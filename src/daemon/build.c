@@ -338,7 +338,7 @@ step_config (struct build *b, const struct step *s, const char *cache_ref, wr_er
     }
   if (r == 0)
     {
-      struct wr_layer_ref refs[WR_IMAGE_MAX_LAYERS];
+      struct wr_layer_ref refs[WR_MAX_LAYERS];
       memset (refs, 0, sizeof refs);
       for (size_t i = 0; i < img->n_layers; i++)
         refs[i].digest = img->layers[i];
@@ -703,7 +703,8 @@ loop_create_and_exec (void *arg)
       return;
     }
   snprintf (x->id, sizeof x->id, "%s", sb->id);
-  static const struct agent_ops ops = { run_on_data, run_on_done, run_on_error };
+  static const struct agent_ops ops
+      = { .on_data = run_on_data, .on_done = run_on_done, .on_error = run_on_error };
   if (agent_request (sb->conn, WR_MSG_EXEC, x->body, &ops, x) == 0)
     {
       x->r = wr_error (&x->err, 0, WR_E_GONE, "the build sandbox's agent is gone");
@@ -862,8 +863,9 @@ build_work (void *arg)
                 b->r = wr_image_resolve (b->d->store, b->cur, &img, err);
                 if (b->r < 0)
                   break;
-                const char *base[WR_IMAGE_MAX_LAYERS];
-                for (size_t k = 0; k < img->n_layers && k < WR_IMAGE_MAX_LAYERS - 1; k++)
+                const char *base[WR_MAX_LAYERS];
+                /* more than WR_MAX_LAYERS - 1: wr_image_import_ex refuses */
+                for (size_t k = 0; k < img->n_layers && k < WR_MAX_LAYERS; k++)
                   base[k] = img->layers[k];
                 struct wr_import_opts o = { .base_layers = base,
                                             .n_base_layers = img->n_layers,

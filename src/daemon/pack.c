@@ -376,8 +376,12 @@ wrd_pack_commit (struct wr_store *s, struct pack_snap *p, const char *name,
                  wr_err_t *err)
 {
   memset (st, 0, sizeof *st);
+  /* before the slow copy: the new layer must fit on top */
+  int r = wr_layers_check (p->n_layers + 1, "the packed image", err);
+  if (r < 0)
+    return r;
   char work[4096];
-  int r = wr_store_tmpdir (s, "pack", work, sizeof work, err);
+  r = wr_store_tmpdir (s, "pack", work, sizeof work, err);
   if (r < 0)
     return r;
   char tree[4200];
@@ -408,13 +412,12 @@ wrd_pack_commit (struct wr_store *s, struct pack_snap *p, const char *name,
   free (c.links);
   if (r == 0)
     {
-      const char *base[WR_IMAGE_MAX_LAYERS];
-      size_t n = p->n_layers < WR_IMAGE_MAX_LAYERS - 1 ? p->n_layers : WR_IMAGE_MAX_LAYERS - 1;
-      for (size_t i = 0; i < n; i++)
+      const char *base[WR_MAX_LAYERS];
+      for (size_t i = 0; i < p->n_layers; i++)
         base[i] = p->layers[i];
       struct wr_import_opts o = {
         .base_layers = base,
-        .n_base_layers = n,
+        .n_base_layers = p->n_layers,
         .config = config_override ? config_override : p->config,
       };
       r = wr_image_import_ex (s, name, tree, &o, ret, err);

@@ -287,39 +287,46 @@ agent_lost (void *ud)
     fprintf (stderr, "warrend: %s\n", err.msg);
 }
 
+/* The image's layers, then each extra image's (docs/images.md), at most
+ * WR_MAX_LAYERS in all: dirs has room for that many. */
 static int
 resolve_layers (struct wrd *d, struct sandbox *sb, json_t *spec, const char **dirs, wr_err_t *err)
 {
+  const char *image = json_string_value (json_object_get (spec, "image"));
   struct wr_image *img = NULL;
-  int r
-      = wr_image_resolve (d->store, json_string_value (json_object_get (spec, "image")), &img, err);
+  int r = wr_image_resolve (d->store, image, &img, err);
   if (r < 0)
     return r;
   snprintf (sb->image_digest, sizeof sb->image_digest, "%s", img->digest);
   sb->img_conf = json_incref (img->config);
-  size_t n = img->n_layers;
-  json_t *extra = json_object_get (spec, "layers");
-  sb->layers = calloc (n + 64, sizeof *sb->layers);
+  sb->layers = calloc (WR_MAX_LAYERS, sizeof *sb->layers);
   if (sb->layers == NULL)
     {
       wr_image_free (img);
       return wr_error (err, ENOMEM, WR_E_INTERNAL, "layers");
     }
-  for (size_t i = 0; i < n; i++)
-    memcpy (sb->layers[i], img->layers[i], sizeof sb->layers[i]);
-  wr_image_free (img);
-  size_t i;
-  json_t *l;
-  json_array_foreach (extra, i, l)
-  {
-    struct wr_image *li = NULL;
-    r = wr_image_resolve (d->store, json_string_value (l), &li, err);
-    if (r < 0)
-      return r;
-    for (size_t k = 0; k < li->n_layers && n < 64; k++)
-      memcpy (sb->layers[n++], li->layers[k], sizeof sb->layers[0]);
-    wr_image_free (li);
-  }
+  size_t n = 0;
+  json_t *extra = json_object_get (spec, "layers");
+  for (size_t i = 0; img; i++)
+    {
+      r = wr_layers_check (n + img->n_layers, "the sandbox's image with its extra layers", err);
+      if (r < 0)
+        {
+          wr_image_free (img);
+          return r;
+        }
+      for (size_t k = 0; k < img->n_layers; k++)
+        memcpy (sb->layers[n++], img->layers[k], sizeof sb->layers[0]);
+      wr_image_free (img);
+      img = NULL;
+      if (i < json_array_size (extra))
+        {
+          r = wr_image_resolve (d->store, json_string_value (json_array_get (extra, i)), &img,
+                                err);
+          if (r < 0)
+            return r;
+        }
+    }
   sb->n_layers = 0;
   for (size_t k = 0; k < n; k++)
     {
@@ -342,9 +349,9 @@ struct build
   struct wrd *d;
   struct sandbox *sb;
   enum sb_state state;
-  const char *lowers[64];
-  char files[64][1200];
-  const char *file_ptrs[64];
+  const char *lowers[WR_MAX_LAYERS];
+  char files[WR_MAX_LAYERS][1200];
+  const char *file_ptrs[WR_MAX_LAYERS];
   char sdir[1200];
   struct wr_container_spec cs;
   int r;
@@ -387,7 +394,7 @@ build_prepare (struct wrd *d, json_t *spec, enum sb_state state, struct build **
   wr_random_hex (rnd, 12);
   snprintf (sb->id, sizeof sb->id, "%s%s", d->node, rnd);
   sb->ops = wrd_backend_get (sb->backend);
-  const char *dirs[64];
+  const char *dirs[WR_MAX_LAYERS];
   int r = resolve_layers (d, sb, spec, dirs, err);
   if (r < 0)
     {

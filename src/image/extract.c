@@ -16,6 +16,7 @@
 #include <sys/xattr.h>
 
 #include "../common/util.h"
+#include "sha256.h"
 
 #define MAX_COMPONENTS 256
 
@@ -247,21 +248,79 @@ dir_times_apply (int root_dfd, struct dir_times *d, wr_err_t *err)
   return 0;
 }
 
-static int
-write_data (struct archive *a, int fd, struct archive_entry *e, struct wr_extract_stats *stats,
-            const char *raw, wr_err_t *err)
+/* One extraction: the archive, its limits, and the bytes it unpacked so
+ * far (the sizes files end up with, holes included: a sparse entry costs
+ * what mkfs.erofs will read). */
+struct xctx
 {
+  struct archive *a;
+  unsigned flags;
+  const struct wr_extract_limits *lim;
+  struct dir_times *dirs;
+  struct wr_extract_stats *stats;
+};
+
+/* A bomb is stopped while it is being written: past lim->max_bytes, or once
+ * it has unpacked more than lim->max_ratio times the archive bytes read. */
+static bool
+over_ratio (const struct wr_extract_limits *l, struct archive *a, uint64_t unpacked)
+{
+  if (!l->max_ratio || unpacked <= l->ratio_grace)
+    return false;
+  la_int64_t in = archive_filter_bytes (a, -1);
+  return in <= 0 || unpacked / l->max_ratio > (uint64_t)in;
+}
+
+static int
+check_growth (struct xctx *x, uint64_t unpacked, bool ratio, const char *raw, wr_err_t *err)
+{
+  const struct wr_extract_limits *l = x->lim;
+  if (l->max_bytes && unpacked > l->max_bytes)
+    return wr_error (err, EFBIG, WR_E_TOO_LARGE,
+                     "archive unpacks to more than %llu bytes (at '%s'); see 'Limits' in "
+                     "docs/images.md",
+                     (unsigned long long)l->max_bytes, raw);
+  if (ratio && over_ratio (l, x->a, unpacked))
+    return wr_error (err, EFBIG, WR_E_TOO_LARGE,
+                     "archive expands more than %u times (%llu bytes from %lld at '%s'); see "
+                     "'Limits' in docs/images.md",
+                     l->max_ratio, (unsigned long long)unpacked,
+                     (long long)archive_filter_bytes (x->a, -1), raw);
+  return 0;
+}
+
+static int
+write_data (struct xctx *x, int fd, struct archive_entry *e, const char *raw, wr_err_t *err)
+{
+  struct archive *a = x->a;
+  struct wr_extract_stats *stats = x->stats;
+  la_int64_t declared = archive_entry_size_is_set (e) ? archive_entry_size (e) : 0;
+  if (declared < 0)
+    return wr_error (err, 0, WR_E_INVALID, "archive entry '%s' has a negative size", raw);
+  /* the size is known up front: refuse before writing anything (the ratio
+   * can only be judged once the data has been read) */
+  int r = check_growth (x, stats->bytes + (uint64_t)declared, false, raw, err);
+  if (r < 0)
+    return r;
+  uint64_t end = 0; /* high-water mark of this file */
   for (;;)
     {
       const void *buf;
       size_t size;
       la_int64_t off;
-      int r = archive_read_data_block (a, &buf, &size, &off);
+      r = archive_read_data_block (a, &buf, &size, &off);
       if (r == ARCHIVE_EOF)
         break;
       if (r < ARCHIVE_WARN)
         return wr_error (err, 0, WR_E_INVALID, "corrupt or truncated archive at '%s': %s", raw,
                          archive_error_string (a));
+      if (off < 0 || (uint64_t)off + size > (uint64_t)declared)
+        return wr_error (err, 0, WR_E_INVALID, "archive entry '%s' has data past its size", raw);
+      if ((uint64_t)off + size > end)
+        end = (uint64_t)off + size;
+      r = check_growth (x, stats->bytes + end, true, raw, err);
+      if (r < 0)
+        return r;
       const char *p = buf;
       while (size > 0)
         {
@@ -275,13 +334,13 @@ write_data (struct archive *a, int fd, struct archive_entry *e, struct wr_extrac
           p += n;
           off += n;
           size -= (size_t)n;
-          stats->bytes += (uint64_t)n;
         }
     }
   /* sparse files end in a hole that has no data block */
-  if (archive_entry_size_is_set (e) && ftruncate (fd, archive_entry_size (e)) < 0)
+  if (archive_entry_size_is_set (e) && ftruncate (fd, declared) < 0)
     return wr_sys_error (err, "truncate '%s'", raw);
-  return 0;
+  stats->bytes += (uint64_t)declared;
+  return check_growth (x, stats->bytes, true, raw, err);
 }
 
 /* OCI whiteouts (".wh.NAME", ".wh..wh..opq") become what overlayfs mounted
@@ -321,9 +380,10 @@ oci_whiteout (struct archive_entry *e, const struct path *p, int root_dfd, struc
 }
 
 static int
-extract_entry (struct archive *a, struct archive_entry *e, int root_dfd, unsigned flags,
-               struct dir_times *dirs, struct wr_extract_stats *stats, wr_err_t *err)
+extract_entry (struct xctx *x, struct archive_entry *e, int root_dfd, wr_err_t *err)
 {
+  struct dir_times *dirs = x->dirs;
+  struct wr_extract_stats *stats = x->stats;
   const char *raw = archive_entry_pathname (e);
   struct path p;
   int r = path_split ("entry", raw, &p, err);
@@ -345,7 +405,7 @@ extract_entry (struct archive *a, struct archive_entry *e, int root_dfd, unsigne
       return dir_times_add (dirs, "", ts) < 0 ? wr_error (err, ENOMEM, WR_E_INTERNAL, "oom") : 0;
     }
 
-  if (flags & WR_EXTRACT_OCI_WHITEOUTS)
+  if (x->flags & WR_EXTRACT_OCI_WHITEOUTS)
     {
       r = oci_whiteout (e, &p, root_dfd, dirs, stats, raw, err);
       if (r != 0)
@@ -422,7 +482,7 @@ extract_entry (struct archive *a, struct archive_entry *e, int root_dfd, unsigne
             = openat (pfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
         if (fd < 0)
           return wr_sys_error (err, "create '%s'", raw);
-        r = write_data (a, fd, e, stats, raw, err);
+        r = write_data (x, fd, e, raw, err);
         if (r < 0)
           return r;
         r = apply_meta (fd, e, stats, raw, err);
@@ -464,29 +524,122 @@ archive_freep (struct archive **a)
     archive_read_free (*a);
 }
 
-int
-wr_tar_extract (int archive_fd, int root_dfd, struct wr_extract_stats *stats, wr_err_t *err)
-{
-  return wr_tar_extract_ex (archive_fd, root_dfd, 0, stats, err);
-}
+const struct wr_extract_limits wr_extract_defaults = {
+  .max_bytes = 8ull << 30,
+  .max_entries = 1000000,
+  .max_ratio = 100,
+  .ratio_grace = 64ull << 20,
+};
 
-int
-wr_tar_extract_ex (int archive_fd, int root_dfd, unsigned flags, struct wr_extract_stats *stats,
-                   wr_err_t *err)
+/* compression is detected from the data, never from a file name */
+static struct archive *
+archive_open (int fd, bool tar)
 {
-  memset (stats, 0, sizeof *stats);
-  _cleanup_ (archive_freep) struct archive *a = archive_read_new ();
+  struct archive *a = archive_read_new ();
   if (a == NULL)
-    return wr_error (err, ENOMEM, WR_E_INTERNAL, "archive_read_new");
-  /* compression is detected from the data, never from a file name */
+    return NULL;
   archive_read_support_filter_gzip (a);
   archive_read_support_filter_zstd (a);
   archive_read_support_filter_xz (a);
   archive_read_support_filter_bzip2 (a);
-  archive_read_support_format_tar (a);
-  archive_read_support_format_gnutar (a);
-  if (archive_read_open_fd (a, archive_fd, 1 << 16) != ARCHIVE_OK)
-    return wr_error (err, 0, WR_E_INVALID, "not a tar archive: %s", archive_error_string (a));
+  if (tar)
+    {
+      archive_read_support_format_tar (a);
+      archive_read_support_format_gnutar (a);
+    }
+  else
+    archive_read_support_format_raw (a);
+  if (archive_read_open_fd (a, fd, 1 << 16) != ARCHIVE_OK)
+    {
+      archive_read_free (a);
+      return NULL;
+    }
+  return a;
+}
+
+bool
+wr_tar_is_image_archive (int fd, const struct wr_extract_limits *lim)
+{
+  lseek (fd, 0, SEEK_SET);
+  _cleanup_ (archive_freep) struct archive *a = archive_open (fd, true);
+  bool found = false;
+  for (int i = 0; a && i < 100000 && !found; i++)
+    {
+      struct archive_entry *e;
+      int r = archive_read_next_header (a, &e);
+      if (r != ARCHIVE_OK && r != ARCHIVE_WARN)
+        break;
+      const char *p = archive_entry_pathname (e);
+      while (p && p[0] == '.' && p[1] == '/')
+        p += 2;
+      found = p && (strcmp (p, "manifest.json") == 0 || strcmp (p, "oci-layout") == 0);
+      /* skipping entries decompresses them: stop a bomb here too (the
+       * rootfs import it then becomes fails on the same limits) */
+      uint64_t out = (uint64_t)archive_filter_bytes (a, 0);
+      if ((lim->max_bytes && out > lim->max_bytes) || over_ratio (lim, a, out))
+        break;
+    }
+  lseek (fd, 0, SEEK_SET);
+  return found;
+}
+
+int
+wr_tar_sha256 (int fd, const struct wr_extract_limits *lim, char hex[65], wr_err_t *err)
+{
+  if (lim == NULL)
+    lim = &wr_extract_defaults;
+  if (lseek (fd, 0, SEEK_SET) < 0)
+    return wr_sys_error (err, "seek");
+  _cleanup_ (archive_freep) struct archive *a = archive_open (fd, false);
+  struct archive_entry *e;
+  if (a == NULL || archive_read_next_header (a, &e) != ARCHIVE_OK)
+    return wr_error (err, 0, WR_E_INVALID, "not a readable archive");
+  struct xctx x = { .a = a, .lim = lim };
+  struct wr_sha256 h;
+  wr_sha256_init (&h);
+  uint64_t total = 0;
+  for (;;)
+    {
+      const void *buf;
+      size_t size;
+      la_int64_t off;
+      int r = archive_read_data_block (a, &buf, &size, &off);
+      if (r == ARCHIVE_EOF)
+        break;
+      if (r < ARCHIVE_WARN)
+        return wr_error (err, 0, WR_E_INVALID, "corrupt or truncated archive: %s",
+                         archive_error_string (a));
+      total += size;
+      r = check_growth (&x, total, true, "(stream)", err);
+      if (r < 0)
+        return r;
+      wr_sha256_update (&h, buf, size);
+    }
+  uint8_t d[32];
+  wr_sha256_final (&h, d);
+  wr_sha256_to_hex (d, hex);
+  if (lseek (fd, 0, SEEK_SET) < 0)
+    return wr_sys_error (err, "seek");
+  return 0;
+}
+
+int
+wr_tar_extract (int archive_fd, int root_dfd, struct wr_extract_stats *stats, wr_err_t *err)
+{
+  return wr_tar_extract_ex (archive_fd, root_dfd, 0, NULL, stats, err);
+}
+
+int
+wr_tar_extract_ex (int archive_fd, int root_dfd, unsigned flags,
+                   const struct wr_extract_limits *lim, struct wr_extract_stats *stats,
+                   wr_err_t *err)
+{
+  memset (stats, 0, sizeof *stats);
+  if (lim == NULL)
+    lim = &wr_extract_defaults;
+  _cleanup_ (archive_freep) struct archive *a = archive_open (archive_fd, true);
+  if (a == NULL)
+    return wr_error (err, 0, WR_E_INVALID, "not a tar archive");
 
   /* mkdtemp made the root 0700 with the current time: give it rootfs
    * defaults and a fixed time so identical archives give identical layers */
@@ -497,6 +650,7 @@ wr_tar_extract_ex (int archive_fd, int root_dfd, unsigned flags, struct wr_extra
   if (dir_times_add (&dirs, "", zero) < 0)
     return wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
 
+  struct xctx x = { .a = a, .flags = flags, .lim = lim, .dirs = &dirs, .stats = stats };
   for (;;)
     {
       struct archive_entry *e;
@@ -507,8 +661,12 @@ wr_tar_extract_ex (int archive_fd, int root_dfd, unsigned flags, struct wr_extra
         return wr_error (err, 0, WR_E_INVALID, "%s: %s",
                          stats->entries ? "corrupt or truncated archive" : "not a tar archive",
                          archive_error_string (a));
+      if (lim->max_entries && stats->entries >= lim->max_entries)
+        return wr_error (err, EFBIG, WR_E_TOO_LARGE,
+                         "archive has more than %llu entries; see 'Limits' in docs/images.md",
+                         (unsigned long long)lim->max_entries);
       stats->entries++;
-      r = extract_entry (a, e, root_dfd, flags, &dirs, stats, err);
+      r = extract_entry (&x, e, root_dfd, err);
       if (r < 0)
         return r;
     }

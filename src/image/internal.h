@@ -2,6 +2,7 @@
 #ifndef WR_IMAGE_INTERNAL_H
 #define WR_IMAGE_INTERNAL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include <jansson.h>
@@ -32,7 +33,7 @@ struct wr_extract_stats
   uint64_t entries;         /* archive entries seen */
   uint64_t skipped_special; /* device nodes, fifos and sockets not extracted */
   uint64_t skipped_xattrs;  /* xattrs dropped (overlay-private names or unsupported) */
-  uint64_t bytes;           /* regular file bytes written */
+  uint64_t bytes;           /* regular files' sizes (holes of sparse files included) */
   uint64_t whiteouts;       /* OCI whiteouts converted (WR_EXTRACT_OCI_WHITEOUTS) */
 };
 
@@ -41,15 +42,38 @@ struct wr_extract_stats
  * OCI images, never for plain rootfs tarballs. */
 #define WR_EXTRACT_OCI_WHITEOUTS 1u
 
+/* What one extraction may produce (docs/images.md, Limits); 0: no limit.
+ * Exceeding one is WR_E_TOO_LARGE, found while writing, not afterwards. */
+struct wr_extract_limits
+{
+  uint64_t max_bytes;   /* sum of regular files' sizes */
+  uint64_t max_entries; /* archive entries */
+  uint32_t max_ratio;   /* unpacked bytes per archive byte read ... */
+  uint64_t ratio_grace; /* ... once more than this was unpacked */
+};
+extern const struct wr_extract_limits wr_extract_defaults;
+/* store.c: the store's limits for one layer (image false) or one image
+ * archive (image true). */
+void wr_store_extract_limits (struct wr_store *s, bool image, struct wr_extract_limits *ret);
+
 /* Extract the tar archive (plain, gzip, zstd, xz, bzip2: detected by magic)
  * read from archive_fd into the empty directory root_dfd. Never follows a
  * symlink and never writes outside root_dfd; entries with absolute paths or
  * ".." components, hard links leaving the tree and anything passing through
- * a symlink fail with WR_E_INVALID. Leaves a partial tree on failure: the
- * caller removes it. */
+ * a symlink fail with WR_E_INVALID. lim NULL: wr_extract_defaults. Leaves a
+ * partial tree on failure: the caller removes it. */
 int wr_tar_extract (int archive_fd, int root_dfd, struct wr_extract_stats *stats, wr_err_t *err);
-int wr_tar_extract_ex (int archive_fd, int root_dfd, unsigned flags, struct wr_extract_stats *stats,
+int wr_tar_extract_ex (int archive_fd, int root_dfd, unsigned flags,
+                       const struct wr_extract_limits *lim, struct wr_extract_stats *stats,
                        wr_err_t *err);
+
+/* Does this tarball hold a docker-save archive or an OCI layout (a
+ * manifest.json or oci-layout at its top)? Reads headers only, within lim. */
+bool wr_tar_is_image_archive (int fd, const struct wr_extract_limits *lim);
+
+/* SHA-256 of the archive's uncompressed stream (a layer's diff_id), within
+ * lim's byte and ratio limits. Reads fd from its start and rewinds it. */
+int wr_tar_sha256 (int fd, const struct wr_extract_limits *lim, char hex[65], wr_err_t *err);
 
 /* Build a deterministic EROFS image of src_dir at out_path with mkfs.erofs
  * (uncompressed, fixed UUID, per-file mtimes kept, build time zeroed), then

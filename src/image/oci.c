@@ -7,8 +7,6 @@
  * transaction, so a bad blob anywhere leaves the store as it was. */
 #include "store.h"
 
-#include <archive.h>
-#include <archive_entry.h>
 #include <fcntl.h>
 #include <linux/openat2.h>
 #include <string.h>
@@ -166,16 +164,13 @@ wr_oci_commit (struct wr_store *s, const char *ref, json_t *oci_config, const in
                const char *const *blobs, size_t n, wr_progress_fn progress, void *ud,
                struct wr_image **ret, wr_err_t *err)
 {
-  if (n == 0)
-    return wr_error (err, 0, WR_E_INVALID, "image has no layers");
-  if (n > WR_IMAGE_MAX_LAYERS)
-    return wr_error (err, E2BIG, WR_E_INVALID, "image has %zu layers (at most %d)", n,
-                     WR_IMAGE_MAX_LAYERS);
-  struct wr_staged_layer *staged[WR_IMAGE_MAX_LAYERS] = { NULL };
-  struct wr_layer_ref refs[WR_IMAGE_MAX_LAYERS];
-  char have[WR_IMAGE_MAX_LAYERS][72];
+  int r = wr_layers_check (n, "the image", err);
+  if (r < 0)
+    return r;
+  struct wr_staged_layer *staged[WR_MAX_LAYERS] = { NULL };
+  struct wr_layer_ref refs[WR_MAX_LAYERS];
+  char have[WR_MAX_LAYERS][72];
   memset (refs, 0, sizeof refs);
-  int r = 0;
   for (size_t i = 0; i < n; i++)
     {
       if (progress)
@@ -338,11 +333,11 @@ wr_oci_from_manifest_dir (struct wr_store *s, const char *ref, int dfd, json_t *
   if (r < 0)
     return r;
   size_t n = json_array_size (layers);
-  if (n == 0 || n > WR_IMAGE_MAX_LAYERS)
-    return wr_error (err, 0, WR_E_INVALID, "image manifest has %zu layers (1 to %d allowed)", n,
-                     WR_IMAGE_MAX_LAYERS);
-  int fds[WR_IMAGE_MAX_LAYERS];
-  const char *blobs[WR_IMAGE_MAX_LAYERS];
+  r = wr_layers_check (n, "the image manifest", err);
+  if (r < 0)
+    return r;
+  int fds[WR_MAX_LAYERS];
+  const char *blobs[WR_MAX_LAYERS];
   for (size_t i = 0; i < n; i++)
     fds[i] = -1;
   for (size_t i = 0; i < n; i++)
@@ -358,9 +353,8 @@ wr_oci_from_manifest_dir (struct wr_store *s, const char *ref, int dfd, json_t *
         }
       char what[32];
       snprintf (what, sizeof what, "layer %zu", i + 1);
-      char have[72];
-      if (sha256_of (blobs[i]) && wr_blob_layer (s, blobs[i], have, NULL) == 1)
-        continue;
+      /* hashed here even when the layer is stored: the cache lookup in
+       * wr_oci_commit is then on a digest these bytes really have */
       r = open_blob (dfd, blobs[i], what, &fds[i], err);
       if (r < 0)
         {
@@ -371,6 +365,43 @@ wr_oci_from_manifest_dir (struct wr_store *s, const char *ref, int dfd, json_t *
   r = wr_oci_commit (s, ref, config, fds, blobs, n, progress, ud, ret, err);
   close_all (fds, n);
   return r;
+}
+
+/* A docker-save layer file must be what the config's rootfs.diff_ids says
+ * (the sha256 of the uncompressed tar) and, when stored as
+ * blobs/sha256/<hex>, what its name says. ret_key: "sha256:<hex>" of the
+ * file's bytes, the only digest the layer cache may be keyed on. */
+static int
+verify_docker_layer (int fd, const char *path, const char *diff_id,
+                     const struct wr_extract_limits *lim, const char *what, char ret_key[72],
+                     wr_err_t *err)
+{
+  char hex[65];
+  int r = wr_sha256_fd (fd, hex);
+  if (r < 0)
+    return wr_error (err, -r, WR_E_INTERNAL, "hash %s", what);
+  const char *slash = strrchr (path, '/');
+  const char *named = slash && strstr (path, "sha256/") && hex64 (slash + 1) ? slash + 1 : NULL;
+  if (named && strcmp (named, hex) != 0)
+    return wr_error (err, 0, WR_E_INVALID,
+                     "digest mismatch for %s: content is sha256:%.12s..., its name says "
+                     "sha256:%.12s...",
+                     what, hex, named);
+  if (strcmp (hex, diff_id) != 0)
+    {
+      /* a compressed layer: its diff id is that of the tar inside */
+      char unpacked[65];
+      r = wr_tar_sha256 (fd, lim, unpacked, err);
+      if (r < 0)
+        return wr_error_wrap (err, "%s", what);
+      if (strcmp (unpacked, diff_id) != 0)
+        return wr_error (err, 0, WR_E_INVALID,
+                         "digest mismatch for %s: content is sha256:%.12s..., the config's "
+                         "diff_id is sha256:%.12s...",
+                         what, unpacked, diff_id);
+    }
+  snprintf (ret_key, 72, "sha256:%s", hex);
+  return 0;
 }
 
 /* docker save: manifest.json = [{"Config":"x.json","RepoTags":[...],"Layers":["y/layer.tar"]}].
@@ -406,30 +437,29 @@ import_docker_dir (struct wr_store *s, const char *ref, int dfd, wr_progress_fn 
   }
   json_t *diff_ids = json_object_get (json_object_get (config, "rootfs"), "diff_ids");
   size_t n = json_array_size (layers);
-  if (n == 0 || n > WR_IMAGE_MAX_LAYERS)
-    return wr_error (err, 0, WR_E_INVALID, "image has %zu layers (1 to %d allowed)", n,
-                     WR_IMAGE_MAX_LAYERS);
+  r = wr_layers_check (n, "manifest.json", err);
+  if (r < 0)
+    return r;
   if (json_array_size (diff_ids) != n)
     return wr_error (err, 0, WR_E_INVALID,
                      "config lists %zu layer digests (rootfs.diff_ids) for %zu layers",
                      json_array_size (diff_ids), n);
-  int fds[WR_IMAGE_MAX_LAYERS];
-  const char *blobs[WR_IMAGE_MAX_LAYERS];
+  int fds[WR_MAX_LAYERS];
+  char keys[WR_MAX_LAYERS][72];
+  const char *blobs[WR_MAX_LAYERS];
+  struct wr_extract_limits lim;
+  wr_store_extract_limits (s, false, &lim);
   for (size_t i = 0; i < n; i++)
     fds[i] = -1;
   for (size_t i = 0; i < n; i++)
     {
       const char *lp = json_string_value (json_array_get (layers, i));
-      blobs[i] = json_string_value (json_array_get (diff_ids, i));
-      const char *want = sha256_of (blobs[i]);
+      const char *want = sha256_of (json_string_value (json_array_get (diff_ids, i)));
       if (lp == NULL || want == NULL)
         {
           close_all (fds, n);
           return wr_error (err, 0, WR_E_INVALID, "layer %zu has no path or digest", i + 1);
         }
-      char have[72];
-      if (wr_blob_layer (s, blobs[i], have, NULL) == 1)
-        continue;
       fds[i] = open_beneath (dfd, lp, O_RDONLY, err);
       if (fds[i] < 0)
         {
@@ -438,57 +468,18 @@ import_docker_dir (struct wr_store *s, const char *ref, int dfd, wr_progress_fn 
         }
       char what[4200];
       snprintf (what, sizeof what, "layer %zu (%.300s)", i + 1, lp);
-      /* a compressed blob is named by its own digest, not the diff id */
-      const char *slash = strrchr (lp, '/');
-      const char *named = slash && strstr (lp, "sha256/") && hex64 (slash + 1) ? slash + 1 : NULL;
-      r = verify_fd (fds[i], named && strcmp (named, want) != 0 ? named : want, what, err);
+      r = verify_docker_layer (fds[i], lp, want, &lim, what, keys[i], err);
       if (r < 0)
         {
           close_all (fds, n);
           return r;
         }
+      /* the layer cache is keyed on the digest of the bytes just hashed */
+      blobs[i] = keys[i];
     }
   r = wr_oci_commit (s, ref, config, fds, blobs, n, progress, ud, ret, err);
   close_all (fds, n);
   return r;
-}
-
-static void
-archive_freep (struct archive **a)
-{
-  if (*a)
-    archive_read_free (*a);
-}
-
-/* Does this tarball hold a docker-save archive or an OCI layout (a
- * manifest.json or oci-layout at its top)? Reads headers only. */
-static bool
-tar_is_image_archive (int fd)
-{
-  _cleanup_ (archive_freep) struct archive *a = archive_read_new ();
-  if (a == NULL)
-    return false;
-  archive_read_support_filter_gzip (a);
-  archive_read_support_filter_zstd (a);
-  archive_read_support_format_tar (a);
-  archive_read_support_format_gnutar (a);
-  lseek (fd, 0, SEEK_SET);
-  if (archive_read_open_fd (a, fd, 1 << 16) != ARCHIVE_OK)
-    return false;
-  struct archive_entry *e;
-  bool found = false;
-  for (int i = 0; i < 100000 && !found; i++)
-    {
-      int r = archive_read_next_header (a, &e);
-      if (r != ARCHIVE_OK && r != ARCHIVE_WARN)
-        break;
-      const char *p = archive_entry_pathname (e);
-      while (p && p[0] == '.' && p[1] == '/')
-        p += 2;
-      found = p && (strcmp (p, "manifest.json") == 0 || strcmp (p, "oci-layout") == 0);
-    }
-  lseek (fd, 0, SEEK_SET);
-  return found;
 }
 
 static int
@@ -531,7 +522,9 @@ wr_image_import_any (struct wr_store *s, const char *ref, const char *path, wr_p
     return wr_error (err, 0, WR_E_INVALID, "import source %s is neither a directory nor a file",
                      path);
   fcntl (fd, F_SETFL, 0);
-  if (!tar_is_image_archive (fd))
+  struct wr_extract_limits lim;
+  wr_store_extract_limits (s, true, &lim);
+  if (!wr_tar_is_image_archive (fd, &lim))
     {
       if (progress)
         progress (ud, "rootfs", 0, 1);
@@ -553,7 +546,7 @@ wr_image_import_any (struct wr_store *s, const char *ref, const char *path, wr_p
       if (progress)
         progress (ud, "unpack", 0, 1);
       struct wr_extract_stats xs;
-      r = wr_tar_extract (fd, wfd, &xs, err);
+      r = wr_tar_extract_ex (fd, wfd, 0, &lim, &xs, err);
       if (r < 0)
         {
           if (err && (err->errnum == ENOSPC || err->errnum == EDQUOT))

@@ -9,7 +9,10 @@
 #include "store.h"
 
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <pthread.h>
 #include <string.h>
 #include <strings.h>
@@ -36,6 +39,10 @@ struct rref
   char repo[256];
   char tag[129];
   char digest[72];
+  /* redirect policy: may blob redirects reach this host's own or loopback
+   * addresses (the registry itself is on loopback), link-local ones (only
+   * when the store allows private redirects)? */
+  bool local_ok, private_ok;
 };
 
 static bool
@@ -108,6 +115,29 @@ rref_parse (const char *s, struct rref *r, wr_err_t *err)
   return 0;
 }
 
+/* Is the registry itself on loopback (then its blobs may be redirected to
+ * this host, as a local registry with local storage does)? */
+static bool
+host_is_loopback (const char *host, const char *port)
+{
+  struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM }, *res = NULL;
+  if (getaddrinfo (host, port, &hints, &res) != 0)
+    return false;
+  bool all = res != NULL;
+  for (struct addrinfo *a = res; a; a = a->ai_next)
+    {
+      const struct sockaddr *sa = a->ai_addr;
+      if (sa->sa_family == AF_INET)
+        all = all && (ntohl (((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
+      else if (sa->sa_family == AF_INET6)
+        all = all && IN6_IS_ADDR_LOOPBACK (&((const struct sockaddr_in6 *)sa)->sin6_addr);
+      else
+        all = false;
+    }
+  freeaddrinfo (res);
+  return all;
+}
+
 /* ---- HTTP ---- */
 
 struct resp
@@ -122,18 +152,23 @@ struct resp
 
 struct sink
 {
-  int fd;    /* >= 0: write here */
-  char *buf; /* else: accumulate (max bytes) */
-  size_t len, max;
+  int fd;          /* >= 0: write here */
+  char *buf;       /* else: accumulate */
+  size_t len, max; /* bytes received; more than max is an error, never read */
   struct wr_sha256 *hash;
   uint64_t *counter; /* progress, updated under pull lock */
   void (*tick) (void *ud, size_t n);
   void *ud;
+  const char *what; /* "layer 2", for errors */
+  bool blob;        /* a blob: may be redirected to storage on another host */
 };
 
 static int
 sink_put (struct sink *k, const char *p, size_t n, wr_err_t *err)
 {
+  if (n > k->max - k->len)
+    return wr_error (err, EFBIG, WR_E_INVALID, "registry sent more than %zu bytes for %s", k->max,
+                     k->what);
   if (k->hash)
     wr_sha256_update (k->hash, p, n);
   if (k->fd >= 0)
@@ -148,16 +183,14 @@ sink_put (struct sink *k, const char *p, size_t n, wr_err_t *err)
     }
   else
     {
-      if (k->len + n > k->max)
-        return wr_error (err, 0, WR_E_INVALID, "registry response larger than %zu bytes", k->max);
       char *nb = realloc (k->buf, k->len + n + 1);
       if (nb == NULL)
         return wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
       k->buf = nb;
       memcpy (k->buf + k->len, p, n);
-      k->len += n;
-      k->buf[k->len] = '\0';
+      k->buf[k->len + n] = '\0';
     }
+  k->len += n;
   if (k->tick)
     k->tick (k->ud, n);
   return 0;
@@ -232,8 +265,71 @@ conn_copy (struct conn *c, unsigned long long n, struct sink *k, wr_err_t *err)
   return 0;
 }
 
+enum addr_class
+{
+  ADDR_PUBLIC,
+  ADDR_LOCAL,     /* loopback, unspecified (reaches loopback), or one of this host's */
+  ADDR_LINKLOCAL, /* 169.254/16, fe80::/10 (cloud metadata services live there) */
+};
+
+static bool
+is_own_address (const struct sockaddr *sa)
+{
+  struct ifaddrs *ifs = NULL;
+  if (getifaddrs (&ifs) < 0)
+    return false;
+  bool own = false;
+  for (struct ifaddrs *i = ifs; i && !own; i = i->ifa_next)
+    {
+      if (i->ifa_addr == NULL || i->ifa_addr->sa_family != sa->sa_family)
+        continue;
+      if (sa->sa_family == AF_INET)
+        own = ((const struct sockaddr_in *)sa)->sin_addr.s_addr
+              == ((const struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr;
+      else if (sa->sa_family == AF_INET6)
+        own = memcmp (&((const struct sockaddr_in6 *)sa)->sin6_addr,
+                      &((const struct sockaddr_in6 *)i->ifa_addr)->sin6_addr, 16)
+              == 0;
+    }
+  freeifaddrs (ifs);
+  return own;
+}
+
+static enum addr_class
+addr_classify (const struct sockaddr *sa)
+{
+  uint32_t v4 = 0;
+  if (sa->sa_family == AF_INET6)
+    {
+      const uint8_t *b = ((const struct sockaddr_in6 *)sa)->sin6_addr.s6_addr;
+      static const uint8_t mapped[12] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff };
+      static const uint8_t zero[16];
+      if (memcmp (b, mapped, 12) == 0)
+        v4 = (uint32_t)b[12] << 24 | (uint32_t)b[13] << 16 | (uint32_t)b[14] << 8 | b[15];
+      else if (memcmp (b, zero, 15) == 0 && (b[15] == 0 || b[15] == 1))
+        return ADDR_LOCAL; /* :: and ::1 */
+      else if (b[0] == 0xfe && (b[1] & 0xc0) == 0x80)
+        return ADDR_LINKLOCAL;
+      else
+        return is_own_address (sa) ? ADDR_LOCAL : ADDR_PUBLIC;
+    }
+  else if (sa->sa_family == AF_INET)
+    v4 = ntohl (((const struct sockaddr_in *)sa)->sin_addr.s_addr);
+  else
+    return ADDR_LOCAL;
+  if ((v4 >> 24) == 127 || (v4 >> 24) == 0)
+    return ADDR_LOCAL;
+  if ((v4 >> 16) == 0xa9fe)
+    return ADDR_LINKLOCAL;
+  struct sockaddr_in in = { .sin_family = AF_INET, .sin_addr.s_addr = htonl (v4) };
+  return is_own_address ((const struct sockaddr *)&in) ? ADDR_LOCAL : ADDR_PUBLIC;
+}
+
+/* Connect to host:port. A redirect target (r != NULL) is checked on the
+ * very address connected to, so a name cannot resolve differently between
+ * the check and the connection. */
 static int
-dial (const char *host, const char *port, wr_err_t *err)
+dial (const char *host, const char *port, const struct rref *r, wr_err_t *err)
 {
   struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM }, *res = NULL;
   int g = getaddrinfo (host, port, &hints, &res);
@@ -241,8 +337,19 @@ dial (const char *host, const char *port, wr_err_t *err)
     return wr_error (err, 0, WR_E_UNAVAILABLE, "cannot resolve registry host %s: %s", host,
                      gai_strerror (g));
   int fd = -1, e = 0;
+  const char *refused = NULL;
   for (struct addrinfo *a = res; a; a = a->ai_next)
     {
+      if (r)
+        {
+          enum addr_class c = addr_classify (a->ai_addr);
+          if ((c == ADDR_LOCAL && !r->local_ok && !r->private_ok)
+              || (c == ADDR_LINKLOCAL && !r->private_ok))
+            {
+              refused = c == ADDR_LOCAL ? "a loopback or local" : "a link-local";
+              continue;
+            }
+        }
       fd = socket (a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
       if (fd < 0)
         continue;
@@ -256,25 +363,94 @@ dial (const char *host, const char *port, wr_err_t *err)
       fd = -1;
     }
   freeaddrinfo (res);
+  if (fd < 0 && refused)
+    return wr_error (err, EACCES, WR_E_INVALID,
+                     "registry redirected to %.200s, %s address: refused (docs/images.md, "
+                     "Registry pulls)",
+                     host, refused);
   if (fd < 0)
     return wr_error (err, e, WR_E_UNAVAILABLE, "cannot connect to registry %s:%s", host, port);
   return fd;
 }
 
-/* GET url path (following up to 5 redirects, plain http only) into k. */
+/* The message of a registry's error body ({"errors":[{"code","message"}]}),
+ * never anything else the server sent. */
+static void
+registry_error_text (const char *body, char *out, size_t size)
+{
+  out[0] = '\0';
+  json_t *j = body ? json_loads (body, 0, NULL) : NULL;
+  json_t *e0 = json_array_get (json_object_get (j, "errors"), 0);
+  const char *code = json_string_value (json_object_get (e0, "code"));
+  const char *msg = json_string_value (json_object_get (e0, "message"));
+  if (code || msg)
+    snprintf (out, size, ": %.40s %.200s", code ? code : "", msg ? msg : "");
+  for (char *c = out; *c; c++)
+    if ((unsigned char)*c < 0x20)
+      *c = ' ';
+  json_decref (j);
+}
+
+/* Split an absolute http:// Location into host, port and path. */
 static int
-http_get (const char *host0, const char *port0, const char *path0, const char *accept,
-          struct sink *k, struct resp *rp, wr_err_t *err)
+parse_location (const char *loc, char host[256], char port[8], char path[2048], wr_err_t *err)
+{
+  if (strncmp (loc, "http://", 7) != 0)
+    return wr_error (err, 0, WR_E_UNSUPPORTED,
+                     "registry redirects to %.200s (only plain http is supported)", loc);
+  const char *hs = loc + 7;
+  size_t hl = strcspn (hs, "/?#");
+  char hp[256];
+  if (hl == 0 || hl >= sizeof hp || memchr (hs, '@', hl))
+    return wr_error (err, 0, WR_E_INVALID, "bad redirect from registry");
+  memcpy (hp, hs, hl);
+  hp[hl] = '\0';
+  char *h = hp, *pc;
+  if (hp[0] == '[')
+    {
+      char *close_br = strchr (hp, ']');
+      if (close_br == NULL)
+        return wr_error (err, 0, WR_E_INVALID, "bad redirect from registry");
+      *close_br = '\0';
+      h = hp + 1;
+      pc = close_br[1] == ':' ? close_br + 1 : NULL;
+    }
+  else
+    pc = strchr (hp, ':');
+  if (pc)
+    {
+      *pc = '\0';
+      if (pc[1] == '\0' || strlen (pc + 1) > 5 || strspn (pc + 1, "0123456789") != strlen (pc + 1))
+        return wr_error (err, 0, WR_E_INVALID, "bad port in redirect from registry");
+      snprintf (port, 8, "%s", pc + 1);
+    }
+  else
+    strcpy (port, "80");
+  snprintf (host, 256, "%s", h);
+  snprintf (path, 2048, "%s", hs[hl] == '/' ? hs + hl : "/");
+  return 0;
+}
+
+/* GET path from the registry r into k, following up to 5 redirects the way
+ * a registry client should: within the registry for anything, to another
+ * host only for blobs (storage), and never to a loopback, local or
+ * link-local address unless r allows it (dial). Only blobs and the
+ * registry's own error messages are ever returned: never a body from
+ * elsewhere. */
+static int
+http_get (const struct rref *r, const char *path0, const char *accept, struct sink *k,
+          struct resp *rp, wr_err_t *err)
 {
   char host[256], port[8], path[2048];
-  snprintf (host, sizeof host, "%s", host0);
-  snprintf (port, sizeof port, "%s", port0);
+  snprintf (host, sizeof host, "%s", r->host);
+  snprintf (port, sizeof port, "%s", r->port);
   snprintf (path, sizeof path, "%s", path0);
   for (int hop = 0; hop < 6; hop++)
     {
       memset (rp, 0, sizeof *rp);
       rp->length = -1;
-      _cleanup_close_ int fd = dial (host, port, err);
+      bool offsite = strcmp (host, r->host) != 0 || strcmp (port, r->port) != 0;
+      _cleanup_close_ int fd = dial (host, port, offsite ? r : NULL, err);
       if (fd < 0)
         return fd;
       char req[4096];
@@ -294,18 +470,18 @@ http_get (const char *host0, const char *port0, const char *path0, const char *a
       c->fd = fd;
       c->off = c->len = 0;
       char line[8192];
-      int r = conn_line (c, line, sizeof line, err);
-      if (r < 0)
-        return r;
+      int e = conn_line (c, line, sizeof line, err);
+      if (e < 0)
+        return e;
       if (sscanf (line, "HTTP/1.%*d %d", &rp->status) != 1)
         return wr_error (err, 0, WR_E_UNAVAILABLE, "registry sent no HTTP status line");
       for (int h = 0;; h++)
         {
           if (h > 200)
             return wr_error (err, 0, WR_E_INVALID, "registry sent too many headers");
-          r = conn_line (c, line, sizeof line, err);
-          if (r < 0)
-            return r;
+          e = conn_line (c, line, sizeof line, err);
+          if (e < 0)
+            return e;
           if (line[0] == '\0')
             break;
           char *colon = strchr (line, ':');
@@ -316,7 +492,13 @@ http_get (const char *host0, const char *port0, const char *path0, const char *a
           while (*v == ' ' || *v == '\t')
             v++;
           if (strcasecmp (line, "content-length") == 0)
-            rp->length = strtoll (v, NULL, 10);
+            {
+              char *end;
+              errno = 0;
+              rp->length = strtoll (v, &end, 10);
+              if (errno || end == v || rp->length < 0)
+                return wr_error (err, 0, WR_E_INVALID, "registry sent a bad Content-Length");
+            }
           else if (strcasecmp (line, "transfer-encoding") == 0)
             rp->chunked = strcasestr (v, "chunked") != NULL;
           else if (strcasecmp (line, "location") == 0)
@@ -328,70 +510,67 @@ http_get (const char *host0, const char *port0, const char *path0, const char *a
         }
       if (rp->status >= 300 && rp->status < 400 && rp->location[0])
         {
-          const char *loc = rp->location;
-          if (loc[0] == '/')
-            snprintf (path, sizeof path, "%s", loc);
-          else if (strncmp (loc, "http://", 7) == 0)
+          char nhost[256], nport[8], npath[2048];
+          if (rp->location[0] == '/')
             {
-              const char *hs = loc + 7;
-              const char *ps = strchr (hs, '/');
-              char hp[256];
-              size_t hl = ps ? (size_t)(ps - hs) : strlen (hs);
-              if (hl >= sizeof hp)
-                return wr_error (err, 0, WR_E_INVALID, "bad redirect from registry");
-              memcpy (hp, hs, hl);
-              hp[hl] = '\0';
-              char *pc = strrchr (hp, ':');
-              if (pc)
-                {
-                  *pc = '\0';
-                  snprintf (port, sizeof port, "%.7s", pc + 1);
-                }
-              else
-                strcpy (port, "80");
-              snprintf (host, sizeof host, "%s", hp);
-              snprintf (path, sizeof path, "%s", ps ? ps : "/");
+              snprintf (nhost, sizeof nhost, "%s", host);
+              snprintf (nport, sizeof nport, "%s", port);
+              snprintf (npath, sizeof npath, "%s", rp->location);
             }
-          else
-            return wr_error (err, 0, WR_E_UNSUPPORTED,
-                             "registry redirects to %.200s (only plain http is supported)", loc);
+          else if ((e = parse_location (rp->location, nhost, nport, npath, err)) < 0)
+            return e;
+          if (!k->blob && (strcmp (nhost, r->host) != 0 || strcmp (nport, r->port) != 0))
+            return wr_error (err, EACCES, WR_E_INVALID,
+                             "registry redirected the %s request to another host (%.200s): "
+                             "refused, only blobs may live elsewhere",
+                             k->what, nhost);
+          memcpy (host, nhost, sizeof host);
+          memcpy (port, nport, sizeof port);
+          memcpy (path, npath, sizeof path);
           continue;
         }
       if (rp->status != 200)
         {
-          /* drain a small error body for the message */
-          struct sink ek = { .fd = -1, .max = 2048 };
-          if (!rp->chunked && rp->length > 0 && rp->length <= 2048)
+          /* a small error body, from the registry itself only */
+          struct sink ek = { .fd = -1, .max = 2048, .what = "error" };
+          if (!offsite && !rp->chunked && rp->length > 0 && rp->length <= 2048)
             conn_copy (c, (unsigned long long)rp->length, &ek, NULL);
+          char detail[300];
+          registry_error_text (ek.buf, detail, sizeof detail);
+          free (ek.buf);
           const char *code = rp->status == 404   ? WR_E_NOT_FOUND
                              : rp->status == 401 ? WR_E_UNAUTHORIZED
                                                  : WR_E_UNAVAILABLE;
-          r = wr_error (err, 0, code, "registry answered %d for %s%s%.200s", rp->status, path,
-                        ek.buf ? ": " : "", ek.buf ? ek.buf : "");
+          e = wr_error (err, 0, code, "registry answered %d for %s%s", rp->status,
+                        offsite ? k->what : path, detail);
           if (rp->status == 401)
             wr_error_wrap (err, "registry authentication is not supported");
-          free (ek.buf);
-          return r;
+          return e;
         }
+      /* a body longer than expected is refused before it is read */
+      if (rp->length >= 0 && (uint64_t)rp->length > k->max - k->len)
+        return wr_error (err, EFBIG, WR_E_INVALID,
+                         "registry sends %lld bytes for %s, more than the %zu expected", rp->length,
+                         k->what, k->max);
       if (rp->chunked)
         {
           for (;;)
             {
-              r = conn_line (c, line, sizeof line, err);
-              if (r < 0)
-                return r;
+              e = conn_line (c, line, sizeof line, err);
+              if (e < 0)
+                return e;
               char *end;
               unsigned long long sz = strtoull (line, &end, 16);
               if (end == line)
                 return wr_error (err, 0, WR_E_UNAVAILABLE, "bad chunk from registry");
               if (sz == 0)
                 break;
-              r = conn_copy (c, sz, k, err);
-              if (r < 0)
-                return r;
-              r = conn_line (c, line, sizeof line, err);
-              if (r < 0)
-                return r;
+              e = conn_copy (c, sz, k, err);
+              if (e < 0)
+                return e;
+              e = conn_line (c, line, sizeof line, err);
+              if (e < 0)
+                return e;
             }
           return 0;
         }
@@ -405,9 +584,9 @@ http_get (const char *host0, const char *port0, const char *path0, const char *a
             return wr_error (err, (int)-got, WR_E_UNAVAILABLE, "read from registry");
           if (got == 0)
             return 0;
-          r = sink_put (k, c->buf + c->off, (size_t)got, err);
-          if (r < 0)
-            return r;
+          e = sink_put (k, c->buf + c->off, (size_t)got, err);
+          if (e < 0)
+            return e;
           c->off += (size_t)got;
         }
     }
@@ -437,9 +616,9 @@ get_manifest (const struct rref *r, const char *ref, const char *want_digest, js
   snprintf (path, sizeof path, "/v2/%s/manifests/%s", r->repo, ref);
   struct wr_sha256 h;
   wr_sha256_init (&h);
-  struct sink k = { .fd = -1, .max = MAX_MANIFEST, .hash = &h };
+  struct sink k = { .fd = -1, .max = MAX_MANIFEST, .hash = &h, .what = "manifest" };
   struct resp rp;
-  int e = http_get (r->host, r->port, path, accept_manifests, &k, &rp, err);
+  int e = http_get (r, path, accept_manifests, &k, &rp, err);
   _cleanup_free_ char *buf = k.buf;
   if (e < 0)
     return e;
@@ -508,22 +687,25 @@ fetch_blob (struct pull *p, size_t i, wr_err_t *err)
   snprintf (path, sizeof path, "/v2/%s/blobs/%s", p->r->repo, digest);
   struct wr_sha256 h;
   wr_sha256_init (&h);
-  struct sink k = { .fd = fd, .hash = &h, .tick = pull_tick, .ud = p };
-  struct resp rp;
-  int r = http_get (p->r->host, p->r->port, path, NULL, &k, &rp, err);
-  if (r < 0)
-    return wr_error_wrap (err, "layer %zu", i + 1);
   char what[64];
   snprintf (what, sizeof what, "layer %zu", i + 1);
-  r = check_digest (&h, digest, what, err);
-  if (r < 0)
-    return r;
+  /* never more than the manifest declares (checked against the limits) */
   json_int_t want = json_integer_value (json_object_get (json_array_get (p->layers, i), "size"));
-  struct stat st;
-  if (want > 0 && fstat (fd, &st) == 0 && st.st_size != want)
-    return wr_error (err, 0, WR_E_INVALID, "layer %zu is %lld bytes, manifest says %lld", i + 1,
-                     (long long)st.st_size, (long long)want);
-  return 0;
+  struct sink k = { .fd = fd,
+                    .max = (size_t)want,
+                    .hash = &h,
+                    .tick = pull_tick,
+                    .ud = p,
+                    .what = what,
+                    .blob = true };
+  struct resp rp;
+  int r = http_get (p->r, path, NULL, &k, &rp, err);
+  if (r < 0)
+    return wr_error_wrap (err, "layer %zu", i + 1);
+  if (k.len != (size_t)want)
+    return wr_error (err, 0, WR_E_INVALID, "layer %zu is %zu bytes, the manifest says %lld", i + 1,
+                     k.len, (long long)want);
+  return check_digest (&h, digest, what, err);
 }
 
 static void *
@@ -578,6 +760,10 @@ wr_image_pull (struct wr_store *s, const char *refstr, const char *name, bool in
   if (!wr_ref_valid (target) || strchr (target, '@'))
     return wr_error (err, 0, WR_E_INVALID, "invalid local image name '%.300s'", target);
 
+  struct wr_store_limits lim;
+  wr_store_get_limits (s, &lim);
+  r.private_ok = lim.private_redirects;
+  r.local_ok = host_is_loopback (r.host, r.port);
   if (progress)
     progress (ud, "manifest", 0, 1);
   _cleanup_ (json_decrefp) json_t *m = NULL;
@@ -618,9 +804,12 @@ wr_image_pull (struct wr_store *s, const char *refstr, const char *name, bool in
     }
   json_t *layers = json_object_get (m, "layers");
   size_t n = json_array_size (layers);
-  if (!json_is_array (layers) || n == 0 || n > WR_IMAGE_MAX_LAYERS)
+  if (!json_is_array (layers) || n == 0)
     return wr_error (err, 0, WR_E_INVALID,
                      "registry manifest has no usable layer list (schema 1 is not supported)");
+  e = wr_layers_check (n, "the registry manifest", err);
+  if (e < 0)
+    return e;
   const char *cdg = json_string_value (json_object_get (json_object_get (m, "config"), "digest"));
   if (cdg == NULL || strncmp (cdg, "sha256:", 7) != 0 || strlen (cdg) != 71)
     return wr_error (err, 0, WR_E_INVALID, "registry manifest has no config digest");
@@ -632,9 +821,9 @@ wr_image_pull (struct wr_store *s, const char *refstr, const char *name, bool in
     snprintf (path, sizeof path, "/v2/%s/blobs/%s", r.repo, cdg);
     struct wr_sha256 h;
     wr_sha256_init (&h);
-    struct sink k = { .fd = -1, .max = MAX_MANIFEST, .hash = &h };
+    struct sink k = { .fd = -1, .max = MAX_MANIFEST, .hash = &h, .what = "config", .blob = true };
     struct resp rp;
-    e = http_get (r.host, r.port, path, NULL, &k, &rp, err);
+    e = http_get (&r, path, NULL, &k, &rp, err);
     _cleanup_free_ char *buf = k.buf;
     if (e < 0)
       return wr_error_wrap (err, "config");
@@ -649,8 +838,8 @@ wr_image_pull (struct wr_store *s, const char *refstr, const char *name, bool in
 
   /* layers: skip the ones already stored, fetch the rest in parallel */
   struct pull p = { .r = &r, .s = s, .layers = layers, .n = n, .progress = progress, .ud = ud };
-  int fds[WR_IMAGE_MAX_LAYERS];
-  const char *blobs[WR_IMAGE_MAX_LAYERS];
+  int fds[WR_MAX_LAYERS];
+  const char *blobs[WR_MAX_LAYERS];
   p.fds = fds;
   p.blobs = blobs;
   size_t todo = 0;
@@ -663,13 +852,27 @@ wr_image_pull (struct wr_store *s, const char *refstr, const char *name, bool in
       for (const char *c = blobs[i] + 7; *c; c++)
         if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f')))
           return wr_error (err, 0, WR_E_INVALID, "layer %zu has an invalid digest", i + 1);
+      /* the key was hashed from the blob's bytes when it was stored */
       char have[72];
       fds[i] = wr_blob_layer (s, blobs[i], have, NULL) == 1 ? -2 : -1;
       if (fds[i] == -1)
         {
           todo++;
-          json_int_t sz = json_integer_value (json_object_get (l, "size"));
-          p.total += sz > 0 ? (uint64_t)sz : 0;
+          json_t *szv = json_object_get (l, "size");
+          json_int_t sz = json_integer_value (szv);
+          if (!json_is_integer (szv) || sz <= 0)
+            return wr_error (err, 0, WR_E_INVALID, "layer %zu has no size in the manifest", i + 1);
+          if (lim.layer_bytes && (uint64_t)sz > lim.layer_bytes)
+            return wr_error (err, EFBIG, WR_E_TOO_LARGE,
+                             "layer %zu is %lld bytes, more than the %llu allowed (docs/images.md, "
+                             "Limits)",
+                             i + 1, (long long)sz, (unsigned long long)lim.layer_bytes);
+          p.total += (uint64_t)sz;
+          if (lim.image_bytes && p.total > lim.image_bytes)
+            return wr_error (err, EFBIG, WR_E_TOO_LARGE,
+                             "the image's layers are more than the %llu bytes allowed "
+                             "(docs/images.md, Limits)",
+                             (unsigned long long)lim.image_bytes);
         }
     }
   e = wr_store_tmpdir (s, "pull", p.workdir, sizeof p.workdir, err);

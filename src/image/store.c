@@ -36,6 +36,7 @@ struct wr_store
   bool own_db;
   int userns_fd;
   int force_loop;
+  struct wr_store_limits limits;
   pthread_mutex_t lock; /* db, mounts, and the layers directory */
   struct layer_mount *mounts;
   struct
@@ -231,7 +232,10 @@ static const char schema_sql[]
       " created_at INTEGER NOT NULL);"
       "CREATE TABLE IF NOT EXISTS tags (name TEXT NOT NULL, tag TEXT NOT NULL,"
       " digest TEXT NOT NULL, PRIMARY KEY (name, tag));"
-      "CREATE TABLE IF NOT EXISTS blobs (blob TEXT PRIMARY KEY, layer TEXT NOT NULL);"
+      /* blob_layers replaced blobs, whose docker-save rows were keyed on
+       * claimed (unverified) diff ids: a cache, so it simply starts over */
+      "DROP TABLE IF EXISTS blobs;"
+      "CREATE TABLE IF NOT EXISTS blob_layers (blob TEXT PRIMARY KEY, layer TEXT NOT NULL);"
       "CREATE INDEX IF NOT EXISTS tags_digest ON tags (digest);"
       "COMMIT;";
 
@@ -415,6 +419,10 @@ recover (struct wr_store *s, wr_err_t *err)
         goto fail;
       }
   }
+  /* mappings are never replaced: drop the ones whose layer went */
+  if (db_exec (s->db, "DELETE FROM blob_layers WHERE layer NOT IN (SELECT digest FROM layers)", err)
+      < 0)
+    goto fail;
   return db_exec (s->db, "COMMIT", err);
 fail:
   rollback (s->db);
@@ -482,6 +490,28 @@ store_closep (struct wr_store **s)
   wr_store_close (*s);
 }
 
+static uint64_t
+env_u64 (const char *name, uint64_t dflt)
+{
+  const char *v = getenv (name);
+  char *end;
+  if (v == NULL || v[0] < '0' || v[0] > '9')
+    return dflt;
+  unsigned long long n = strtoull (v, &end, 10);
+  return *end == '\0' ? n : dflt;
+}
+
+static void
+limits_from_env (struct wr_store_limits *l)
+{
+  l->layer_bytes = env_u64 ("WARREN_IMAGE_LAYER_BYTES", wr_extract_defaults.max_bytes);
+  l->image_bytes = env_u64 ("WARREN_IMAGE_BYTES", 4 * wr_extract_defaults.max_bytes);
+  l->entries = env_u64 ("WARREN_IMAGE_ENTRIES", wr_extract_defaults.max_entries);
+  uint64_t ratio = env_u64 ("WARREN_IMAGE_RATIO", wr_extract_defaults.max_ratio);
+  l->ratio = ratio > UINT32_MAX ? UINT32_MAX : (uint32_t)ratio;
+  l->private_redirects = env_u64 ("WARREN_REGISTRY_PRIVATE_REDIRECTS", 0) == 1;
+}
+
 int
 wr_store_open (const char *root, sqlite3 *db, int userns_fd, struct wr_store **ret, wr_err_t *err)
 {
@@ -493,6 +523,7 @@ wr_store_open (const char *root, sqlite3 *db, int userns_fd, struct wr_store **r
   if (s == NULL || (s->root = strdup (root)) == NULL)
     return wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
   s->userns_fd = -1;
+  limits_from_env (&s->limits);
   pthread_mutex_init (&s->lock, NULL);
   if (userns_fd >= 0 && (s->userns_fd = fcntl (userns_fd, F_DUPFD_CLOEXEC, 3)) < 0)
     return wr_sys_error (err, "dup userns fd");
@@ -541,6 +572,32 @@ wr_store_open (const char *root, sqlite3 *db, int userns_fd, struct wr_store **r
     return r;
   *ret = TAKE_PTR (s);
   return 0;
+}
+
+void
+wr_store_get_limits (struct wr_store *s, struct wr_store_limits *ret)
+{
+  LOCK_GUARD (s);
+  *ret = s->limits;
+}
+
+void
+wr_store_set_limits (struct wr_store *s, const struct wr_store_limits *l)
+{
+  LOCK_GUARD (s);
+  s->limits = *l;
+}
+
+void
+wr_store_extract_limits (struct wr_store *s, bool image, struct wr_extract_limits *ret)
+{
+  LOCK_GUARD (s);
+  *ret = (struct wr_extract_limits){
+    .max_bytes = image ? s->limits.image_bytes : s->limits.layer_bytes,
+    .max_entries = s->limits.entries,
+    .max_ratio = s->limits.ratio,
+    .ratio_grace = wr_extract_defaults.ratio_grace,
+  };
 }
 
 void
@@ -1052,7 +1109,8 @@ gc_locked (struct wr_store *s, wr_err_t *err)
         sqlite3_reset (del);
       }
   }
-  if (db_exec (s->db, "DELETE FROM blobs WHERE layer NOT IN (SELECT digest FROM layers)", err) < 0
+  if (db_exec (s->db, "DELETE FROM blob_layers WHERE layer NOT IN (SELECT digest FROM layers)", err)
+          < 0
       || db_exec (s->db, "COMMIT", err) < 0)
     goto fail;
   for (size_t i = 0; i < doomed.n; i++)
@@ -1219,7 +1277,9 @@ build_layer (struct wr_store *s, int src, const char *path, unsigned flags, stru
       if (rfd < 0)
         return wr_sys_error (err, "open %s", rootfs);
       unsigned xflags = (flags & WR_STAGE_OCI) ? WR_EXTRACT_OCI_WHITEOUTS : 0;
-      int r = wr_tar_extract_ex (src, rfd, xflags, xs, err);
+      struct wr_extract_limits lim;
+      wr_store_extract_limits (s, false, &lim);
+      int r = wr_tar_extract_ex (src, rfd, xflags, &lim, xs, err);
       if (r < 0)
         {
           err_exhausted (err);
@@ -1348,7 +1408,9 @@ commit_image (struct wr_store *s, const struct ref *ref, const char *const *laye
   if (db_prepare (s->db, "INSERT OR IGNORE INTO layers (digest, size, created_at) VALUES (?,?,?)",
                   &lst, err)
           < 0
-      || db_prepare (s->db, "INSERT OR REPLACE INTO blobs (blob, layer) VALUES (?,?)", &bst, err)
+      /* a blob maps to the layer first made from it, never replaced */
+      || db_prepare (s->db, "INSERT OR IGNORE INTO blob_layers (blob, layer) VALUES (?,?)", &bst,
+                     err)
              < 0
       || db_prepare (s->db,
                      "INSERT OR IGNORE INTO images (digest, manifest, created_at) VALUES (?,?,?)",
@@ -1415,6 +1477,17 @@ fail:
 }
 
 int
+wr_layers_check (size_t n, const char *what, wr_err_t *err)
+{
+  if (n == 0)
+    return wr_error (err, EINVAL, WR_E_INVALID, "%s has no layers", what);
+  if (n > WR_MAX_LAYERS)
+    return wr_error (err, E2BIG, WR_E_INVALID, "%s has %zu layers, at most %d allowed", what, n,
+                     WR_MAX_LAYERS);
+  return 0;
+}
+
+int
 wr_image_commit (struct wr_store *s, const char *refstr, const struct wr_layer_ref *in, size_t n,
                  const json_t *cfg, struct wr_image **ret, wr_err_t *err)
 {
@@ -1423,23 +1496,21 @@ wr_image_commit (struct wr_store *s, const char *refstr, const struct wr_layer_r
     return wr_error (err, EINVAL, WR_E_INVALID,
                      "invalid image name '%.300s' (want name[:tag], lowercase)",
                      refstr ? refstr : "(null)");
-  if (n == 0)
-    return wr_error (err, EINVAL, WR_E_INVALID, "an image needs at least one layer");
-  if (n > WR_IMAGE_MAX_LAYERS)
-    return wr_error (err, E2BIG, WR_E_INVALID, "too many layers (%zu, at most %d)", n,
-                     WR_IMAGE_MAX_LAYERS);
+  int r = wr_layers_check (n, "the image", err);
+  if (r < 0)
+    return r;
   _cleanup_json_ json_t *config = NULL;
-  int r = build_config (cfg, &config, err);
+  r = build_config (cfg, &config, err);
   if (r < 0)
     return r;
 
   /* The same layer twice (docker images often carry several identical
    * empty layers) would hand overlayfs one directory twice: keep the
    * top-most occurrence, the one that decides. */
-  const char *layers[WR_IMAGE_MAX_LAYERS];
-  json_int_t sizes[WR_IMAGE_MAX_LAYERS];
-  const char *blobs[WR_IMAGE_MAX_LAYERS];
-  struct wr_staged_layer *staged[WR_IMAGE_MAX_LAYERS];
+  const char *layers[WR_MAX_LAYERS];
+  json_int_t sizes[WR_MAX_LAYERS];
+  const char *blobs[WR_MAX_LAYERS];
+  struct wr_staged_layer *staged[WR_MAX_LAYERS];
   size_t m = 0;
   for (size_t i = 0; i < n; i++)
     {
@@ -1468,7 +1539,7 @@ wr_image_commit (struct wr_store *s, const char *refstr, const struct wr_layer_r
   if (store_path (s, dir, sizeof dir, "layers/sha256", NULL, NULL) < 0)
     return wr_error (err, ENAMETOOLONG, WR_E_INTERNAL, "store root too long");
   LOCK_GUARD (s);
-  bool fresh[WR_IMAGE_MAX_LAYERS] = { false };
+  bool fresh[WR_MAX_LAYERS] = { false };
   bool any_fresh = false;
   for (size_t i = 0; i < m; i++)
     {
@@ -1536,8 +1607,8 @@ wr_image_import_ex (struct wr_store *s, const char *refstr, const char *path,
                      "invalid image name '%.300s' (want name[:tag], lowercase)",
                      refstr ? refstr : "(null)");
   size_t nbase = opts ? opts->n_base_layers : 0;
-  if (nbase >= WR_IMAGE_MAX_LAYERS)
-    return wr_error (err, E2BIG, WR_E_INVALID, "too many layers (%zu)", nbase + 1);
+  if (wr_layers_check (nbase + 1, "the new image", err) < 0)
+    return -E2BIG;
   for (size_t i = 0; i < nbase; i++)
     if (!digest_hex (opts->base_layers[i]))
       return wr_error (err, EINVAL, WR_E_INVALID, "invalid base layer digest");
@@ -1552,7 +1623,7 @@ wr_image_import_ex (struct wr_store *s, const char *refstr, const char *path,
   int r = wr_layer_stage (s, path, 0, &l, err);
   if (r < 0)
     return r;
-  struct wr_layer_ref refs[WR_IMAGE_MAX_LAYERS];
+  struct wr_layer_ref refs[WR_MAX_LAYERS];
   memset (refs, 0, sizeof refs);
   for (size_t i = 0; i < nbase; i++)
     refs[i].digest = opts->base_layers[i];
@@ -1609,7 +1680,8 @@ wr_blob_layer (struct wr_store *s, const char *blob, char ret_layer[72], wr_err_
   LOCK_GUARD (s);
   _cleanup_stmt_ sqlite3_stmt *st = NULL;
   if (db_prepare (
-          s->db, "SELECT b.layer FROM blobs b JOIN layers l ON l.digest = b.layer WHERE b.blob = ?",
+          s->db,
+          "SELECT b.layer FROM blob_layers b JOIN layers l ON l.digest = b.layer WHERE b.blob = ?",
           &st, err)
       < 0)
     return -EIO;

@@ -15,6 +15,7 @@
 #include <jansson.h>
 
 #include "../common/err.h"
+#include "../common/limits.h"
 
 struct wr_store;
 
@@ -71,7 +72,9 @@ struct wr_import_opts
 int wr_image_import_ex (struct wr_store *s, const char *ref, const char *path,
                         const struct wr_import_opts *opts, struct wr_image **ret, wr_err_t *err);
 
-#define WR_IMAGE_MAX_LAYERS 128
+/* 0 when n layers fit in one image or sandbox (1 to WR_MAX_LAYERS), else
+ * WR_E_INVALID "WHAT has N layers, at most 64 allowed". */
+int wr_layers_check (size_t n, const char *what, wr_err_t *err);
 
 /* A layer built under ROOT/tmp and not yet visible to anyone: it becomes
  * part of the store only through wr_image_commit, in the same transaction
@@ -172,6 +175,25 @@ void wr_layer_release (struct wr_store *s, const char *digest);
  * [._/-] inside (not leading/trailing, no "//"), <= 200 chars; tag is
  * [A-Za-z0-9_.-]{1,128}. */
 int wr_ref_valid (const char *ref);
+
+/* How much untrusted input may unpack to (docs/images.md, Limits); 0: no
+ * limit. Exceeding one is WR_E_TOO_LARGE, detected while writing. Defaults
+ * from the environment at wr_store_open (WARREN_IMAGE_LAYER_BYTES,
+ * WARREN_IMAGE_BYTES, WARREN_IMAGE_ENTRIES, WARREN_IMAGE_RATIO), else 8 GiB,
+ * 32 GiB, 1000000, 100. */
+struct wr_store_limits
+{
+  uint64_t layer_bytes; /* one layer's files (sizes, holes included); one registry blob */
+  uint64_t image_bytes; /* an image archive unpacked; all blobs of one pull */
+  uint64_t entries;     /* archive entries of one layer or image archive */
+  uint32_t ratio;       /* unpacked bytes per compressed byte, past the first 64 MiB */
+  /* registry blob redirects may go to loopback, local and link-local
+   * addresses even when the registry is not on loopback
+   * (WARREN_REGISTRY_PRIVATE_REDIRECTS=1) */
+  bool private_redirects;
+};
+void wr_store_get_limits (struct wr_store *s, struct wr_store_limits *ret);
+void wr_store_set_limits (struct wr_store *s, const struct wr_store_limits *l);
 
 /* Testing: mount layers through a loop device even when file-backed EROFS
  * mounts work, to exercise the fallback. */

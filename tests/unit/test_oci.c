@@ -52,7 +52,7 @@ extract (const char *tar, const char *dir, unsigned flags, struct wr_extract_sta
   sh ("rm -rf %s && mkdir -p %s", dir, dir);
   _cleanup_close_ int fd = open (tar, O_RDONLY | O_CLOEXEC);
   _cleanup_close_ int dfd = open (dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  return wr_tar_extract_ex (fd, dfd, flags, xs, err);
+  return wr_tar_extract_ex (fd, dfd, flags, NULL, xs, err);
 }
 
 static void
@@ -256,6 +256,212 @@ test_oci_layout (struct wr_store *s)
   CHECK (count_dir (layers) == before, "nothing stored");
 }
 
+/* A docker-save directory: every layer listed in manifest.json with the
+ * config's diff ids. spec: "path=tarfile[:diffid-of-tarfile]" per layer,
+ * written by a small python helper so the JSON stays readable. */
+static int
+docker_dir (const char *d, const char *layers_py)
+{
+  return sh (
+      "set -e; rm -rf %s; mkdir -p %s; cd %s; python3 - <<'PY'\n"
+      "import hashlib, json, os, shutil\n"
+      "def sha(p): return 'sha256:' + hashlib.sha256(open(p, 'rb').read()).hexdigest()\n"
+      "layers = %s\n"
+      "paths, diff_ids = [], []\n"
+      "for path, src, claim in layers:\n"
+      "    os.makedirs(os.path.dirname(path) or '.', exist_ok=True)\n"
+      "    shutil.copy(src, path)\n"
+      "    paths.append(path); diff_ids.append(claim or sha(src))\n"
+      "cfg = json.dumps({'config': {}, 'rootfs': {'type': 'layers', 'diff_ids': diff_ids}})\n"
+      "open('c.json', 'w').write(cfg)\n"
+      "json.dump([{'Config': 'c.json', 'Layers': paths}], open('manifest.json', 'w'))\n"
+      "PY",
+      d, d, d, layers_py);
+}
+
+static bool
+layer_file_says (struct wr_store *s, const char *layer, const char *file, const char *want)
+{
+  const char *dir = NULL;
+  if (wr_layer_acquire (s, layer, &dir, NULL) < 0)
+    return false;
+  char p[4200], buf[64] = "";
+  snprintf (p, sizeof p, "%s/%s", dir, file);
+  FILE *f = fopen (p, "r");
+  if (f)
+    {
+      if (fgets (buf, sizeof buf, f) == NULL)
+        buf[0] = '\0';
+      fclose (f);
+    }
+  wr_layer_release (s, layer);
+  return strcmp (buf, want) == 0;
+}
+
+/* issue 9: an archive claiming a victim layer's diff id while shipping
+ * other bytes must neither be stored nor poison the layer cache. */
+static void
+test_docker_save_cache_poisoning (struct wr_store *s)
+{
+  char d[400], victim[400], evil[400], py[2000];
+  snprintf (victim, sizeof victim, "%s/victim.tar", base);
+  snprintf (evil, sizeof evil, "%s/evil.tar", base);
+  sh ("set -e; cd %s; rm -rf pv pe; mkdir pv pe; echo genuine > pv/f; echo poisoned > pe/f;"
+      " tar -C pv -cf victim.tar f; tar -C pe -cf evil.tar f; gzip -nk victim.tar",
+      base);
+  _cleanup_free_ char *claim = NULL;
+  {
+    _cleanup_close_ int fd = open (victim, O_RDONLY | O_CLOEXEC);
+    char hex[65] = "";
+    wr_sha256_fd (fd, hex);
+    if (asprintf (&claim, "sha256:%s", hex) < 0)
+      return;
+  }
+  snprintf (d, sizeof d, "%s/save-evil", base);
+  wr_err_t err;
+  char layers[400];
+  snprintf (layers, sizeof layers, "%s/layers/sha256", root);
+  int before = count_dir (layers);
+
+  /* the attacker comes first: a blob named by its own digest, claiming the
+   * victim's diff id */
+  char evil_hex[65] = "";
+  {
+    _cleanup_close_ int fd = open (evil, O_RDONLY | O_CLOEXEC);
+    wr_sha256_fd (fd, evil_hex);
+  }
+  snprintf (py, sizeof py, "[('blobs/sha256/%s', '%s', '%s')]", evil_hex, evil, claim);
+  CHECK (docker_dir (d, py) == 0, "made a docker-save dir lying about its diff id");
+  int r = wr_image_import_any (s, "evil:1", d, NULL, NULL, NULL, &err);
+  CHECK (r < 0 && strcmp (err.code, WR_E_INVALID) == 0 && strstr (err.msg, "digest mismatch")
+             && strstr (err.msg, "diff_id"),
+         "content not matching its claimed diff id is rejected (%s)", r < 0 ? err.msg : "stored");
+  CHECK (count_dir (layers) == before, "nothing stored");
+  /* same lie in a classic layout (<id>/layer.tar) */
+  snprintf (py, sizeof py, "[('x/layer.tar', '%s', '%s')]", evil, claim);
+  docker_dir (d, py);
+  r = wr_image_import_any (s, "evil:2", d, NULL, NULL, NULL, &err);
+  CHECK (r < 0 && strstr (err.msg, "digest mismatch"), "classic layout: rejected too (%s)",
+         r < 0 ? err.msg : "stored");
+
+  /* the genuine image gets its own content */
+  snprintf (py, sizeof py, "[('v/layer.tar', '%s', None)]", victim);
+  docker_dir (d, py);
+  struct wr_image *img = NULL;
+  r = wr_image_import_any (s, "victim:1", d, NULL, NULL, &img, &err);
+  CHECK (r == 0 && layer_file_says (s, img->layers[0], "f", "genuine\n"),
+         "victim imported with its own bytes (%s)", r ? err.msg : "ok");
+  char vlayer[72] = "";
+  if (r == 0)
+    snprintf (vlayer, sizeof vlayer, "%s", img->layers[0]);
+  wr_image_free (img);
+  img = NULL;
+
+  /* the attacker after the victim: the cached layer is not replaced */
+  snprintf (py, sizeof py, "[('blobs/sha256/%s', '%s', '%s')]", evil_hex, evil, claim);
+  docker_dir (d, py);
+  r = wr_image_import_any (s, "evil:3", d, NULL, NULL, NULL, &err);
+  CHECK (r < 0, "lie rejected with the victim stored (%s)", r < 0 ? err.msg : "stored");
+  snprintf (py, sizeof py, "[('w/layer.tar', '%s', None)]", victim);
+  docker_dir (d, py);
+  r = wr_image_import_any (s, "victim:2", d, NULL, NULL, &img, &err);
+  CHECK (r == 0 && strcmp (img->layers[0], vlayer) == 0
+             && layer_file_says (s, img->layers[0], "f", "genuine\n"),
+         "victim re-import reuses the genuine layer (%s)", r ? err.msg : "ok");
+  wr_image_free (img);
+  img = NULL;
+
+  /* a compressed layer named by its own digest: checked against the diff
+   * id of the tar inside */
+  char gz[400], gz_hex[65] = "";
+  snprintf (gz, sizeof gz, "%s.gz", victim);
+  {
+    _cleanup_close_ int fd = open (gz, O_RDONLY | O_CLOEXEC);
+    wr_sha256_fd (fd, gz_hex);
+  }
+  snprintf (py, sizeof py, "[('blobs/sha256/%s', '%s', '%s')]", gz_hex, gz, claim);
+  docker_dir (d, py);
+  r = wr_image_import_any (s, "victim:gz", d, NULL, NULL, &img, &err);
+  CHECK (r == 0 && layer_file_says (s, img->layers[0], "f", "genuine\n"),
+         "gzip layer matching its diff id accepted (%s)", r ? err.msg : "ok");
+  wr_image_free (img);
+  img = NULL;
+  snprintf (py, sizeof py, "[('blobs/sha256/%s', '%s', 'sha256:%s')]", gz_hex, gz, evil_hex);
+  docker_dir (d, py);
+  r = wr_image_import_any (s, "evil:gz", d, NULL, NULL, NULL, &err);
+  CHECK (r < 0 && strstr (err.msg, "diff_id"), "gzip layer with a wrong diff id rejected (%s)",
+         r < 0 ? err.msg : "stored");
+  wr_image_remove (s, "victim:1", NULL);
+  wr_image_remove (s, "victim:2", NULL);
+  wr_image_remove (s, "victim:gz", NULL);
+}
+
+/* issue 9: one layer limit, WR_MAX_LAYERS, at import and at commit */
+static void
+test_layer_limit (struct wr_store *s)
+{
+  char d[400];
+  snprintf (d, sizeof d, "%s/many", base);
+  int r = sh (
+      "set -e; rm -rf %s; mkdir -p %s; cd %s; python3 - <<'PY'\n"
+      "import gzip, hashlib, io, json, os, tarfile\n"
+      "os.makedirs('blobs/sha256')\n"
+      "def put(b):\n"
+      "    d = hashlib.sha256(b).hexdigest(); open('blobs/sha256/' + d, 'wb').write(b)\n"
+      "    return {'digest': 'sha256:' + d, 'size': len(b)}\n"
+      "layers = []\n"
+      "for i in range(%d):\n"
+      "    bio = io.BytesIO()\n"
+      "    with tarfile.open(fileobj=bio, mode='w') as t:\n"
+      "        data = b'%%d' %% i; ti = tarfile.TarInfo('f%%d' %% i); ti.size = len(data)\n"
+      "        t.addfile(ti, io.BytesIO(data))\n"
+      "    l = put(bio.getvalue()); l['mediaType'] = 'application/vnd.oci.image.layer.v1.tar'\n"
+      "    layers.append(l)\n"
+      "cfg = put(json.dumps({'config': {}}).encode())\n"
+      "m = put(json.dumps({'schemaVersion': 2, 'config': cfg, 'layers': layers}).encode())\n"
+      "json.dump({'imageLayoutVersion': '1.0.0'}, open('oci-layout', 'w'))\n"
+      "json.dump({'schemaVersion': 2, 'manifests': [m]}, open('index.json', 'w'))\n"
+      "PY",
+      d, d, d, WR_MAX_LAYERS + 6);
+  CHECK (r == 0, "made an OCI layout with %d layers", WR_MAX_LAYERS + 6);
+  char layers[400];
+  snprintf (layers, sizeof layers, "%s/layers/sha256", root);
+  int before = count_dir (layers);
+  wr_err_t err;
+  r = wr_image_import_any (s, "many:1", d, NULL, NULL, NULL, &err);
+  char want[64];
+  snprintf (want, sizeof want, "at most %d", WR_MAX_LAYERS);
+  CHECK (r < 0 && strcmp (err.code, WR_E_INVALID) == 0 && strstr (err.msg, "layers")
+             && strstr (err.msg, want),
+         "%d layers refused at import (%s)", WR_MAX_LAYERS + 6, r < 0 ? err.msg : "accepted");
+  CHECK (count_dir (layers) == before, "nothing stored");
+
+  /* stacking one more layer on a full image (pack, build COPY) */
+  char dir[400];
+  snprintf (dir, sizeof dir, "%s/c1", base);
+  struct wr_staged_layer *a = NULL;
+  CHECK (wr_layer_stage (s, dir, 0, &a, &err) == 0, "stage a layer");
+  struct wr_image *img = NULL;
+  struct wr_layer_ref one[1] = { { .staged = a } };
+  CHECK (wr_image_commit (s, "one:1", one, 1, NULL, &img, &err) == 0, "commit it");
+  const char *base_layers[WR_MAX_LAYERS];
+  for (size_t i = 0; i < WR_MAX_LAYERS; i++)
+    base_layers[i] = img ? img->layers[0] : "";
+  struct wr_import_opts o = { .base_layers = base_layers, .n_base_layers = WR_MAX_LAYERS };
+  r = wr_image_import_ex (s, "full:1", dir, &o, NULL, &err);
+  CHECK (r < 0 && strcmp (err.code, WR_E_INVALID) == 0 && strstr (err.msg, want),
+         "a layer on %d layers refused (%s)", WR_MAX_LAYERS, r < 0 ? err.msg : "accepted");
+  struct wr_layer_ref refs[WR_MAX_LAYERS + 1];
+  for (size_t i = 0; i <= WR_MAX_LAYERS; i++)
+    refs[i] = (struct wr_layer_ref){ .digest = img ? img->layers[0] : "" };
+  r = wr_image_commit (s, "full:2", refs, WR_MAX_LAYERS + 1, NULL, NULL, &err);
+  CHECK (r < 0 && strcmp (err.code, WR_E_INVALID) == 0, "commit of %d layers refused (%s)",
+         WR_MAX_LAYERS + 1, r < 0 ? err.msg : "accepted");
+  wr_image_free (img);
+  wr_layer_stage_free (a);
+  wr_image_remove (s, "one:1", NULL);
+}
+
 int
 main (void)
 {
@@ -287,6 +493,8 @@ main (void)
     {
       test_commit (s);
       test_oci_layout (s);
+      test_docker_save_cache_poisoning (s);
+      test_layer_limit (s);
       wr_store_close (s);
     }
   sqlite3_close (db);
