@@ -9,7 +9,9 @@
  *    answers (src/agent/zygote.c);
  *  - Python calls are frames on the stdin of the member's zygote, a
  *    long-running exec of src/zygote/pyzygote.py; results come back on its
- *    stdout.
+ *    stdout. The zygote runs calls in the pool's mode (fork or reuse), which
+ *    the pool's owner sets (PUT /v1/fncall/pools, --fncall-pool); a call can
+ *    only restate it.
  * Calls wait in a bounded FIFO per pool; a member that dies mid-call has its
  * call retried once on another member. */
 #include "daemon/fncall.h"
@@ -71,6 +73,7 @@ struct fn_member
   uint32_t zsid;         /* the zygote's exec stream */
   struct evbuffer *zbuf; /* zygote stdout not parsed yet */
   long zpid;             /* zygote pid inside the sandbox */
+  bool reuse;            /* the mode its zygote was started in */
   struct fn_call *cur;
   struct event *watchdog;
   unsigned calls;
@@ -83,7 +86,7 @@ struct fn_pool
   char key[400];
   char image[256];
   enum lang lang;
-  bool reuse; /* default mode of Python calls */
+  bool reuse; /* Python calls share a long-lived worker (set by the owner only) */
   unsigned memory_mb;
   unsigned size, min; /* members wanted while busy / kept when idle */
   bool configured;
@@ -326,7 +329,7 @@ member_done (struct wrd *d, struct fn_member *m)
   if (m->watchdog)
     evtimer_del (m->watchdog);
   m->calls++;
-  if (d->fncall->cfg.max_calls && m->calls >= d->fncall->cfg.max_calls)
+  if ((d->fncall->cfg.max_calls && m->calls >= d->fncall->cfg.max_calls) || m->reuse != p->reuse)
     {
       member_kill (d, m, "retired");
       p->replaced--; /* planned, not damage */
@@ -468,10 +471,10 @@ zygote_start (struct wrd *d, struct fn_member *m, wr_err_t *err)
   snprintf (uid, sizeof uid, "%u", m->uid);
   json_t *env = json_pack ("[s,s,s]", "PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
                            "PYTHONDONTWRITEBYTECODE=1", "LANG=C.UTF-8");
-  json_t *body = json_pack ("{s:[s,s,s,s,s,s,s,s,s,s],s:o,s:s,s:b,s:I,s:I}", "cmd", "python3", "-I",
-                            "-S", "-u", "-c", f->zygote, uid, uid, scratch, f->preload, "env", env,
-                            "cwd", "/", "stdin", 1, "stdout_cap", (json_int_t)INT64_MAX / 2,
-                            "stderr_cap", (json_int_t)(1 << 20));
+  json_t *body = json_pack (
+      "{s:[s,s,s,s,s,s,s,s,s,s,s],s:o,s:s,s:b,s:I,s:I}", "cmd", "python3", "-I", "-S", "-u", "-c",
+      f->zygote, uid, uid, scratch, f->preload, m->reuse ? "reuse" : "fork", "env", env, "cwd", "/",
+      "stdin", 1, "stdout_cap", (json_int_t)INT64_MAX / 2, "stderr_cap", (json_int_t)(1 << 20));
   static const struct agent_ops ops = { zygote_on_data, zygote_on_done, zygote_on_error };
   m->zbuf = evbuffer_new ();
   m->zsid = agent_request (m->sb->conn, WR_MSG_EXEC, body, &ops, m);
@@ -552,6 +555,7 @@ member_add (struct wrd *d, struct fn_pool *p, wr_err_t *err)
   m->pool = p;
   m->sb = sb;
   m->uid = UID_FIRST + (f->next_uid++ % UID_COUNT);
+  m->reuse = p->reuse;
   m->started_ms = m->idle_since_ms = wr_now_ms ();
   m->next = p->members;
   p->members = m;
@@ -863,6 +867,7 @@ call_start (struct wrd *d, struct fn_member *m, struct fn_call *c)
       watchdog_arm (m, (uint64_t)(c->timeout_s * 1000) + ZYGOTE_GRACE_MS);
       return;
     }
+  json_object_set_new (c->body, "mode", json_string (m->reuse ? "reuse" : "fork"));
   char *text = json_dumps (c->body, JSON_COMPACT);
   if (text == NULL)
     {
@@ -1091,9 +1096,9 @@ parse_call (struct wrd *d, json_t *req, struct fn_call *c, const char **ret_imag
         {
           /* only the caller's variables: the zygote's environment has the rest */
           json_t *uenv = json_object_get (req, "env");
-          c->body = json_pack ("{s:O,s:s,s:f,s:I,s:I,s:o,s:o}", "code", code, "mode",
-                               *ret_mode == 1 ? "reuse" : "fork", "timeout_s", timeout, "out_cap",
-                               out_cap, "err_cap", err_cap, "limits", limits, "env",
+          /* "mode" is the member's, added when the call starts */
+          c->body = json_pack ("{s:O,s:f,s:I,s:I,s:o,s:o}", "code", code, "timeout_s", timeout,
+                               "out_cap", out_cap, "err_cap", err_cap, "limits", limits, "env",
                                json_is_object (uenv) ? json_deep_copy (uenv) : json_object ());
           json_object_set_new (c->body, "timeout_ms", json_integer ((json_int_t)(timeout * 1000)));
           limits = NULL;
@@ -1204,9 +1209,20 @@ wrd_fncall_http_calls (struct wrd *d, struct evhttp_request *req)
       wrd_reply_error (req, &err);
       return;
     }
+  /* The pool's owner chose its isolation mode; a caller may only restate it
+   * (a call that could pick reuse could share a worker with other calls). */
+  if (mode >= 0 && (mode == 1) != p->reuse)
+    {
+      call_free (c);
+      char msg[600];
+      snprintf (msg, sizeof msg,
+                "fncall pool %s runs calls in %s mode; the mode is set by the pool's owner (PUT "
+                "/v1/fncall/pools or warrend --fncall-pool), not by a call",
+                p->key, p->reuse ? "reuse" : "fork");
+      wrd_reply_error_code (req, WR_E_CONFLICT, msg);
+      return;
+    }
   c->pool = p;
-  if (lang == LANG_PYTHON && mode < 0 && p->reuse)
-    json_object_set_new (c->body, "mode", json_string ("reuse"));
   if (p->qlen >= f->cfg.max_queue)
     {
       p->rejected++;
@@ -1313,6 +1329,16 @@ wrd_fncall_pool_set (struct wrd *d, const char *image, const char *lang, unsigne
   if (mode)
     p->reuse = strcmp (mode, "reuse") == 0;
   p->start_failures = 0;
+  /* members started in the other mode go now (busy ones when their call ends) */
+  for (struct fn_member *m = p->members, *next; m; m = next)
+    {
+      next = m->next;
+      if (m->reuse != p->reuse && m->state != M_BUSY)
+        {
+          member_kill (d, m, "pool mode changed");
+          p->replaced--;
+        }
+    }
   /* shrink at once when the size went down */
   for (struct fn_member *m = p->members, *next; m && p->n_members > p->size; m = next)
     {

@@ -1,28 +1,33 @@
 # Warren's Python fncall zygote (docs/fncall.md).
 #
 # warrend starts one per pool sandbox as a long-running exec:
-#   python3 -I -S -u -c <this file> UID GID SCRATCH MODULES
+#   python3 -I -S -u -c <this file> UID GID SCRATCH MODULES MODE
 # and talks to it over that exec's stdin/stdout. Single threaded; one call at
 # a time. Frames both ways: u32 little-endian length + JSON. A result frame's
 # JSON carries out_len/err_len and the raw output bytes follow it.
 #
+# MODE is the pool's, set by its owner; requests in another mode are refused.
 # fork mode: a fresh child per call (setsid, rlimits, call uid, seccomp,
 # scratch cwd), exec()s the code in the preloaded interpreter, exits.
 # reuse mode: one pre-forked worker (already at the call uid, limits and
 # filter applied) runs call after call in a fresh globals dict; the zygote
-# enforces the wall-clock timeout by killing and replacing it.
+# enforces the wall-clock timeout by killing and replacing it. Every call
+# gets its own request memfd and result pipe, passed over a socket the worker
+# cannot write to: nothing a call writes anywhere reaches another call.
 import gc
 import json
 import os
 import resource
 import select
 import signal
+import socket
 import struct
 import sys
 import time
 
 UID, GID, SCRATCH = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 PRELOAD = [m for m in (sys.argv[4] if len(sys.argv) > 4 else "").split(",") if m]
+MODE = sys.argv[5] if len(sys.argv) > 5 else "fork"
 TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 IN, OUT = 0, os.dup(1)  # the daemon's frames; fd 1 itself goes to /dev/null
 _null = os.open("/dev/null", os.O_RDWR)
@@ -382,12 +387,6 @@ class Capture:
 
 
 def call_fork(req):
-    global worker
-    if worker is not None:
-        # a fork call shares the uid: the sweep after it must be free to kill
-        # everything of that uid, and it must not reach a live worker
-        worker.close()
-        worker = None
     limits = req.get("limits") or {}
     timeout = req.get("timeout_ms", 30000) / 1000.0
     data = decode_stdin(req)
@@ -528,16 +527,33 @@ class CapText:
     errors = "backslashreplace"
 
 
-def worker_main(rfd, wfd):
+def worker_main(ctl):
     import io
 
     base_limits = {"nproc": 1}  # no subprocesses or threads: nothing can outlive a call
     confine(base_limits)
     while True:
-        raw = read_frame(rfd)
-        if raw is None:
+        # one message per call: a request memfd and the write end of a pipe
+        # made for this call's result alone (the zygote closes the read end
+        # once it has the result, so a copy kept by the call leads nowhere)
+        try:
+            msg, fds, _, _ = socket.recv_fds(ctl, 16, 2)
+        except OSError:
+            os._exit(1)
+        if not msg:
             os._exit(0)
-        req = json.loads(raw)
+        if len(fds) != 2:
+            os._exit(1)
+        req_fd, res_fd = fds
+        chunks = []
+        while True:
+            b = os.read(req_fd, 1 << 20)
+            if not b:
+                break
+            chunks.append(b)
+        os.close(req_fd)
+        req = json.loads(b"".join(chunks))
+        del chunks
         limits = req.get("limits") or {}
         try:
             os.chdir(SCRATCH)
@@ -567,19 +583,25 @@ def worker_main(rfd, wfd):
         sys.stdin, sys.stdout, sys.stderr = saved
         if lim_as:
             resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
-        hdr = {"exit_code": code, "signal": 0, "timed_out": False, "stdout_truncated": out.trunc,
-               "stderr_truncated": err.trunc, "duration_ms": int(dur * 1000),
+        hdr = {"exit_code": code, "stdout_truncated": out.trunc, "stderr_truncated": err.trunc,
+               "duration_ms": int(dur * 1000),
                "usage": {"cpu_user_ms": int((r1.ru_utime - r0.ru_utime) * 1000),
                          "cpu_system_ms": int((r1.ru_stime - r0.ru_stime) * 1000),
-                         "max_rss_kb": r1.ru_maxrss}, "mode": "reuse"}
-        send_result(wfd, hdr, bytes(out.buf), bytes(err.buf))
+                         "max_rss_kb": r1.ru_maxrss}}
+        try:
+            send_result(res_fd, hdr, bytes(out.buf), bytes(err.buf))
+        except OSError:
+            pass
+        os.close(res_fd)
 
 
 class Worker:
     def __init__(self):
         make_scratch()
-        a_r, a_w = os.pipe2(os.O_CLOEXEC)
-        b_r, b_w = os.pipe2(os.O_CLOEXEC)
+        # SEQPACKET: one request per message, fds attached; the worker's end
+        # is shut down for writing before any call runs, so a call can
+        # neither write into the zygote's side nor undo that
+        zs, ws = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.pid = os.fork()
         if self.pid == 0:
             try:
@@ -587,25 +609,24 @@ class Worker:
                 os.dup2(_null, 0)
                 os.dup2(_null, 1)
                 os.dup2(_null, 2)
-                os.dup2(a_r, 3)
-                os.dup2(b_w, 4)
-                os.closerange(5, 1 << 16)
-                worker_main(3, 4)
+                os.dup2(ws.fileno(), 3)
+                os.closerange(4, 1 << 16)  # the daemon channel, the zygote's end
+                signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a stale pipe is an error, not death
+                ctl = socket.socket(fileno=3)
+                ctl.shutdown(socket.SHUT_WR)
+                worker_main(ctl)
             except BaseException:
                 pass
             os._exit(1)
-        os.close(a_r)
-        os.close(b_w)
-        self.w, self.r = a_w, b_r
-        self.calls = 0
+        ws.close()
+        self.ctl = zs
 
     def close(self):
         try:
             os.kill(self.pid, signal.SIGKILL)
         except OSError:
             pass
-        os.close(self.w)
-        os.close(self.r)
+        self.ctl.close()
         try:
             os.waitpid(self.pid, 0)
         except ChildProcessError:
@@ -613,6 +634,65 @@ class Worker:
 
 
 worker = None
+MAX_RESULT_HDR = 1 << 16
+
+
+def read_result(fd, deadline, out_cap, err_cap):
+    """One result frame from the call's own pipe, read until the deadline.
+    None when the worker died, timed out or wrote something malformed."""
+    os.set_blocking(fd, False)
+    buf = bytearray()
+    hdr = None
+    need = 4  # then 4 + header, then 4 + header + output
+    while True:
+        if len(buf) >= need:
+            if need == 4:
+                (n,) = HDR.unpack(buf[:4])
+                if n == 0 or n > MAX_RESULT_HDR:
+                    return None
+                need = 4 + n
+                continue
+            if hdr is None:
+                try:
+                    hdr = json.loads(bytes(buf[4:need]))
+                except ValueError:
+                    return None
+                ol = hdr.get("out_len") if isinstance(hdr, dict) else None
+                el = hdr.get("err_len") if isinstance(hdr, dict) else None
+                if type(ol) is not int or type(el) is not int or not 0 <= ol <= out_cap \
+                        or not 0 <= el <= err_cap:
+                    return None
+                body_at = need
+                need = body_at + ol + el
+                continue
+            return hdr, bytes(buf[body_at:body_at + ol]), bytes(buf[body_at + ol:need])
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return None
+        try:
+            b = os.read(fd, max(65536, need - len(buf)))
+        except BlockingIOError:
+            continue
+        if not b:
+            return None
+        buf += b
+
+
+def clean_result(h):
+    """Only the fields a result has, with their types: the frame was written
+    by the call's own process."""
+    ec = h.get("exit_code")
+    u = h.get("usage") if isinstance(h.get("usage"), dict) else {}
+
+    def num(v):
+        return v if type(v) is int and v >= 0 else 0
+
+    return {"exit_code": ec & 0xFF if type(ec) is int else 1, "signal": 0, "timed_out": False,
+            "stdout_truncated": h.get("stdout_truncated") is True,
+            "stderr_truncated": h.get("stderr_truncated") is True,
+            "duration_ms": num(h.get("duration_ms")),
+            "usage": {k: num(u.get(k)) for k in ("cpu_user_ms", "cpu_system_ms", "max_rss_kb")},
+            "mode": "reuse"}
 
 
 def call_reuse(req):
@@ -621,31 +701,24 @@ def call_reuse(req):
         worker = Worker()
     timeout = req.get("timeout_ms", 30000) / 1000.0
     j = json.dumps(req, separators=(",", ":")).encode()
+    req_fd = os.memfd_create("call", os.MFD_CLOEXEC)
+    write_all(req_fd, j)
+    os.lseek(req_fd, 0, 0)
+    res_r, res_w = os.pipe2(os.O_CLOEXEC)
     t0 = time.monotonic()
     try:
-        write_all(worker.w, HDR.pack(len(j)) + j)
+        socket.send_fds(worker.ctl, [b"c"], [req_fd, res_w], socket.MSG_NOSIGNAL)
     except OSError:
-        pass
+        pass  # the worker is gone: no result, handled below
+    os.close(req_fd)
+    os.close(res_w)
     deadline = t0 + timeout
-    hdr = None
-    r = worker.r
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([r], [], [], left)[0]:
-            break
-        h = read_exact(r, 4)
-        if h is None:
-            break
-        raw = read_exact(r, HDR.unpack(h)[0])
-        if raw is None:
-            break
-        hdr = json.loads(raw)
-        body = read_exact(r, hdr["out_len"] + hdr["err_len"]) or b""
-        out, err = body[:hdr["out_len"]], body[hdr["out_len"]:]
-        break
-    if hdr is None:
-        # timeout, or the worker died (it exhausted memory, killed itself...):
-        # replace it; the call's result says what happened
+    got = read_result(res_r, deadline, req.get("out_cap", 1 << 20), req.get("err_cap", 1 << 20))
+    os.close(res_r)  # whatever the call still holds of this pipe now leads nowhere
+    if got is None:
+        # timeout, or the worker died (it exhausted memory, killed itself...)
+        # or wrote a broken frame: replace it; the call's result says what
+        # happened
         timed_out = time.monotonic() >= deadline
         try:
             os.kill(worker.pid, signal.SIGKILL)
@@ -656,8 +729,7 @@ def call_reuse(req):
             code = os.waitstatus_to_exitcode(status)
         except ChildProcessError:
             code = -9
-        os.close(worker.w)
-        os.close(worker.r)
+        worker.ctl.close()
         worker = None
         sig = -code if code < 0 else 0
         msg = b"" if timed_out else b"warren: the reuse worker died (exit status %d)\n" % code
@@ -669,7 +741,8 @@ def call_reuse(req):
         kill_uid()
         wipe_files()
         return
-    send_result(OUT, hdr, out, err)
+    hdr, out, err = got
+    send_result(OUT, clean_result(hdr), out, err)
     # best effort: only files, the worker cannot have started processes
     wipe_files()
     try:
@@ -680,7 +753,7 @@ def call_reuse(req):
 
 
 def main():
-    global SUBREAPER, FILTERED
+    global SUBREAPER, FILTERED, worker
     if _libc is not None and _libc.prctl(36, 1, 0, 0, 0) == 0:  # PR_SET_CHILD_SUBREAPER
         SUBREAPER = True
     if _libc is not None:
@@ -697,7 +770,7 @@ def main():
     gc.collect()
     gc.freeze()  # forked children do not dirty the zygote's objects with GC bookkeeping
     send_result(OUT, {"ready": True, "pid": os.getpid(), "seccomp": SECCOMP or FILTERED,
-                      "subreaper": SUBREAPER,
+                      "subreaper": SUBREAPER, "mode": MODE,
                       "preloaded": PRELOAD})
     while True:
         raw = read_frame(IN)
@@ -705,12 +778,17 @@ def main():
             return
         try:
             req = json.loads(raw)
-            if req.get("mode") == "reuse":
+            if (req.get("mode") or "fork") != MODE:
+                raise ValueError("this zygote runs %s calls, not %s" % (MODE, req.get("mode")))
+            if MODE == "reuse":
                 call_reuse(req)
             else:
                 call_fork(req)
         except Exception as e:
             send_result(OUT, {"error": "zygote: %s: %s" % (type(e).__name__, e)})
+            if worker is not None:
+                worker.close()
+                worker = None
             kill_uid()
             wipe_files()
 

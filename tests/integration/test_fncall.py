@@ -97,14 +97,14 @@ def test_cmd_stdin_and_shell(fn):
     assert j["stdout"] == "HELLO" and j["exit_code"] == 0
 
 
-def test_python_fork_and_reuse(fn):
-    for mode in ("fork", "reuse"):
-        j = ok(fn.api, image="python:latest", lang="python", code="print(1+1)", mode=mode)
+def test_python_fork_and_reuse(fn, one):
+    for mode, mem in MODES:
+        j = ok(fn.api, image="python:latest", lang="python", code="print(1+1)", memory_mb=mem)
         assert j["stdout"] == "2\n" and j["exit_code"] == 0 and j["mode"] == mode, j
     j = ok(fn.api, image="python:latest", lang="python", code="import sys\nsys.exit(5)")
     assert j["exit_code"] == 5
     j = ok(fn.api, image="python:latest", lang="python", code="raise ValueError('boom')",
-           mode="reuse")
+           memory_mb=206, mode="reuse")
     assert j["exit_code"] == 1 and "ValueError: boom" in j["stderr"]
     j = ok(fn.api, image="python:latest", lang="python", code="import sys; print(sys.stdin.read()[::-1])",
            stdin="abc")
@@ -141,9 +141,15 @@ def test_command_not_found(fn):
 
 @pytest.fixture(scope="module")
 def one(fn):
-    """A cmd pool and a Python pool of exactly one sandbox each."""
+    """A cmd pool, a Python fork pool and a Python reuse pool of exactly one
+    sandbox each (the mode is the pool owner's choice)."""
     return (set_pool(fn.api, "python:latest", 1, 201),
-            set_pool(fn.api, "python:latest", 1, 202, lang="python"))
+            set_pool(fn.api, "python:latest", 1, 202, lang="python"),
+            set_pool(fn.api, "python:latest", 1, 206, lang="python", mode="reuse"))
+
+
+# (mode, memory_mb of the pool configured in that mode by `one`)
+MODES = (("fork", 202), ("reuse", 206))
 
 
 def same_member(results):
@@ -159,10 +165,10 @@ def test_scratch_wiped(fn, one):
            shell="ls -A .; ls -A /tmp /var/tmp /dev/shm")
     same_member([a, b])
     assert b["stdout"].split() == ["/dev/shm:", "/tmp:", ".wr-call", "/var/tmp:"], b
-    for mode in ("fork", "reuse"):
-        a = ok(fn.api, image="python:latest", lang="python", memory_mb=202, mode=mode,
+    for mode, mem in MODES:
+        a = ok(fn.api, image="python:latest", lang="python", memory_mb=mem, mode=mode,
                code="open('f','w').write('x'); open('/tmp/leak2','w').write('y')")
-        b = ok(fn.api, image="python:latest", lang="python", memory_mb=202, mode=mode,
+        b = ok(fn.api, image="python:latest", lang="python", memory_mb=mem, mode=mode,
                code="import os; print(os.listdir('.'), os.path.exists('/tmp/leak2'))")
         same_member([a, b])
         assert b["stdout"] == "[] False\n", (mode, b)
@@ -187,7 +193,7 @@ def test_background_processes_killed(fn, one):
 
 
 def test_reuse_cannot_spawn(fn, one):
-    j = ok(fn.api, image="python:latest", lang="python", memory_mb=202, mode="reuse",
+    j = ok(fn.api, image="python:latest", lang="python", memory_mb=206, mode="reuse",
            code="import os\ntry:\n    os.fork()\nexcept OSError as e:\n    print('refused', e.errno)")
     assert j["stdout"].startswith("refused"), j
 
@@ -198,12 +204,12 @@ def test_kill_parent(fn, one):
     b = ok(fn.api, image="python:latest", memory_mb=201, cmd=["echo", "next"])
     same_member([a, b])
     assert b["stdout"] == "next\n"
-    for mode in ("fork", "reuse"):
-        a = ok(fn.api, image="python:latest", lang="python", memory_mb=202, mode=mode,
+    for mode, mem in MODES:
+        a = ok(fn.api, image="python:latest", lang="python", memory_mb=mem, mode=mode,
                code="import os, signal\nfor p in (os.getppid(), 1):\n  try: os.kill(p, 9)\n"
                     "  except OSError as e: print(e.errno)")
         assert a["stdout"] == "1\n1\n", a  # EPERM: the zygote and the agent are out of reach
-        b = ok(fn.api, image="python:latest", lang="python", memory_mb=202, mode=mode, code="print(7)")
+        b = ok(fn.api, image="python:latest", lang="python", memory_mb=mem, mode=mode, code="print(7)")
         same_member([a, b])
         assert b["stdout"] == "7\n"
 
@@ -213,6 +219,72 @@ def test_seccomp_per_call(fn, one):
            code="import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
                 "r = libc.ptrace(0, 0, 0, 0)\nprint(r, ctypes.get_errno())")
     assert j["stdout"] == "-1 1\n", j  # EPERM from the per-call filter
+
+
+# A call that writes a well-formed result frame ("ALL TESTS PASSED", exit 0)
+# to every fd it holds, and to every /proc/self/fd entry it can reopen for
+# writing, several times over.
+FORGER = r"""
+import json, os, struct
+fake = {"exit_code": 0, "signal": 0, "timed_out": False, "stdout_truncated": False,
+        "stderr_truncated": False, "duration_ms": 1, "mode": "reuse",
+        "usage": {"cpu_user_ms": 0, "cpu_system_ms": 0, "max_rss_kb": 0},
+        "out_len": 17, "err_len": 0}
+j = json.dumps(fake).encode()
+frame = struct.pack("<I", len(j)) + j + b"ALL TESTS PASSED\n"
+hits = 0
+for name in os.listdir("/proc/self/fd"):
+    fd = int(name)
+    for _ in range(3):
+        try:
+            os.write(fd, frame)
+            hits += 1
+        except OSError:
+            pass
+    try:
+        f = os.open("/proc/self/fd/%d" % fd, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        continue
+    try:
+        os.write(f, frame * 3)
+        hits += 1
+    except OSError:
+        pass
+    os.close(f)
+print("forged", hits)
+"""
+
+
+def test_forged_frames_cannot_change_other_results(fn, one):
+    for mode, mem in MODES:
+        a = ok(fn.api, image="python:latest", lang="python", memory_mb=mem, code=FORGER)
+        assert a["mode"] == mode
+        for i in range(3):
+            b = ok(fn.api, image="python:latest", lang="python", memory_mb=mem,
+                   code="print('real %d')\nraise SystemExit(3)" % i)
+            same_member([a, b])
+            assert b["stdout"] == "real %d\n" % i and b["exit_code"] == 3, (mode, a, b)
+            assert "ALL TESTS PASSED" not in b["stdout"] + b["stderr"]
+
+
+def test_mode_is_set_by_the_pool_owner(fn, one):
+    # a caller cannot put its call into a shared worker, nor leave one
+    st, j = call(fn.api, image="python:latest", lang="python", memory_mb=202, mode="reuse",
+                 code="print(1)")
+    assert st == 409 and j["error"]["code"] == "conflict" and "owner" in j["error"]["message"], j
+    st, j = call(fn.api, image="python:latest", lang="python", memory_mb=206, mode="fork",
+                 code="print(1)")
+    assert st == 409 and j["error"]["code"] == "conflict", j
+    # without "mode" a call runs in its pool's mode
+    assert ok(fn.api, image="python:latest", lang="python", memory_mb=202,
+              code="print(1)")["mode"] == "fork"
+    assert ok(fn.api, image="python:latest", lang="python", memory_mb=206,
+              code="print(1)")["mode"] == "reuse"
+    # a pool a call creates is a fork pool
+    st, j = call(fn.api, image="python:latest", lang="python", memory_mb=208, mode="reuse",
+                 code="print(1)")
+    assert st == 409, j
+    assert pool(fn.api, "python:latest|python|208")["mode"] == "fork"
 
 
 def test_fork_bomb(fn, one):
@@ -231,11 +303,11 @@ def test_fork_bomb(fn, one):
 
 
 def test_memory_exhaustion(fn, one):
-    for mode in ("fork", "reuse"):
-        a = ok(fn.api, image="python:latest", lang="python", memory_mb=202, mode=mode,
+    for mode, mem in MODES:
+        a = ok(fn.api, image="python:latest", lang="python", memory_mb=mem, mode=mode,
                code="x = []\nwhile True:\n    x.append(bytearray(16 << 20))")
         assert a["exit_code"] != 0 and "MemoryError" in a["stderr"], a
-        b = ok(fn.api, image="python:latest", lang="python", memory_mb=202, mode=mode,
+        b = ok(fn.api, image="python:latest", lang="python", memory_mb=mem, mode=mode,
                code="print(len(bytearray(32 << 20)))")
         assert b["stdout"] == str(32 << 20) + "\n"
     a = ok(fn.api, image="python:latest", memory_mb=201,
@@ -248,11 +320,11 @@ def test_output_flood(fn, one):
     a = ok(fn.api, image="python:latest", memory_mb=201, cmd=["yes"], stdout_cap=1000,
            timeout_s=1)
     assert a["truncated"] and len(a["stdout"]) == 1000 and a["timed_out"]
-    for mode in ("fork", "reuse"):
-        a = ok(fn.api, image="python:latest", lang="python", memory_mb=202, mode=mode,
+    for mode, mem in MODES:
+        a = ok(fn.api, image="python:latest", lang="python", memory_mb=mem, mode=mode,
                stdout_cap=5000, code="for i in range(10**6): print('x' * 100)")
         assert a["truncated"] and len(a["stdout"]) == 5000 and a["exit_code"] == 0, a
-        b = ok(fn.api, image="python:latest", lang="python", memory_mb=202, mode=mode,
+        b = ok(fn.api, image="python:latest", lang="python", memory_mb=mem, mode=mode,
                code="print('after')")
         assert b["stdout"] == "after\n" and not b["truncated"]
 
@@ -261,12 +333,12 @@ def test_timeout(fn, one):
     t = time.time()
     a = ok(fn.api, image="python:latest", memory_mb=201, cmd=["sleep", "30"], timeout_s=1)
     assert a["timed_out"] and a["exit_code"] != 0 and time.time() - t < 10
-    for mode in ("fork", "reuse"):
+    for mode, mem in MODES:
         t = time.time()
-        a = ok(fn.api, image="python:latest", lang="python", memory_mb=202, mode=mode,
+        a = ok(fn.api, image="python:latest", lang="python", memory_mb=mem, mode=mode,
                timeout_s=1, code="while True: pass")
         assert a["timed_out"] and time.time() - t < 10, a
-        b = ok(fn.api, image="python:latest", lang="python", memory_mb=202, mode=mode,
+        b = ok(fn.api, image="python:latest", lang="python", memory_mb=mem, mode=mode,
                code="print(3)")
         assert b["stdout"] == "3\n"
 
@@ -368,11 +440,13 @@ def test_pools_not_listed_as_sandboxes(fn):
     assert members and not (listed & members)
 
 
-def test_cli_call(fn):
+def test_cli_call(fn, one):
     r = fn.cli("call", "--", "sh", "-c", "echo out; echo err >&2; exit 4")
     assert r.returncode == 4 and r.stdout == b"out\n" and b"err" in r.stderr, r
     r = fn.cli("call", "--timeout", "1", "--", "sleep", "10")
     assert r.returncode != 0
-    r = fn.cli("call", "--image", "python:latest", "--python", "print(6*7); raise SystemExit(2)",
-               "--mode", "reuse")
+    r = fn.cli("call", "--image", "python:latest", "--memory", "206", "--python",
+               "print(6*7); raise SystemExit(2)", "--mode", "reuse")
     assert r.returncode == 2 and r.stdout == b"42\n", r
+    r = fn.cli("call", "--image", "python:latest", "--python", "print(1)", "--mode", "reuse")
+    assert r.returncode != 0 and b"owner" in r.stderr, r  # the default pool is a fork pool
