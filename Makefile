@@ -84,6 +84,54 @@ $(B)/tests/%: $(B)/obj/tests/unit/%.o $(B)/lib/libwarren-core.a $(B)/lib/libwarr
 test: all
 	./tests/run --build $(B)
 
+# ---- fuzzing (docs/fuzzing.md) ----
+# libFuzzer targets tests/fuzz/fuzz_NAME.c, built with clang into build-fuzz/.
+# `make fuzz` runs each for FUZZ_SECONDS from its seed corpus tests/fuzz/corpus/NAME/.
+FUZZ_CC ?= clang
+FB := build-fuzz
+FUZZ_SECONDS ?= 20
+FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+FUZZ_CFLAGS := $(CSTD) -O1 -g $(FUZZ_SAN) -fsanitize=fuzzer-no-link -Wall -Wextra -Wno-unused-parameter -MMD -MP
+FUZZ_NAMES := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_BINS := $(patsubst %,$(FB)/fuzz_%,$(FUZZ_NAMES))
+fuzzobj = $(patsubst %.c,$(FB)/obj/%.o,$(1))
+
+# Project sources: warnings shown, not fatal (gcc is their compiler of record).
+$(FB)/obj/src/%.o: src/%.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(CPPFLAGS) $(FUZZ_CFLAGS) -c $< -o $@
+
+# Fuzz targets: -Werror. They may #include a source file to reach its statics.
+$(FB)/obj/tests/fuzz/%.o: tests/fuzz/%.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(CPPFLAGS) $(FUZZ_CFLAGS) -Werror -c $< -o $@
+
+$(FB)/libfuzz-core.a: $(call fuzzobj,$(COMMON_SRC) $(BACKEND_SRC) $(IMAGE_SRC) $(DAEMON_SRC) $(CLUSTER_SRC) $(LIB_SRC))
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(FB)/fuzz_%: $(FB)/obj/tests/fuzz/fuzz_%.o $(FB)/obj/tests/fuzz/harness.o $(FB)/libfuzz-core.a
+	$(FUZZ_CC) $(FUZZ_SAN) -fsanitize=fuzzer -o $@ $(filter %.o,$^) $(filter %.a,$^) $(DAEMON_LIBS)
+
+# fuzz_agent includes src/agent/main.c and exec.c for their statics.
+$(FB)/fuzz_agent: $(call fuzzobj,$(filter-out src/agent/main.c src/agent/exec.c,$(AGENT_SRC)))
+
+.SECONDARY: $(call fuzzobj,$(wildcard tests/fuzz/*.c))
+
+fuzz-build: $(FUZZ_BINS)
+
+fuzz: fuzz-build
+	@set -e; for t in $(FUZZ_NAMES); do \
+	  mkdir -p $(FB)/corpus/$$t $(FB)/artifacts; \
+	  echo "fuzz: $$t for $(FUZZ_SECONDS)s"; \
+	  dict=; [ -f tests/fuzz/$$t.dict ] && dict=-dict=tests/fuzz/$$t.dict; \
+	  $(FB)/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 \
+	    -print_final_stats=1 -artifact_prefix=$(FB)/artifacts/$$t- $$dict \
+	    $(FB)/corpus/$$t tests/fuzz/corpus/$$t 2>$(FB)/$$t.log \
+	    || { tail -n 60 $(FB)/$$t.log; echo "fuzz: $$t failed (log $(FB)/$$t.log)"; exit 1; }; \
+	  grep -E '^stat::number_of_executed_units|^Done' $(FB)/$$t.log | tail -n 2; \
+	done
+
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
 
@@ -93,5 +141,6 @@ format-check:
 clean:
 	rm -rf build build-san
 
-.PHONY: all test clean format format-check
+.PHONY: all test clean format format-check fuzz fuzz-build
 -include $(shell find $(B) -name '*.d' 2>/dev/null)
+-include $(shell find $(FB) -name '*.d' 2>/dev/null)
