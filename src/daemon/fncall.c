@@ -1274,12 +1274,13 @@ pools_json (struct wrd *d)
       json_t *ms = json_array ();
       for (struct fn_member *m = p->members; m; m = m->next)
         json_array_append_new (
-            ms, json_pack ("{s:s,s:s,s:I,s:I,s:I,s:I}", "sandbox", m->sb->id, "state",
+            ms, json_pack ("{s:s,s:s,s:I,s:I,s:I,s:I,s:s}", "sandbox", m->sb->id, "state",
                            m->state == M_STARTING ? "starting"
                            : m->state == M_IDLE   ? "idle"
                                                   : "busy",
                            "calls", (json_int_t)m->calls, "uid", (json_int_t)m->uid, "pid",
-                           (json_int_t)m->sb->c.pid, "zygote_pid", (json_int_t)m->zpid));
+                           (json_int_t)m->sb->c.pid, "zygote_pid", (json_int_t)m->zpid, "mode",
+                           m->reuse ? "reuse" : "fork"));
       json_array_append_new (
           a, json_pack ("{s:s,s:s,s:s,s:I,s:s,s:I,s:I,s:b,s:o,s:I,s:I,s:I,s:I,s:I,s:I,s:s}", "key",
                         p->key, "image", p->image, "lang", lang_name (p->lang), "memory_mb",

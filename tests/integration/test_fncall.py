@@ -72,7 +72,8 @@ def set_pool(api, image, size, memory_mb, lang="cmd", mode=None):
     deadline = time.time() + 30
     while time.time() < deadline:
         p = pool(api, key)
-        if p and sum(m["state"] == "idle" for m in p["members"]) >= size:
+        if p and sum(m["state"] == "idle" and (mode is None or m["mode"] == mode)
+                     for m in p["members"]) >= size:
             return key
         time.sleep(0.05)
     raise AssertionError("pool %s never became ready: %s" % (key, pool(api, key)))
@@ -265,6 +266,16 @@ def test_forged_frames_cannot_change_other_results(fn, one):
             same_member([a, b])
             assert b["stdout"] == "real %d\n" % i and b["exit_code"] == 3, (mode, a, b)
             assert "ALL TESTS PASSED" not in b["stdout"] + b["stderr"]
+    # fork: not even the interpreter is shared, so in-process tampering (the
+    # reason reuse is for calls that trust each other) reaches nobody either
+    tamper = ("import sys, builtins\nz = sys.modules['__main__']\n"
+              "z.run_code = lambda c, g: 0\nz.send_result = None\n"
+              "builtins.print = lambda *a, **k: sys.stdout.write('ALL TESTS PASSED\\n')")
+    a = ok(fn.api, image="python:latest", lang="python", memory_mb=202, code=tamper)
+    b = ok(fn.api, image="python:latest", lang="python", memory_mb=202,
+           code="print('real')\nraise SystemExit(3)")
+    same_member([a, b])
+    assert b["stdout"] == "real\n" and b["exit_code"] == 3, b
 
 
 def test_mode_is_set_by_the_pool_owner(fn, one):
@@ -285,6 +296,12 @@ def test_mode_is_set_by_the_pool_owner(fn, one):
                  code="print(1)")
     assert st == 409, j
     assert pool(fn.api, "python:latest|python|208")["mode"] == "fork"
+    # the owner switches it: its members are replaced, calls follow
+    for mode in ("reuse", "fork"):
+        set_pool(fn.api, "python:latest", 1, 208, lang="python", mode=mode)
+        j = ok(fn.api, image="python:latest", lang="python", memory_mb=208, code="print(2)")
+        assert j["mode"] == mode and j["stdout"] == "2\n", j
+    set_pool(fn.api, "python:latest", 0, 208, lang="python")
 
 
 def test_fork_bomb(fn, one):
