@@ -98,15 +98,25 @@ static const unsigned long ns_flags[] = {
 #endif
 
 #ifdef NATIVE_AUDIT_ARCH
-/* personality(2) only with the values Docker allows: query (0xffffffff),
- * PER_LINUX, PER_LINUX32, UNAME26 and their combination; everything else
- * (ADDR_NO_RANDOMIZE, READ_IMPLIES_EXEC, ...) gets EPERM. libseccomp cannot
- * say "arg0 not in a set" in a default-ALLOW filter (one comparison per
- * argument per rule, and an ALLOW rule equal to the default action is
- * refused), so these few instructions run in front of its program. The
- * kernel reads the argument as an unsigned int; any high bit is denied. */
+/* A few hand-written instructions in front of libseccomp's program, for what
+ * a default-ALLOW libseccomp filter cannot say:
+ *
+ * - personality(2) only with the values Docker allows: query (0xffffffff),
+ *   PER_LINUX, PER_LINUX32, UNAME26 and their combination; everything else
+ *   (ADDR_NO_RANDOMIZE, READ_IMPLIES_EXEC, ...) gets EPERM. libseccomp cannot
+ *   say "arg0 not in a set" (one comparison per argument per rule, and an
+ *   ALLOW rule equal to the default action is refused). The kernel reads the
+ *   argument as an unsigned int; any high bit is denied.
+ * - syscalls newer than the last one reviewed for this profile get ENOSYS
+ *   (what an older kernel answers, so libc falls back): a deny-list must not
+ *   let a kernel upgrade add attack surface (listns, 470, appeared after
+ *   469). Since 424 new syscalls have one number on every architecture.
+ * - open_tree_attr (467), a mount API call libseccomp 2.5 has no name for. */
 static const uint32_t personas[] = { 0x0, 0x8, 0x20000, 0x20008, 0xffffffff };
-#define PERSONA_PREFIX_LEN (8 + WR_ARRAY_SIZE (personas))
+#define LAST_REVIEWED_NR 469 /* file_setattr */
+#define NR_OPEN_TREE_ATTR 467
+#define X32_SYSCALL_BIT 0x40000000u
+#define PREFIX_LEN (12 + WR_ARRAY_SIZE (personas))
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 #define ARG0_LO offsetof (struct seccomp_data, args[0])
 #define ARG0_HI (offsetof (struct seccomp_data, args[0]) + 4)
@@ -116,32 +126,41 @@ static const uint32_t personas[] = { 0x0, 0x8, 0x20000, 0x20008, 0xffffffff };
 #endif
 
 static void
-persona_prefix (struct sock_filter *f)
+filter_prefix (struct sock_filter *f)
 {
-  const unsigned end = PERSONA_PREFIX_LEN, deny = PERSONA_PREFIX_LEN - 1;
+  /* jump targets: the two returns at the end, then libseccomp's program */
+  const unsigned deny = PREFIX_LEN - 2, enosys = PREFIX_LEN - 1, end = PREFIX_LEN;
   unsigned n = 0;
-  /* a foreign arch or another syscall falls through to libseccomp's program
-   * (which kills foreign arches), as does an allowed value */
-  f[n++] = (struct sock_filter)BPF_STMT (BPF_LD | BPF_W | BPF_ABS,
-                                         offsetof (struct seccomp_data, arch));
-  f[n] = (struct sock_filter)BPF_JUMP (BPF_JMP | BPF_JEQ | BPF_K, NATIVE_AUDIT_ARCH, 0,
-                                       end - (n + 1));
-  n++;
-  f[n++]
-      = (struct sock_filter)BPF_STMT (BPF_LD | BPF_W | BPF_ABS, offsetof (struct seccomp_data, nr));
-  f[n] = (struct sock_filter)BPF_JUMP (BPF_JMP | BPF_JEQ | BPF_K, __NR_personality, 0,
-                                       end - (n + 1));
-  n++;
-  f[n++] = (struct sock_filter)BPF_STMT (BPF_LD | BPF_W | BPF_ABS, ARG0_HI);
-  f[n] = (struct sock_filter)BPF_JUMP (BPF_JMP | BPF_JEQ | BPF_K, 0, 0, deny - (n + 1));
-  n++;
-  f[n++] = (struct sock_filter)BPF_STMT (BPF_LD | BPF_W | BPF_ABS, ARG0_LO);
-  for (size_t i = 0; i < WR_ARRAY_SIZE (personas); i++, n++)
-    f[n] = (struct sock_filter)BPF_JUMP (BPF_JMP | BPF_JEQ | BPF_K, personas[i], end - (n + 1), 0);
+#define LD(off) f[n++] = (struct sock_filter)BPF_STMT (BPF_LD | BPF_W | BPF_ABS, (off))
+#define JMP(op, k, t, e)                                                                           \
+  do                                                                                               \
+    {                                                                                              \
+      f[n] = (struct sock_filter)BPF_JUMP (BPF_JMP | (op) | BPF_K, (k), (t) ? (t) - (n + 1) : 0,   \
+                                           (e) ? (e) - (n + 1) : 0);                               \
+      n++;                                                                                         \
+    }                                                                                              \
+  while (0)
+  /* a foreign arch or x32 numbering falls through to libseccomp's program,
+   * which kills it, as do all other syscalls and allowed values */
+  LD (offsetof (struct seccomp_data, arch));
+  JMP (BPF_JEQ, NATIVE_AUDIT_ARCH, 0, end);
+  LD (offsetof (struct seccomp_data, nr));
+  JMP (BPF_JGE, X32_SYSCALL_BIT, end, 0);
+  JMP (BPF_JGT, LAST_REVIEWED_NR, enosys, 0);
+  JMP (BPF_JEQ, NR_OPEN_TREE_ATTR, deny, 0);
+  JMP (BPF_JEQ, __NR_personality, 0, end);
+  LD (ARG0_HI);
+  JMP (BPF_JEQ, 0, 0, deny);
+  LD (ARG0_LO);
+  for (size_t i = 0; i < WR_ARRAY_SIZE (personas); i++)
+    JMP (BPF_JEQ, personas[i], end, 0);
   f[n++] = (struct sock_filter)BPF_STMT (BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM);
+  f[n++] = (struct sock_filter)BPF_STMT (BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS);
+#undef LD
+#undef JMP
 }
 #else
-#define PERSONA_PREFIX_LEN 0
+#define PREFIX_LEN 0
 #endif
 
 static void
@@ -211,17 +230,17 @@ wr_seccomp_build (struct sock_fprog *ret, wr_err_t *err)
   if (fstat (mfd, &st) < 0)
     return wr_sys_error (err, "fstat seccomp memfd");
   if (st.st_size <= 0 || st.st_size % sizeof (struct sock_filter) != 0
-      || st.st_size / sizeof (struct sock_filter) + PERSONA_PREFIX_LEN > BPF_MAXINSNS)
+      || st.st_size / sizeof (struct sock_filter) + PREFIX_LEN > BPF_MAXINSNS)
     return wr_error (err, EINVAL, WR_E_INTERNAL, "seccomp program of %lld bytes",
                      (long long)st.st_size);
-  size_t len = (size_t)st.st_size / sizeof (struct sock_filter) + PERSONA_PREFIX_LEN;
+  size_t len = (size_t)st.st_size / sizeof (struct sock_filter) + PREFIX_LEN;
   _cleanup_free_ struct sock_filter *prog = calloc (len, sizeof *prog);
   if (prog == NULL)
     return wr_error (err, ENOMEM, WR_E_INTERNAL, "seccomp program");
-  if (pread (mfd, prog + PERSONA_PREFIX_LEN, (size_t)st.st_size, 0) != st.st_size)
+  if (pread (mfd, prog + PREFIX_LEN, (size_t)st.st_size, 0) != st.st_size)
     return wr_sys_error (err, "read seccomp program");
 #ifdef NATIVE_AUDIT_ARCH
-  persona_prefix (prog);
+  filter_prefix (prog);
 #endif
   ret->len = (unsigned short)len;
   ret->filter = TAKE_PTR (prog);
