@@ -531,10 +531,69 @@ const struct wr_extract_limits wr_extract_defaults = {
   .ratio_grace = 64ull << 20,
 };
 
+/* Feeds libarchive from fd and hashes every byte it hands over: the digest
+ * of what was extracted, not of what was read at some earlier time. */
+struct src_reader
+{
+  int fd;
+  struct wr_sha256 h;
+  char buf[1 << 16];
+};
+
+static la_ssize_t
+src_read (struct archive *a, void *ud, const void **ret)
+{
+  struct src_reader *r = ud;
+  for (;;)
+    {
+      ssize_t n = read (r->fd, r->buf, sizeof r->buf);
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n < 0)
+        {
+          archive_set_error (a, errno, "read: %s", strerror (errno));
+          return -1;
+        }
+      wr_sha256_update (&r->h, r->buf, (size_t)n);
+      *ret = r->buf;
+      return n;
+    }
+}
+
+/* The sha256 of everything in fd: what libarchive read, then the rest it
+ * did not need (padding after the end-of-archive blocks). */
+static int
+src_finish (struct src_reader *r, char hex[65], wr_err_t *err)
+{
+  for (;;)
+    {
+      ssize_t n = read (r->fd, r->buf, sizeof r->buf);
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n < 0)
+        return wr_sys_error (err, "read archive");
+      if (n == 0)
+        break;
+      wr_sha256_update (&r->h, r->buf, (size_t)n);
+    }
+  uint8_t d[32];
+  wr_sha256_final (&r->h, d);
+  wr_sha256_to_hex (d, hex);
+  return 0;
+}
+
+static void
+src_freep (struct src_reader **r)
+{
+  free (*r);
+}
+
 /* compression is detected from the data, never from a file name */
 static struct archive *
-archive_open (int fd, bool tar)
+archive_open (int fd, bool tar, struct src_reader *rd)
 {
+  rd->fd = fd;
+  wr_sha256_init (&rd->h);
   struct archive *a = archive_read_new ();
   if (a == NULL)
     return NULL;
@@ -549,7 +608,7 @@ archive_open (int fd, bool tar)
     }
   else
     archive_read_support_format_raw (a);
-  if (archive_read_open_fd (a, fd, 1 << 16) != ARCHIVE_OK)
+  if (archive_read_open (a, rd, NULL, src_read, NULL) != ARCHIVE_OK)
     {
       archive_read_free (a);
       return NULL;
@@ -561,7 +620,10 @@ bool
 wr_tar_is_image_archive (int fd, const struct wr_extract_limits *lim)
 {
   lseek (fd, 0, SEEK_SET);
-  _cleanup_ (archive_freep) struct archive *a = archive_open (fd, true);
+  _cleanup_ (src_freep) struct src_reader *rd = malloc (sizeof *rd);
+  if (rd == NULL)
+    return false;
+  _cleanup_ (archive_freep) struct archive *a = archive_open (fd, true, rd);
   bool found = false;
   for (int i = 0; a && i < 100000 && !found; i++)
     {
@@ -590,7 +652,10 @@ wr_tar_sha256 (int fd, const struct wr_extract_limits *lim, char hex[65], wr_err
     lim = &wr_extract_defaults;
   if (lseek (fd, 0, SEEK_SET) < 0)
     return wr_sys_error (err, "seek");
-  _cleanup_ (archive_freep) struct archive *a = archive_open (fd, false);
+  _cleanup_ (src_freep) struct src_reader *rd = malloc (sizeof *rd);
+  if (rd == NULL)
+    return wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
+  _cleanup_ (archive_freep) struct archive *a = archive_open (fd, false, rd);
   struct archive_entry *e;
   if (a == NULL || archive_read_next_header (a, &e) != ARCHIVE_OK)
     return wr_error (err, 0, WR_E_INVALID, "not a readable archive");
@@ -637,7 +702,10 @@ wr_tar_extract_ex (int archive_fd, int root_dfd, unsigned flags,
   memset (stats, 0, sizeof *stats);
   if (lim == NULL)
     lim = &wr_extract_defaults;
-  _cleanup_ (archive_freep) struct archive *a = archive_open (archive_fd, true);
+  _cleanup_ (src_freep) struct src_reader *rd = malloc (sizeof *rd);
+  if (rd == NULL)
+    return wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
+  _cleanup_ (archive_freep) struct archive *a = archive_open (archive_fd, true, rd);
   if (a == NULL)
     return wr_error (err, 0, WR_E_INVALID, "not a tar archive");
 
@@ -672,5 +740,8 @@ wr_tar_extract_ex (int archive_fd, int root_dfd, unsigned flags,
     }
   if (stats->entries == 0)
     return wr_error (err, 0, WR_E_INVALID, "archive has no entries");
+  int r = src_finish (rd, stats->source, err);
+  if (r < 0)
+    return r;
   return dir_times_apply (root_dfd, &dirs, err);
 }

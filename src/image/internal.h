@@ -35,6 +35,7 @@ struct wr_extract_stats
   uint64_t skipped_xattrs;  /* xattrs dropped (overlay-private names or unsupported) */
   uint64_t bytes;           /* regular files' sizes (holes of sparse files included) */
   uint64_t whiteouts;       /* OCI whiteouts converted (WR_EXTRACT_OCI_WHITEOUTS) */
+  char source[65];          /* sha256 (hex) of every archive byte, hashed as it was read */
 };
 
 /* Convert OCI whiteout entries (".wh.NAME" -> 0/0 char device NAME,

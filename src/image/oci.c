@@ -194,6 +194,16 @@ wr_oci_commit (struct wr_store *s, const char *ref, json_t *oci_config, const in
           wr_error_wrap (err, "layer %zu of %zu", i + 1, n);
           goto out;
         }
+      /* the blob was verified before; what was extracted must be the same
+       * bytes, or the cache would map the blob to other content */
+      if (blobs[i] && strcmp (staged[i]->source, blobs[i]) != 0)
+        {
+          r = wr_error (err, 0, WR_E_INVALID,
+                        "layer %zu changed while it was read: extracted %.19s..., verified "
+                        "%.19s...",
+                        i + 1, staged[i]->source, blobs[i]);
+          goto out;
+        }
       if (blobs[i])
         snprintf (staged[i]->blob, sizeof staged[i]->blob, "%s", blobs[i]);
       refs[i].staged = staged[i];

@@ -1365,6 +1365,8 @@ wr_layer_stage_fd (struct wr_store *s, int src, const char *label, unsigned flag
     }
   memcpy (l->dir, w.dir, sizeof l->dir);
   snprintf (l->digest, sizeof l->digest, DIGEST_PREFIX "%s", hex);
+  if (xs.source[0])
+    snprintf (l->source, sizeof l->source, DIGEST_PREFIX "%s", xs.source);
   l->skipped_special = xs.skipped_special;
   l->whiteouts = xs.whiteouts;
   *ret = l;

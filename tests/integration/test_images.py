@@ -746,3 +746,243 @@ def test_cli_pull(daemon, registry, bbtar):
     assert b"download" in r.stderr or b"layer" in r.stderr
     r = daemon.cli("run", "cli-pulled:2", "--", "cat", "/cli")
     assert r.stdout == b"cli\n", r
+
+
+# ---------------------------------------------------------------- hostile inputs (issue 9)
+
+def many_layers(n, tag):
+    return [tar_bytes([("%s-%d" % (tag, i), "file", "%s %d\n" % (tag, i))]) for i in range(n)]
+
+
+def healthy(api):
+    return api.raw("GET", "/healthz").status == 200
+
+
+def test_layer_limit_at_import_and_create(api, daemon, work):
+    # 70 layers: refused at import, clearly, and the daemon carries on
+    before = store_state(daemon.root), images(api)
+    d = write_oci_layout(os.path.join(work, "oci-70"), many_layers(70, "l"))
+    r = imp(api, "seventy:1", d)
+    assert r.status == 400, r
+    err = r.json()["error"]
+    assert err["code"] == "invalid_argument" and "70 layers, at most 64" in err["message"], err
+    assert (store_state(daemon.root), images(api)) == before
+    assert healthy(api)
+    # 40 + 30 layers stacked at create: refused the same way, nothing created
+    assert imp(api, "forty:1", write_oci_layout(os.path.join(work, "oci-40"),
+                                                many_layers(40, "a"))).status == 201
+    assert imp(api, "thirty:1", write_oci_layout(os.path.join(work, "oci-30"),
+                                                 many_layers(30, "b"))).status == 201
+    r = api.raw("POST", "/v1/sandboxes", {"image": "forty:1", "layers": ["thirty:1"]})
+    assert r.status == 400, r
+    err = r.json()["error"]
+    assert err["code"] == "invalid_argument" and "at most 64" in err["message"], err
+    assert healthy(api)
+    assert api.raw("GET", "/v1/sandboxes").json()["sandboxes"] == []
+    for ref in ("forty:1", "thirty:1"):
+        assert api.raw("DELETE", "/v1/images/" + ref).status == 204
+
+
+def test_zstd_bomb_is_stopped(api, daemon, work):
+    # 1 GiB of zeros in a ~33 KB tar.zst: stopped by the expansion ratio
+    d = os.path.join(work, "bomb")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "zeros"), "wb") as f:
+        f.truncate(1 << 30)
+    p = os.path.join(work, "bomb.tar.zst")
+    subprocess.run(f"tar -C {d} -cf - zeros | zstd -q -o {p} -f", shell=True, check=True)
+    os.unlink(os.path.join(d, "zeros"))
+    assert os.path.getsize(p) < 200000
+    before = store_state(daemon.root), images(api)
+    r = imp(api, "bomb:1", p)
+    assert r.status == 413, r
+    err = r.json()["error"]
+    assert err["code"] == "payload_too_large" and "expands more than" in err["message"], err
+    assert (store_state(daemon.root), images(api)) == before
+    # a sparse entry declaring 1 GiB in a small plain tar: the same
+    subprocess.run(["truncate", "-s", "1G", os.path.join(d, "sparse")], check=True)
+    p2 = os.path.join(work, "sparse.tar")
+    subprocess.run(["tar", "-S", "-C", d, "-cf", p2, "sparse"], check=True)
+    os.unlink(os.path.join(d, "sparse"))
+    assert os.path.getsize(p2) < 100000
+    r = imp(api, "bomb:2", p2)
+    assert r.status == 413, r
+    assert (store_state(daemon.root), images(api)) == before
+    assert healthy(api)
+
+
+class Liar:
+    """A registry that lies: routes under /v2/<name>/ act out one scenario
+    each, and a separate 'internal' server counts every request that
+    reaches it (it stands for the daemon's own /metrics)."""
+
+    def __init__(self):
+        import http.server
+        import threading
+        liar = self
+        self.sent = {}       # scenario -> body bytes the registry managed to send
+        self.secret_hits = 0
+        self.scenarios = {}
+
+        class Secret(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                liar.secret_hits += 1
+                body = b"SECRET-METRICS warren_sandboxes 3"
+                self.send_response(200 if "ok" in self.path else 404)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        class Reg(http.server.BaseHTTPRequestHandler):
+            timeout = 30
+
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                parts = self.path.split("/")  # '', 'v2', name, kind, ref
+                sc = liar.scenarios.get(parts[2]) if len(parts) == 5 else None
+                if sc is None:
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                sc(self, parts[3], parts[4])
+
+        self.secret = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Secret)
+        self.reg = http.server.ThreadingHTTPServer(("0.0.0.0", 0), Reg)
+        self.secret_url = "http://127.0.0.1:%d" % self.secret.server_address[1]
+        self.port = self.reg.server_address[1]
+        for srv in (self.secret, self.reg):
+            threading.Thread(target=srv.serve_forever, daemon=True).start()
+
+    def close(self):
+        for srv in (self.secret, self.reg):
+            srv.shutdown()
+            srv.server_close()
+
+    def image(self, name, layer_behaviour, layer=None, manifest_behaviour=None):
+        """A one-layer image whose layer blob GET is layer_behaviour(handler)."""
+        layer = layer if layer is not None else os.urandom(1024)
+        cfgb = json.dumps({"config": {}, "rootfs": {"type": "layers",
+                                                    "diff_ids": [sha(layer)]}}).encode()
+        man = json.dumps({"schemaVersion": 2,
+                          "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                          "config": {"digest": sha(cfgb), "size": len(cfgb)},
+                          "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                                      "digest": sha(layer), "size": len(layer)}]}).encode()
+
+        def serve(h, kind, ref):
+            if kind == "manifests" and manifest_behaviour:
+                return manifest_behaviour(h)
+            if kind == "manifests" or ref == sha(cfgb):
+                body = man if kind == "manifests" else cfgb
+                h.send_response(200)
+                h.send_header("Content-Type", "application/vnd.oci.image.manifest.v1+json")
+                h.send_header("Content-Length", str(len(body)))
+                h.end_headers()
+                h.wfile.write(body)
+                return
+            layer_behaviour(h)
+        self.scenarios[name] = serve
+
+
+def redirect(to, code=307):
+    def act(h):
+        h.send_response(code)
+        h.send_header("Location", to)
+        h.send_header("Content-Length", "0")
+        h.end_headers()
+    return act
+
+
+def flood(liar, name, chunked):
+    """Send 300 MiB for a blob the manifest says is 1 KiB; count what got out."""
+    def act(h):
+        h.send_response(200)
+        if chunked:
+            h.send_header("Transfer-Encoding", "chunked")
+        else:
+            h.send_header("Content-Length", str(300 << 20))
+        h.end_headers()
+        block = b"\0" * (1 << 20)
+        sent = 0
+        try:
+            for _ in range(300):
+                h.wfile.write(b"%x\r\n%s\r\n" % (len(block), block) if chunked else block)
+                sent += len(block)
+            if chunked:
+                h.wfile.write(b"0\r\n\r\n")
+        except OSError:
+            pass
+        liar.sent[name] = sent
+    return act
+
+
+@pytest.fixture(scope="module")
+def liar():
+    lr = Liar()
+    yield lr
+    lr.close()
+
+
+def pull(api, ref):
+    return api.raw("POST", "/v1/images/pull", {"ref": ref, "insecure": True}, timeout=300)
+
+
+def test_pull_stops_at_declared_blob_size(api, daemon, liar):
+    before = store_state(daemon.root), images(api)
+    for name, chunked in (("flood-length", False), ("flood-chunked", True)):
+        liar.image(name, flood(liar, name, chunked))
+        r = pull(api, "127.0.0.1:%d/%s:v1" % (liar.port, name))
+        assert r.status == 400, (name, r)
+        msg = r.json()["error"]["message"]
+        assert "1024" in msg and "layer 1" in msg, (name, msg)
+        deadline = time.time() + 30
+        while name not in liar.sent and time.time() < deadline:
+            time.sleep(0.05)
+        # socket buffers hold a few MiB; the old client wrote all 300 to disk
+        assert liar.sent.get(name, 0) < (64 << 20), (name, liar.sent)
+        assert (store_state(daemon.root), images(api)) == before, name
+
+
+def test_pull_redirects(api, daemon, liar):
+    before = store_state(daemon.root), images(api)
+    reg = "127.0.0.1:%d" % liar.port
+    # a manifest never leaves the registry: the internal server is not reached
+    liar.image("rd-manifest", None, manifest_behaviour=redirect(liar.secret_url + "/metrics", 302))
+    r = pull(api, reg + "/rd-manifest:v1")
+    assert r.status == 400, r
+    msg = r.json()["error"]["message"]
+    assert "redirected the manifest request to another host" in msg, msg
+    assert "SECRET" not in msg and liar.secret_hits == 0
+    # blobs may go to storage elsewhere, but never to link-local addresses
+    liar.image("rd-linklocal", redirect("http://169.254.169.254/latest/meta-data"))
+    r = pull(api, reg + "/rd-linklocal:v1")
+    assert r.status == 400, r
+    assert "link-local address: refused" in r.json()["error"]["message"], r
+    # a loopback registry may keep blobs on this host, but what comes back is
+    # only ever a verified blob: the other server's body is never returned
+    for path in ("/ok", "/missing"):
+        liar.image("rd-local" + path[1:], redirect(liar.secret_url + path))
+        r = pull(api, reg + "/rd-local%s:v1" % path[1:])
+        assert 400 <= r.status < 600, r
+        assert "SECRET" not in r.body.decode(errors="replace"), r
+    assert (store_state(daemon.root), images(api)) == before
+    # a registry on another address may not send blobs to loopback or to
+    # this host's own addresses
+    own = [a for a in subprocess.run(["hostname", "-I"], capture_output=True, text=True)
+           .stdout.split() if "." in a and not a.startswith("127.")]
+    need(own, "no non-loopback IPv4 address on this host")
+    hits = liar.secret_hits
+    secret_port = liar.secret.server_address[1]
+    for target in (liar.secret_url + "/ok", "http://%s:%d/ok" % (own[0], secret_port)):
+        liar.image("rd-remote", redirect(target))
+        r = pull(api, "%s:%d/rd-remote:v1" % (own[0], liar.port))
+        assert r.status == 400, r
+        assert "loopback or local address: refused" in r.json()["error"]["message"], r
+    assert liar.secret_hits == hits
+    assert (store_state(daemon.root), images(api)) == before

@@ -391,9 +391,25 @@ test_docker_save_cache_poisoning (struct wr_store *s)
   r = wr_image_import_any (s, "evil:gz", d, NULL, NULL, NULL, &err);
   CHECK (r < 0 && strstr (err.msg, "diff_id"), "gzip layer with a wrong diff id rejected (%s)",
          r < 0 ? err.msg : "stored");
-  wr_image_remove (s, "victim:1", NULL);
-  wr_image_remove (s, "victim:2", NULL);
-  wr_image_remove (s, "victim:gz", NULL);
+
+  /* a file swapped between its check and its extraction (a directory the
+   * caller controls): what is extracted is hashed as it is read */
+  {
+    _cleanup_close_ int fd = open (evil, O_RDONLY | O_CLOEXEC);
+    const char *blobs[1] = { claim };
+    int fds[1] = { fd };
+    json_t *cfg = json_object ();
+    wr_image_remove (s, "victim:1", NULL);
+    wr_image_remove (s, "victim:2", NULL);
+    wr_image_remove (s, "victim:gz", NULL);
+    r = wr_oci_commit (s, "swapped:1", cfg, fds, blobs, 1, NULL, NULL, NULL, &err);
+    json_decref (cfg);
+    char have[72];
+    CHECK (r < 0 && strstr (err.msg, "changed while it was read")
+               && wr_blob_layer (s, claim, have, NULL) == 0,
+           "bytes differing from the verified digest are not cached under it (%s)",
+           r < 0 ? err.msg : "stored");
+  }
 }
 
 /* issue 9: one layer limit, WR_MAX_LAYERS, at import and at commit */
@@ -462,6 +478,41 @@ test_layer_limit (struct wr_store *s)
   wr_image_remove (s, "one:1", NULL);
 }
 
+/* the expansion ratio stops a compression bomb while it is written, and the
+ * uncompressed digest (a docker-save diff id) is that of the tar inside */
+static void
+test_ratio (void)
+{
+  char tar[400], out[400];
+  snprintf (tar, sizeof tar, "%s/zeros.tar.gz", base);
+  snprintf (out, sizeof out, "%s/zout", base);
+  sh ("set -e; cd %s; rm -rf z; mkdir z; truncate -s 8M z/zeros; tar -C z -cf zeros.tar zeros;"
+      " gzip -nk zeros.tar",
+      base);
+  struct wr_extract_limits lim = { .max_ratio = 100, .ratio_grace = 1 << 20 };
+  struct wr_extract_stats xs;
+  wr_err_t err;
+  sh ("rm -rf %s && mkdir -p %s", out, out);
+  _cleanup_close_ int fd = open (tar, O_RDONLY | O_CLOEXEC);
+  _cleanup_close_ int dfd = open (out, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int r = wr_tar_extract_ex (fd, dfd, 0, &lim, &xs, &err);
+  struct stat st;
+  char p[500];
+  snprintf (p, sizeof p, "%s/zeros", out);
+  CHECK (r < 0 && strcmp (err.code, WR_E_TOO_LARGE) == 0 && strstr (err.msg, "expands more than")
+             && (stat (p, &st) < 0 || st.st_size < (4 << 20)),
+         "8 MiB of zeros from ~8 KiB of gzip stopped early (%s)", r < 0 ? err.msg : "accepted");
+  r = extract (tar, out, 0, &xs, &err); /* defaults: under the 64 MiB grace */
+  CHECK (r == 0 && xs.bytes == 8 << 20, "the default limits let 8 MiB through (%s)",
+         r ? err.msg : "ok");
+  char want[65] = "", got[65] = "";
+  snprintf (p, sizeof p, "%s/zeros.tar", base);
+  _cleanup_close_ int pfd = open (p, O_RDONLY | O_CLOEXEC);
+  wr_sha256_fd (pfd, want);
+  r = wr_tar_sha256 (fd, NULL, got, &err);
+  CHECK (r == 0 && strcmp (got, want) == 0, "uncompressed digest of a .tar.gz is the tar's");
+}
+
 int
 main (void)
 {
@@ -480,6 +531,7 @@ main (void)
     return 1;
   snprintf (root, sizeof root, "%s/root", base);
   test_whiteouts ();
+  test_ratio ();
   char dbp[400];
   snprintf (dbp, sizeof dbp, "%s/db", base);
   sqlite3 *db = NULL;

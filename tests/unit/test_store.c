@@ -977,6 +977,66 @@ test_busybox (void)
   sqlite3_close (db);
 }
 
+/* ---- limits (issue 9): found while writing, nothing left behind ---- */
+
+static void
+test_limits (struct wr_store *s, sqlite3 *db)
+{
+  struct wr_store_limits dflt, l;
+  wr_store_get_limits (s, &dflt);
+  CHECK (dflt.layer_bytes == 8ull << 30 && dflt.image_bytes == 32ull << 30
+             && dflt.entries == 1000000 && dflt.ratio == 100 && !dflt.private_redirects,
+         "default limits: 8 GiB a layer, 32 GiB an image, 1e6 entries, ratio 100");
+  char d[400], tmp[400], layers[400];
+  snprintf (d, sizeof d, "%s/lim", base);
+  snprintf (tmp, sizeof tmp, "%s/tmp", root);
+  snprintf (layers, sizeof layers, "%s/layers/sha256", root);
+  CHECK (sh ("set -e; d=%s; rm -rf $d; mkdir -p $d/big $d/ok $d/many $d/sp;"
+             " head -c 2097152 /dev/urandom > $d/big/f; head -c 524288 /dev/urandom > $d/ok/f;"
+             " for i in $(seq 100); do : > $d/many/$i; done; truncate -s 1G $d/sp/f;"
+             " for t in big ok many; do tar -C $d/$t -cf $d/$t.tar .; done;"
+             " tar -S -C $d/sp -cf $d/sp.tar .",
+             d)
+             == 0,
+         "made the limit tarballs");
+  int nlayers = count_entries (layers), rows = count_rows (db, "layers");
+  l = dflt;
+  l.layer_bytes = 1 << 20;
+  l.entries = 50;
+  wr_store_set_limits (s, &l);
+  static const struct
+  {
+    const char *tar, *msg;
+  } cases[] = {
+    { "big", "more than 1048576 bytes" },
+    { "sp", "more than 1048576 bytes" }, /* a 1 GiB hole is 1 GiB for mkfs.erofs */
+    { "many", "more than 50 entries" },
+  };
+  for (size_t i = 0; i < WR_ARRAY_SIZE (cases); i++)
+    {
+      char p[500];
+      snprintf (p, sizeof p, "%s/%s.tar", d, cases[i].tar);
+      wr_err_t err;
+      int r = wr_image_import (s, "lim:1", p, NULL, &err);
+      CHECK (r < 0 && strcmp (err.code, WR_E_TOO_LARGE) == 0 && strstr (err.msg, cases[i].msg),
+             "%s.tar refused (%s)", cases[i].tar, r < 0 ? err.msg : "accepted");
+    }
+  CHECK (count_entries (tmp) == 0 && count_entries (layers) == nlayers
+             && count_rows (db, "layers") == rows,
+         "nothing left in ROOT/tmp or ROOT/layers");
+  char p[500];
+  snprintf (p, sizeof p, "%s/ok.tar", d);
+  wr_err_t err;
+  int r = wr_image_import (s, "lim:1", p, NULL, &err);
+  CHECK (r == 0, "a layer under the limits is fine (%s)", r ? err.msg : "ok");
+  wr_store_set_limits (s, &dflt);
+  snprintf (p, sizeof p, "%s/many.tar", d);
+  r = wr_image_import (s, "lim:2", p, NULL, &err);
+  CHECK (r == 0, "limits can be raised again (%s)", r ? err.msg : "ok");
+  wr_image_remove (s, "lim:1", NULL);
+  wr_image_remove (s, "lim:2", NULL);
+}
+
 int
 main (void)
 {
@@ -1011,6 +1071,7 @@ main (void)
       test_layer_content (s);
       test_resolve_list (s);
       test_hostile (s, db);
+      test_limits (s, db);
       test_remove_gc (s, db);
       test_mount_variants (s, db); /* closes s */
       test_recovery (db);
