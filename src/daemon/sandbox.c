@@ -321,12 +321,23 @@ resolve_layers (struct wrd *d, struct sandbox *sb, json_t *spec, const char **di
       img = NULL;
       if (i < json_array_size (extra))
         {
-          r = wr_image_resolve (d->store, json_string_value (json_array_get (extra, i)), &img,
-                                err);
+          r = wr_image_resolve (d->store, json_string_value (json_array_get (extra, i)), &img, err);
           if (r < 0)
             return r;
         }
     }
+  /* a layer in both the image and an extra one: overlayfs refuses the same
+   * lower twice (ELOOP), so keep the top-most, as wr_image_commit does */
+  size_t m = 0;
+  for (size_t k = 0; k < n; k++)
+    {
+      bool later = false;
+      for (size_t j = k + 1; j < n && !later; j++)
+        later = strcmp (sb->layers[k], sb->layers[j]) == 0;
+      if (!later)
+        memmove (sb->layers[m++], sb->layers[k], sizeof sb->layers[0]);
+    }
+  n = m;
   sb->n_layers = 0;
   for (size_t k = 0; k < n; k++)
     {

@@ -783,6 +783,16 @@ def test_layer_limit_at_import_and_create(api, daemon, work):
         assert api.raw("DELETE", "/v1/images/" + ref).status == 204
 
 
+def test_create_with_a_layer_twice(api):
+    # the image's own layers again as extra layers: kept once, not an
+    # overlayfs ELOOP (500)
+    sid = api.create(image="busybox:latest", layers=["busybox:latest"])
+    try:
+        assert api.sh(sid, "echo twice")["stdout"] == "twice\n"
+    finally:
+        api.delete(sid)
+
+
 def test_zstd_bomb_is_stopped(api, daemon, work):
     # 1 GiB of zeros in a ~33 KB tar.zst: stopped by the expansion ratio
     d = os.path.join(work, "bomb")
