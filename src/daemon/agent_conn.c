@@ -13,6 +13,7 @@ struct pending
   uint32_t stream;
   struct agent_ops ops;
   void *ud;
+  size_t data, max_data; /* bytes delivered to on_data so far, and allowed */
   struct pending *next;
 };
 
@@ -75,6 +76,8 @@ conn_lost (struct agent_conn *c, const char *msg)
     c->lost (c->ud);
 }
 
+/* The agent is not trusted (a VM guest is root and owns it): nothing it
+ * sends may grow the daemon's memory beyond a bound. */
 static void
 dispatch (struct agent_conn *c, const struct wr_frame *f)
 {
@@ -82,7 +85,9 @@ dispatch (struct agent_conn *c, const struct wr_frame *f)
     {
       if (f->type == WR_MSG_HELLO)
         c->ready = true;
-      else if (f->type == WR_MSG_PING)
+      /* An agent that pings without reading its PONGs would queue them
+       * here without end: answer only while the queue is short. */
+      else if (f->type == WR_MSG_PING && agent_outq (c) < WRD_AGENT_PONG_QUEUE)
         agent_send (c, 0, WR_MSG_PONG, f->payload, f->len);
       return;
     }
@@ -94,9 +99,17 @@ dispatch (struct agent_conn *c, const struct wr_frame *f)
     case WR_MSG_STDOUT:
     case WR_MSG_STDERR:
     case WR_MSG_DATA:
-      if (p->ops.on_data)
-        p->ops.on_data (p->ud, f->type, f->payload, f->len);
-      return;
+      {
+        if (f->len > p->max_data - p->data)
+          {
+            conn_lost (c, "the sandbox agent sent more data than requested");
+            return;
+          }
+        p->data += f->len;
+        if (p->ops.on_data)
+          p->ops.on_data (p->ud, f->type, f->payload, f->len);
+        return;
+      }
     case WR_MSG_EXIT:
     case WR_MSG_RESULT:
     case WR_MSG_ERROR:
@@ -104,16 +117,26 @@ dispatch (struct agent_conn *c, const struct wr_frame *f)
     default:
       return;
     }
-  p = unlink_pending (c, f->stream);
   json_error_t jerr;
   json_t *j = json_loadb ((const char *)f->payload, f->len, 0, &jerr);
-  if (f->type == WR_MSG_ERROR || j == NULL)
+  if (!json_is_object (j))
     {
-      const char *code = j ? json_string_value (json_object_get (j, "code")) : NULL;
-      const char *msg = j ? json_string_value (json_object_get (j, "message")) : NULL;
+      /* the request's end is garbage: the agent is broken or hostile */
+      json_decref (j);
+      conn_lost (c, "malformed reply from the sandbox agent");
+      return;
+    }
+  p = unlink_pending (c, f->stream);
+  if (f->type == WR_MSG_ERROR)
+    {
+      const char *code = json_string_value (json_object_get (j, "code"));
+      const char *msg = json_string_value (json_object_get (j, "message"));
+      /* codes travel to HTTP clients: only well-formed ones */
+      if (code == NULL || strlen (code) > 32
+          || strspn (code, "abcdefghijklmnopqrstuvwxyz_") != strlen (code))
+        code = "internal";
       if (p->ops.on_error)
-        p->ops.on_error (p->ud, code ? code : "internal",
-                         msg ? msg : "malformed reply from the sandbox agent");
+        p->ops.on_error (p->ud, code, msg ? msg : "error from the sandbox agent");
     }
   else if (p->ops.on_done)
     p->ops.on_done (p->ud, j);
@@ -178,6 +201,8 @@ agent_conn_new (struct event_base *base, int fd, agent_lost_cb lost, void *ud)
   c->lost = lost;
   c->ud = ud;
   c->next_stream = 1;
+  /* read_cb consumes every whole frame, so at most one frame waits here */
+  bufferevent_setwatermark (c->bev, EV_READ, 0, WR_FRAME_HDR + WR_FRAME_MAX);
   bufferevent_setcb (c->bev, read_cb, NULL, event_cb, c);
   bufferevent_enable (c->bev, EV_READ | EV_WRITE);
   return c;
@@ -245,6 +270,7 @@ agent_request (struct agent_conn *c, uint8_t type, json_t *body, const struct ag
     c->next_stream = 1;
   p->ops = *ops;
   p->ud = ud;
+  p->max_data = WRD_AGENT_DATA_MAX;
   if (agent_send (c, p->stream, type, text, strlen (text)) < 0)
     {
       free (p);
@@ -253,6 +279,14 @@ agent_request (struct agent_conn *c, uint8_t type, json_t *body, const struct ag
   p->next = c->pending;
   c->pending = p;
   return p->stream;
+}
+
+void
+agent_set_data_limit (struct agent_conn *c, uint32_t stream, size_t max)
+{
+  struct pending *p = c ? find_pending (c, stream, NULL) : NULL;
+  if (p)
+    p->max_data = max;
 }
 
 void

@@ -25,7 +25,12 @@ struct agent_ops
   void (*on_error) (void *ud, const char *code, const char *message);
 };
 
-/* Called when the connection is lost (agent died or closed it). */
+/* Bounds on what an agent can make the daemon hold (docs/protocol.md). */
+#define WRD_AGENT_DATA_MAX ((size_t)129 << 20)  /* per request: 2 x 64 MiB caps + slack */
+#define WRD_AGENT_PONG_QUEUE ((size_t)64 << 10) /* PINGs are answered below this queue */
+
+/* Called when the connection is lost: the agent died or closed it, or broke
+ * the protocol (bad frame, malformed reply, more data than asked for). */
 typedef void (*agent_lost_cb) (void *ud);
 
 struct agent_conn *agent_conn_new (struct event_base *base, int fd, agent_lost_cb lost, void *ud);
@@ -41,6 +46,10 @@ uint32_t agent_request (struct agent_conn *c, uint8_t type, json_t *body,
 /* Send raw frames on a stream (STDIN, DATA, SIGNAL payloads). Large data is
  * split into frames. An empty payload is sent as one empty frame. */
 int agent_send (struct agent_conn *c, uint32_t stream, uint8_t type, const void *data, size_t len);
+/* The most bytes a request's on_data may receive (default
+ * WRD_AGENT_DATA_MAX). The agent is not trusted: one byte more closes the
+ * connection. */
+void agent_set_data_limit (struct agent_conn *c, uint32_t stream, size_t max);
 /* Forget a request: its callbacks are never called again. */
 void agent_cancel (struct agent_conn *c, uint32_t stream);
 /* Bytes queued towards the agent (for backpressure on uploads). */

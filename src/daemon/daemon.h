@@ -74,8 +74,20 @@ struct wrd_metrics
   uint64_t exec_hist[WRD_EXEC_BUCKETS + 1];
   double exec_sum_s;
   uint64_t http_requests, files;
+  /* TCP connections refused: bad token, over the limit, too slow or idle */
+  uint64_t http_unauthorized, http_busy, http_timeouts;
   double create_sum_s;
 };
+
+/* The TCP listener's limits (docs/operations.md); 0 = default. */
+struct wrd_http_config
+{
+  unsigned max_connections;
+  unsigned header_timeout_s; /* a connection's first request headers */
+  unsigned idle_timeout_s;   /* no request and no bytes for this long: closed */
+  bool allow_host_paths;     /* TCP clients may name daemon host paths */
+};
+struct wrd_tcp_conn; /* http.c */
 
 struct wrd
 {
@@ -96,6 +108,9 @@ struct wrd
   bool pool_building;
   struct wrd_metrics m;
   struct wrd_fncall *fncall; /* fncall.h */
+  struct wrd_http_config http;
+  struct wrd_tcp_conn *tcp_conns; /* open TCP connections */
+  unsigned n_tcp_conns;           /* of them, those under the limit */
   bool stopping;
 };
 

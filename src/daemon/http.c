@@ -14,6 +14,7 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 #include <event2/listener.h>
+#include <event2/util.h>
 
 #include "common/b64.h"
 #include "common/proto.h"
@@ -27,6 +28,15 @@
 #define DEFAULT_TIMEOUT_S 600
 #define DEFAULT_CAP (1u << 20)
 #define MAX_CAP (64u << 20)
+/* TCP: a connection's first request must present its token within this many
+ * header bytes; nothing of a body is read before. */
+#define TCP_HEADER_MAX (16u << 10)
+#define TCP_MAX_CONNECTIONS 512
+#define TCP_HEADER_TIMEOUT_S 10
+#define TCP_IDLE_TIMEOUT_S 60
+/* Bytes handed to the socket at once; the rest waits in evhttp's buffer, so
+ * a reply produced piecewise (buffered exec) sees when the client reads. */
+#define TCP_SOCKET_QUEUE (1u << 20)
 
 /* ---- replies ---- */
 
@@ -145,9 +155,18 @@ struct exec_ctx
   bool stream;
   bool client_gone;
   struct evbuffer *out, *errb;
+  size_t cap[2], got[2]; /* per stream (stdout, stderr): the request's caps */
+  bool cut[2];           /* the daemon dropped bytes over a cap */
   uint32_t sid;
   uint64_t t0;
   struct event *hup_ev; /* watches the client socket for a hang-up */
+  /* buffered reply, produced piece by piece as the client reads */
+  char *head; /* the result object without its closing brace */
+  unsigned part;
+  size_t off;
+  const uint8_t *bytes[2];
+  size_t len[2];
+  bool text[2];
 };
 
 static void
@@ -161,6 +180,7 @@ exec_unwatch (struct exec_ctx *x)
 static void
 exec_ctx_free (struct exec_ctx *x)
 {
+  exec_unwatch (x);
   if (x->evcon)
     evhttp_connection_set_closecb (x->evcon, NULL, NULL);
   if (x->sb)
@@ -169,7 +189,18 @@ exec_ctx_free (struct exec_ctx *x)
     evbuffer_free (x->out);
   if (x->errb)
     evbuffer_free (x->errb);
+  free (x->head);
   free (x);
+}
+
+/* Detach from the client connection before the reply's last byte: evhttp
+ * may free the connection (and call its close callback) right away. */
+static void
+exec_detach (struct exec_ctx *x)
+{
+  if (x->evcon)
+    evhttp_connection_set_closecb (x->evcon, NULL, NULL);
+  x->evcon = NULL;
 }
 
 static void
@@ -193,14 +224,215 @@ exec_on_data (void *ud, uint8_t type, const uint8_t *data, size_t len)
   struct exec_ctx *x = ud;
   if (x->client_gone)
     return;
+  /* The agent enforces the caps; the daemon does not rely on it. */
+  int i = type == WR_MSG_STDERR;
+  if (len > x->cap[i] - x->got[i])
+    {
+      len = x->cap[i] - x->got[i];
+      x->cut[i] = true;
+    }
+  x->got[i] += len;
+  if (len == 0)
+    return;
   if (x->stream)
     {
-      json_t *j = json_pack ("{s:s}", "stream", type == WR_MSG_STDERR ? "stderr" : "stdout");
+      json_t *j = json_pack ("{s:s}", "stream", i ? "stderr" : "stdout");
       wrd_json_set_bytes (j, "data", data, len);
       stream_line (x, j);
       return;
     }
-  evbuffer_add (type == WR_MSG_STDERR ? x->errb : x->out, data, len);
+  evbuffer_add (i ? x->errb : x->out, data, len);
+}
+
+/* JSON string escaping, done here so that a buffered reply never exists as
+ * one escaped copy: a byte like 0x01 becomes six. */
+static size_t
+json_escaped_len (const uint8_t *p, size_t n)
+{
+  size_t len = 0;
+  for (size_t i = 0; i < n; i++)
+    len += p[i] == '"' || p[i] == '\\' || p[i] == '\n' || p[i] == '\r' || p[i] == '\t'
+                   || p[i] == '\b' || p[i] == '\f'
+               ? 2
+           : p[i] < 0x20 ? 6
+                         : 1;
+  return len;
+}
+
+static void
+json_escape_add (struct evbuffer *b, const uint8_t *p, size_t n)
+{
+  char out[6 * 1024 + 8];
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++)
+    {
+      uint8_t c = p[i];
+      const char *e = NULL;
+      switch (c)
+        {
+        case '"':
+          e = "\\\"";
+          break;
+        case '\\':
+          e = "\\\\";
+          break;
+        case '\n':
+          e = "\\n";
+          break;
+        case '\r':
+          e = "\\r";
+          break;
+        case '\t':
+          e = "\\t";
+          break;
+        case '\b':
+          e = "\\b";
+          break;
+        case '\f':
+          e = "\\f";
+          break;
+        default:
+          break;
+        }
+      if (e)
+        {
+          out[k++] = e[0];
+          out[k++] = e[1];
+        }
+      else if (c < 0x20)
+        k += (size_t)snprintf (out + k, 7, "\\u%04x", c);
+      else
+        out[k++] = (char)c;
+      if (k > sizeof out - 8)
+        {
+          evbuffer_add (b, out, k);
+          k = 0;
+        }
+    }
+  evbuffer_add (b, out, k);
+}
+
+static const char *const out_names[2] = { "stdout", "stderr" };
+#define REPLY_PIECE (192u << 10) /* raw bytes per piece (a multiple of 3 for base64) */
+
+static void exec_reply_more (struct evhttp_connection *evcon, void *arg);
+
+/* The client went away in the middle of a buffered reply. */
+static void
+exec_reply_closed (struct evhttp_connection *evcon WR_UNUSED, void *arg)
+{
+  struct exec_ctx *x = arg;
+  x->evcon = NULL;
+  /* evhttp detached the unfinished request from the dying connection (or
+   * frees it with the connection itself) */
+  if (evhttp_request_get_connection (x->req) == NULL)
+    evhttp_request_free (x->req);
+  exec_ctx_free (x);
+}
+
+/* Send the next piece of a buffered reply: parts 0/1 are the stdout/stderr
+ * fields, 2 the end. Called again (evhttp's write callback) when the client
+ * has taken the previous piece, so the daemon holds the raw output plus one
+ * escaped piece, whatever the output is. */
+static void
+exec_reply_more (struct evhttp_connection *evcon WR_UNUSED, void *arg)
+{
+  struct exec_ctx *x = arg;
+  struct evbuffer *b = evbuffer_new ();
+  if (b == NULL)
+    return;
+  while (x->part < 2 && evbuffer_get_length (b) < REPLY_PIECE)
+    {
+      unsigned i = x->part;
+      if (x->off == 0)
+        evbuffer_add_printf (b, ",\"%s\":\"", out_names[i]);
+      size_t n = x->len[i] - x->off < REPLY_PIECE ? x->len[i] - x->off : REPLY_PIECE;
+      if (x->text[i])
+        json_escape_add (b, x->bytes[i] + x->off, n);
+      else if (n)
+        {
+          char *enc = malloc (wr_b64_encoded_len (n) + 1);
+          if (enc == NULL)
+            {
+              evbuffer_free (b);
+              return;
+            }
+          wr_b64_encode (x->bytes[i] + x->off, n, enc);
+          evbuffer_add (b, enc, strlen (enc));
+          free (enc);
+        }
+      x->off += n;
+      if (x->off == x->len[i])
+        {
+          evbuffer_add (b, "\"", 1);
+          if (!x->text[i])
+            evbuffer_add_printf (b, ",\"%s_encoding\":\"base64\"", out_names[i]);
+          x->part++;
+          x->off = 0;
+        }
+    }
+  if (x->part < 2)
+    {
+      evhttp_send_reply_chunk_with_cb (x->req, b, exec_reply_more, x);
+      evbuffer_free (b);
+      return;
+    }
+  evbuffer_add (b, "}\n", 2);
+  exec_detach (x);
+  evhttp_send_reply_chunk_with_cb (x->req, b, NULL, NULL);
+  evbuffer_free (b);
+  evhttp_send_reply_end (x->req);
+  exec_ctx_free (x);
+}
+
+/* Reply with r (consumed) plus the buffered output. The length is known
+ * up front, so this is a plain Content-Length reply, only written in
+ * pieces. */
+static void
+exec_reply_buffered (struct exec_ctx *x, json_t *r)
+{
+  static const char *const drop[] = { "stdout", "stderr", "stdout_encoding", "stderr_encoding" };
+  for (size_t i = 0; i < WR_ARRAY_SIZE (drop); i++)
+    json_object_del (r, drop[i]);
+  char *text = json_dumps (r, JSON_COMPACT);
+  json_decref (r);
+  size_t hl = text ? strlen (text) : 0;
+  if (hl < 2 || text[hl - 1] != '}')
+    {
+      free (text);
+      exec_detach (x);
+      wrd_reply_error_code (x->req, WR_E_INTERNAL, "cannot encode the exec result");
+      exec_ctx_free (x);
+      return;
+    }
+  text[--hl] = '\0';
+  x->head = text;
+  size_t total = hl + 2; /* "}\n" */
+  struct evbuffer *bufs[2] = { x->out, x->errb };
+  for (int i = 0; i < 2; i++)
+    {
+      x->len[i] = evbuffer_get_length (bufs[i]);
+      x->bytes[i] = x->len[i] ? evbuffer_pullup (bufs[i], -1) : (const uint8_t *)"";
+      x->text[i] = wr_utf8_valid (x->bytes[i], x->len[i]);
+      total += strlen (out_names[i]) + 6; /* ,"stdout":"..." */
+      if (x->text[i])
+        total += json_escaped_len (x->bytes[i], x->len[i]);
+      else
+        total += wr_b64_encoded_len (x->len[i]) + strlen (out_names[i])
+                 + strlen (",\"_encoding\":\"base64\"");
+    }
+  struct evkeyvalq *h = evhttp_request_get_output_headers (x->req);
+  char cl[32];
+  snprintf (cl, sizeof cl, "%zu", total);
+  evhttp_add_header (h, "Content-Type", "application/json");
+  evhttp_add_header (h, "Content-Length", cl);
+  /* from here the reply owns x until its last piece or the client's close */
+  evhttp_connection_set_closecb (x->evcon, exec_reply_closed, x);
+  evhttp_send_reply_start (x->req, 200, "OK");
+  struct evbuffer *b = evbuffer_new ();
+  evbuffer_add (b, x->head, hl);
+  evhttp_send_reply_chunk_with_cb (x->req, b, exec_reply_more, x);
+  evbuffer_free (b);
 }
 
 static void
@@ -209,6 +441,9 @@ exec_on_done (void *ud, json_t *res)
   struct exec_ctx *x = ud;
   exec_unwatch (x);
   json_t *r = json_deep_copy (res);
+  for (int i = 0; i < 2; i++)
+    if (x->cut[i])
+      json_object_set_new (r, i ? "stderr_truncated" : "stdout_truncated", json_true ());
   bool trunc = json_is_true (json_object_get (r, "stdout_truncated"))
                || json_is_true (json_object_get (r, "stderr_truncated"));
   json_object_set_new (r, "truncated", json_boolean (trunc));
@@ -246,19 +481,21 @@ exec_on_done (void *ud, json_t *res)
         evbuffer_add_printf (x->errb, "warren: %s\n", why);
     }
   if (x->stream)
-    stream_line (x, r);
-  else
     {
-      size_t n = evbuffer_get_length (x->out);
-      wrd_json_set_bytes (r, "stdout", evbuffer_pullup (x->out, -1), n);
-      n = evbuffer_get_length (x->errb);
-      wrd_json_set_bytes (r, "stderr", evbuffer_pullup (x->errb, -1), n);
+      stream_line (x, r);
+      exec_detach (x);
+      evhttp_send_reply_end (x->req);
+      exec_ctx_free (x);
     }
-  if (x->stream)
-    evhttp_send_reply_end (x->req);
+  else if (x->evcon == NULL)
+    {
+      /* the client is gone; replying frees the detached request */
+      json_decref (r);
+      wrd_reply_error_code (x->req, WR_E_GONE, "the client went away");
+      exec_ctx_free (x);
+    }
   else
-    wrd_reply_json (x->req, 200, r);
-  exec_ctx_free (x);
+    exec_reply_buffered (x, r);
 }
 
 static void
@@ -267,6 +504,7 @@ exec_on_error (void *ud, const char *code, const char *message)
   struct exec_ctx *x = ud;
   exec_unwatch (x);
   wrd_metrics_exec (x->d, (double)(wr_now_ns () - x->t0) / 1e9, false);
+  exec_detach (x);
   if (x->stream)
     {
       stream_line (x, json_pack ("{s:{s:s,s:s}}", "error", "code", code, "message", message));
@@ -542,11 +780,24 @@ handle_exec (struct wrd *d, struct evhttp_request *req, struct sandbox *sb, stru
   x->out = evbuffer_new ();
   x->errb = evbuffer_new ();
   x->t0 = wr_now_ns ();
+  x->cap[0] = (size_t)json_integer_value (json_object_get (areq, "stdout_cap"));
+  x->cap[1] = (size_t)json_integer_value (json_object_get (areq, "stderr_cap"));
+  /* one block per stream, so the reply reads it in place (pages are only
+   * touched as output arrives) */
+  if (!x->stream)
+    {
+      if (x->cap[0])
+        evbuffer_expand (x->out, x->cap[0]);
+      if (x->cap[1])
+        evbuffer_expand (x->errb, x->cap[1]);
+    }
   json_decref (body);
   sb->busy++;
   d->m.execs++;
   static const struct agent_ops ops = { exec_on_data, exec_on_done, exec_on_error };
   x->sid = agent_request (sb->conn, WR_MSG_EXEC, areq, &ops, x);
+  /* an agent that sends more than both caps breaks the protocol */
+  agent_set_data_limit (sb->conn, x->sid, x->cap[0] + x->cap[1]);
   json_decref (areq);
   if (x->sid == 0)
     {
@@ -724,6 +975,8 @@ handle_files (struct wrd *d, struct evhttp_request *req, struct sandbox *sb, str
   d->m.files++;
   static const struct agent_ops ops = { file_on_data, file_on_done, file_on_error };
   uint32_t sid = agent_request (sb->conn, WR_MSG_FILE, body, &ops, f);
+  /* reads ask for at most FILE_BODY_MAX bytes; other ops send no DATA */
+  agent_set_data_limit (sb->conn, sid, FILE_BODY_MAX);
   json_decref (body);
   if (sid == 0)
     {
@@ -740,20 +993,377 @@ handle_files (struct wrd *d, struct evhttp_request *req, struct sandbox *sb, str
     }
 }
 
+/* ---- TCP connection guard ----
+ *
+ * evhttp reads a whole request, body included, before anyone sees it, and
+ * libevent 2.1 has no hook between headers and body for a server request.
+ * So every TCP connection reads through a bufferevent filter that holds the
+ * bytes of its first request until the header block is complete (at most
+ * TCP_HEADER_MAX), checks the bearer token there, and only then lets evhttp
+ * see anything. A refused connection never reaches evhttp's parser with its
+ * own bytes: the filter discards them and feeds evhttp a one-line internal
+ * request that route_tcp answers with the error (401, 503, 413), then the
+ * connection closes. The filter also owns the connection's timers (headers
+ * within header_timeout_s, closed after idle_timeout_s without a request)
+ * and counts connections against max_connections. */
+
+enum tcp_state
+{
+  TCP_HEADERS, /* first request's headers not complete yet */
+  TCP_OPEN,    /* authenticated: bytes pass through */
+  TCP_REFUSED, /* answered with an error; input is discarded */
+};
+
+struct wrd_tcp_conn
+{
+  struct wrd *d;
+  struct bufferevent *bev; /* the filter, evhttp's side */
+  struct event *timer;
+  struct event *kick; /* flushes the filter's output (see tcp_out_cb) */
+  enum tcp_state state;
+  const char *refuse; /* "401", "413", "503" once decided */
+  bool counted;       /* holds one of max_connections */
+  size_t scanned;     /* header bytes already searched for the blank line */
+  unsigned in_flight; /* requests routed and not answered yet */
+  uint64_t last_rx;   /* ns */
+  struct wrd_tcp_conn *prev, *next;
+};
+
+/* the internal request's path: random, so no client can name it */
+static char refuse_prefix[48];
+
+static bool
+token_matches (struct wrd *d, const char *h, size_t n)
+{
+  if (n < 7 || strncmp (h, "Bearer ", 7) != 0)
+    return false;
+  h += 7;
+  n -= 7;
+  size_t b = strlen (d->token);
+  unsigned char diff = n != b;
+  for (size_t i = 0; i < n && i < b; i++)
+    diff |= (unsigned char)(h[i] ^ d->token[i]);
+  return diff == 0 && b > 0;
+}
+
+/* Offset just past the blank line ending the header block in buf[0..n), or
+ * 0. *scanned remembers how far earlier calls looked (slowloris clients send
+ * one byte at a time: do not search the same bytes again). */
+static size_t
+header_block_end (const char *buf, size_t n, size_t *scanned)
+{
+  size_t i = *scanned > 2 ? *scanned - 2 : 0;
+  for (; i < n; i++)
+    if (buf[i] == '\n')
+      {
+        if (i + 1 < n && buf[i + 1] == '\n')
+          return i + 2;
+        if (i + 2 < n && buf[i + 1] == '\r' && buf[i + 2] == '\n')
+          return i + 3;
+      }
+  *scanned = n;
+  return 0;
+}
+
+/* Does the header block carry the daemon's token? The request line is
+ * skipped; header names are case-insensitive. */
+static bool
+headers_have_token (struct wrd *d, const char *buf, size_t n)
+{
+  const char *p = memchr (buf, '\n', n), *end = buf + n;
+  while (p && ++p < end)
+    {
+      const char *eol = memchr (p, '\n', (size_t)(end - p));
+      if (eol == NULL)
+        break;
+      const char *v = p + 14;
+      if (eol - p > 14 && strncasecmp (p, "authorization:", 14) == 0)
+        {
+          while (v < eol && (*v == ' ' || *v == '\t'))
+            v++;
+          const char *ve = eol;
+          while (ve > v && (ve[-1] == '\r' || ve[-1] == ' ' || ve[-1] == '\t'))
+            ve--;
+          return token_matches (d, v, (size_t)(ve - v));
+        }
+      p = eol;
+    }
+  return false;
+}
+
+static void
+tcp_refuse (struct wrd_tcp_conn *t, struct evbuffer *dst, const char *why)
+{
+  t->state = TCP_REFUSED;
+  t->refuse = why;
+  if (strcmp (why, "401") == 0)
+    t->d->m.http_unauthorized++;
+  evbuffer_add_printf (dst, "GET %s%s HTTP/1.1\r\nHost: warrend\r\nConnection: close\r\n\r\n",
+                       refuse_prefix, why);
+}
+
+static enum bufferevent_filter_result
+tcp_filter_in (struct evbuffer *src, struct evbuffer *dst, ev_ssize_t lim,
+               enum bufferevent_flush_mode mode WR_UNUSED, void *arg)
+{
+  struct wrd_tcp_conn *t = arg;
+  size_t len = evbuffer_get_length (src);
+  if (len)
+    t->last_rx = wr_now_ns ();
+  if (t->state == TCP_OPEN)
+    return evbuffer_remove_buffer (src, dst, lim < 0 ? len : (size_t)lim) >= 0 ? BEV_OK : BEV_ERROR;
+  if (t->state == TCP_REFUSED)
+    {
+      evbuffer_drain (src, len);
+      return BEV_NEED_MORE;
+    }
+  size_t n = len < TCP_HEADER_MAX ? len : TCP_HEADER_MAX;
+  const char *buf = (const char *)evbuffer_pullup (src, (ev_ssize_t)n);
+  size_t end = buf ? header_block_end (buf, n, &t->scanned) : 0;
+  if (end == 0 && len < TCP_HEADER_MAX)
+    return BEV_NEED_MORE;
+  if (end == 0)
+    tcp_refuse (t, dst, "413");
+  else if (t->refuse)
+    tcp_refuse (t, dst, t->refuse); /* over the connection limit */
+  else if (!headers_have_token (t->d, buf, end))
+    tcp_refuse (t, dst, "401");
+  if (t->state == TCP_REFUSED)
+    {
+      evbuffer_drain (src, len);
+      return BEV_OK;
+    }
+  t->state = TCP_OPEN;
+  struct timeval tv = { t->d->http.idle_timeout_s, 0 };
+  if (t->timer)
+    evtimer_add (t->timer, &tv);
+  return evbuffer_remove_buffer (src, dst, lim < 0 ? len : (size_t)lim) >= 0 ? BEV_OK : BEV_ERROR;
+}
+
+/* Is evhttp freeing the connection? (Its callbacks are gone; the filter and
+ * t live on until libevent finalizes them.) */
+static bool
+tcp_closing (struct wrd_tcp_conn *t)
+{
+  bufferevent_data_cb rcb, wcb;
+  bufferevent_event_cb ecb;
+  void *cbarg;
+  bufferevent_getcb (t->bev, &rcb, &wcb, &ecb, &cbarg);
+  return ecb == NULL;
+}
+
+/* Close the connection the way a read timeout would. */
+static void
+tcp_drop (struct wrd_tcp_conn *t)
+{
+  t->d->m.http_timeouts++;
+  bufferevent_trigger_event (t->bev, BEV_EVENT_READING | BEV_EVENT_TIMEOUT, 0);
+}
+
+static void
+tcp_timer_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
+{
+  struct wrd_tcp_conn *t = arg;
+  if (tcp_closing (t))
+    return;
+  if (t->state != TCP_OPEN)
+    {
+      tcp_drop (t); /* headers too slow, or a refusal the client does not read */
+      return;
+    }
+  uint64_t idle = (uint64_t)t->d->http.idle_timeout_s * 1000000000u, now = wr_now_ns ();
+  if (t->in_flight == 0 && now - t->last_rx >= idle)
+    {
+      tcp_drop (t);
+      return;
+    }
+  uint64_t left = t->in_flight ? idle : idle - (now - t->last_rx);
+  struct timeval tv = { (time_t)(left / 1000000000u), (suseconds_t)(left % 1000000000u / 1000) };
+  evtimer_add (t->timer, &tv);
+}
+
+/* libevent 2.1's filter moves output to the socket only when data is added
+ * while writing is enabled, and evhttp adds a reply first and enables
+ * writing after: flush on the next loop turn. */
+static void
+tcp_kick_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
+{
+  struct wrd_tcp_conn *t = arg;
+  if (!tcp_closing (t))
+    bufferevent_flush (t->bev, EV_WRITE, BEV_NORMAL);
+}
+
+/* evhttp takes its bufferevent's write callback to mean "the peer has the
+ * bytes" (then it may close the connection, or produce the next piece of a
+ * reply). The filter would say so as soon as bytes moved to the socket's
+ * buffer: it moves them silently (BEV_NEED_MORE), and tcp_sent_cb says so
+ * when the socket's buffer is empty. */
+static enum bufferevent_filter_result
+tcp_filter_out (struct evbuffer *src, struct evbuffer *dst, ev_ssize_t lim,
+                enum bufferevent_flush_mode mode WR_UNUSED, void *arg WR_UNUSED)
+{
+  size_t len = evbuffer_get_length (src);
+  if (lim >= 0 && (size_t)lim < len)
+    len = (size_t)lim;
+  return evbuffer_remove_buffer (src, dst, len) >= 0 ? BEV_NEED_MORE : BEV_ERROR;
+}
+
+static void
+tcp_sent_cb (struct evbuffer *b, const struct evbuffer_cb_info *info, void *arg)
+{
+  struct wrd_tcp_conn *t = arg;
+  if (info->n_deleted && evbuffer_get_length (b) == 0
+      && evbuffer_get_length (bufferevent_get_output (t->bev)) == 0)
+    bufferevent_trigger (t->bev, EV_WRITE, 0);
+}
+
+static void
+tcp_out_cb (struct evbuffer *b WR_UNUSED, const struct evbuffer_cb_info *info, void *arg)
+{
+  struct wrd_tcp_conn *t = arg;
+  if (info->n_added && t->kick)
+    event_active (t->kick, EV_TIMEOUT, 0);
+}
+
+static void
+tcp_conn_free (void *arg)
+{
+  struct wrd_tcp_conn *t = arg;
+  if (t->counted)
+    t->d->n_tcp_conns--;
+  if (t->prev)
+    t->prev->next = t->next;
+  else
+    t->d->tcp_conns = t->next;
+  if (t->next)
+    t->next->prev = t->prev;
+  if (t->timer)
+    event_free (t->timer);
+  if (t->kick)
+    event_free (t->kick);
+  free (t);
+}
+
+static struct bufferevent *
+tcp_bevcb (struct event_base *base, void *arg)
+{
+  struct wrd *d = arg;
+  struct wrd_tcp_conn *t = calloc (1, sizeof *t);
+  if (t == NULL)
+    return NULL;
+  struct bufferevent *u = bufferevent_socket_new (base, -1, BEV_OPT_CLOSE_ON_FREE);
+  t->timer = evtimer_new (base, tcp_timer_cb, t);
+  t->kick = event_new (base, -1, 0, tcp_kick_cb, t);
+  if (u == NULL || t->timer == NULL || t->kick == NULL)
+    goto fail;
+  /* deferred callbacks: evhttp's write callback then means "moved towards
+   * the socket", never a re-entrant call from inside evhttp's own write */
+  t->bev
+      = bufferevent_filter_new (u, tcp_filter_in, tcp_filter_out,
+                                BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS, tcp_conn_free, t);
+  if (t->bev == NULL)
+    goto fail;
+  bufferevent_setwatermark (u, EV_WRITE, 0, TCP_SOCKET_QUEUE);
+  evbuffer_add_cb (bufferevent_get_output (t->bev), tcp_out_cb, t);
+  evbuffer_add_cb (bufferevent_get_output (u), tcp_sent_cb, t);
+  t->d = d;
+  t->last_rx = wr_now_ns ();
+  if (d->n_tcp_conns >= d->http.max_connections)
+    {
+      t->refuse = "503";
+      d->m.http_busy++;
+    }
+  else
+    {
+      t->counted = true;
+      d->n_tcp_conns++;
+    }
+  t->next = d->tcp_conns;
+  if (t->next)
+    t->next->prev = t;
+  d->tcp_conns = t;
+  struct timeval tv = { d->http.header_timeout_s, 0 };
+  evtimer_add (t->timer, &tv);
+  return t->bev;
+fail:
+  if (u)
+    bufferevent_free (u);
+  if (t->timer)
+    event_free (t->timer);
+  if (t->kick)
+    event_free (t->kick);
+  free (t);
+  return NULL; /* evhttp makes a plain socket; route_tcp refuses it */
+}
+
+static struct wrd_tcp_conn *
+tcp_conn_of (struct wrd *d, struct evhttp_request *req)
+{
+  struct evhttp_connection *evcon = evhttp_request_get_connection (req);
+  struct bufferevent *bev = evcon ? evhttp_connection_get_bufferevent (evcon) : NULL;
+  for (struct wrd_tcp_conn *t = d->tcp_conns; t; t = t->next)
+    if (t->bev == bev)
+      return t;
+  return NULL;
+}
+
+static void
+tcp_request_done (struct evhttp_request *req WR_UNUSED, void *arg)
+{
+  struct wrd_tcp_conn *t = arg;
+  if (t->in_flight)
+    t->in_flight--;
+  t->last_rx = wr_now_ns ();
+}
+
+bool
+wrd_http_host_paths_allowed (struct wrd *d, struct evhttp_request *req)
+{
+  return d->http.allow_host_paths || tcp_conn_of (d, req) == NULL;
+}
+
+void
+wrd_reply_host_path_refused (struct evhttp_request *req, const char *field)
+{
+  char msg[256];
+  snprintf (msg, sizeof msg,
+            "field \"%s\" names a path on the daemon's host: only clients of the owner-only unix "
+            "socket may do that (or start warrend with --allow-host-paths)",
+            field);
+  wrd_reply_json (req, 403,
+                  json_pack ("{s:{s:s,s:s}}", "error", "code", WRD_E_FORBIDDEN, "message", msg));
+}
+
+/* Import and build read host paths as root: not for TCP clients. */
+static bool
+host_path_refused (struct wrd *d, struct evhttp_request *req, const char *path)
+{
+  const char *field = NULL;
+  if (strcmp (path, "/v1/images/import") == 0)
+    field = "path";
+  else if (strcmp (path, "/v1/images/build") == 0)
+    field = "context";
+  if (field == NULL || evhttp_request_get_command (req) != EVHTTP_REQ_POST
+      || wrd_http_host_paths_allowed (d, req))
+    return false;
+  json_t *body = NULL;
+  if (wrd_read_json_body (req, false, &body, NULL) < 0)
+    return false; /* the route reports the malformed body */
+  json_t *v = json_object_get (body, field);
+  bool named = v && !json_is_null (v);
+  json_decref (body);
+  if (named)
+    wrd_reply_host_path_refused (req, field);
+  return named;
+}
+
 /* ---- routing ---- */
 
 static bool
 token_ok (struct wrd *d, struct evhttp_request *req)
 {
   const char *h = evhttp_find_header (evhttp_request_get_input_headers (req), "Authorization");
-  if (h == NULL || strncmp (h, "Bearer ", 7) != 0)
-    return false;
-  h += 7;
-  size_t a = strlen (h), b = strlen (d->token);
-  unsigned char diff = a != b;
-  for (size_t i = 0; i < a && i < b; i++)
-    diff |= (unsigned char)(h[i] ^ d->token[i]);
-  return diff == 0 && b > 0;
+  return h && token_matches (d, h, strlen (h));
 }
 
 static bool
@@ -924,7 +1534,9 @@ route (struct evhttp_request *req, void *arg, bool tcp)
     }
   if (path == NULL)
     path = "/";
-  if (strcmp (path, "/healthz") == 0)
+  if (tcp && host_path_refused (d, req, path))
+    ;
+  else if (strcmp (path, "/healthz") == 0)
     wrd_reply_json (req, 200,
                     json_pack ("{s:s,s:I,s:s}", "status", "ok", "sandboxes", (json_int_t)d->count,
                                "version", "0.1.0"));
@@ -969,6 +1581,35 @@ route_unix (struct evhttp_request *req, void *arg)
 static void
 route_tcp (struct evhttp_request *req, void *arg)
 {
+  struct wrd *d = arg;
+  struct wrd_tcp_conn *t = tcp_conn_of (d, req);
+  if (t == NULL)
+    {
+      wrd_reply_error_code (req, WR_E_UNAVAILABLE, "out of memory for a new connection");
+      return;
+    }
+  if (t->state == TCP_REFUSED)
+    {
+      d->m.http_requests++;
+      char msg[128];
+      evhttp_add_header (evhttp_request_get_output_headers (req), "Connection", "close");
+      if (strcmp (t->refuse, "503") == 0)
+        {
+          snprintf (msg, sizeof msg, "too many connections (the limit is %u); retry later",
+                    d->http.max_connections);
+          wrd_reply_error_code (req, WR_E_UNAVAILABLE, msg);
+        }
+      else if (strcmp (t->refuse, "413") == 0)
+        {
+          snprintf (msg, sizeof msg, "request headers over %u bytes", TCP_HEADER_MAX);
+          wrd_reply_error_code (req, WR_E_TOO_LARGE, msg);
+        }
+      else
+        wrd_reply_error_code (req, WR_E_UNAUTHORIZED, "a valid bearer token is required");
+      return;
+    }
+  t->in_flight++;
+  evhttp_request_set_on_complete_cb (req, tcp_request_done, t);
   route (req, arg, true);
 }
 
@@ -978,10 +1619,24 @@ http_new (struct wrd *d, bool tcp)
   struct evhttp *h = evhttp_new (d->base);
   evhttp_set_gencb (h, tcp ? route_tcp : route_unix, d);
   evhttp_set_max_body_size (h, FILE_BODY_MAX + 4096);
-  evhttp_set_max_headers_size (h, 64 * 1024);
+  evhttp_set_max_headers_size (h, tcp ? TCP_HEADER_MAX : 64 * 1024);
   evhttp_set_allowed_methods (h, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_PUT
                                      | EVHTTP_REQ_DELETE | EVHTTP_REQ_HEAD);
+  /* a backstop against dead peers; TCP idleness is the guard's business */
   evhttp_set_timeout (h, 3600);
+  if (tcp)
+    {
+      if (d->http.max_connections == 0)
+        d->http.max_connections = TCP_MAX_CONNECTIONS;
+      if (d->http.header_timeout_s == 0)
+        d->http.header_timeout_s = TCP_HEADER_TIMEOUT_S;
+      if (d->http.idle_timeout_s == 0)
+        d->http.idle_timeout_s = TCP_IDLE_TIMEOUT_S;
+      char rnd[33];
+      wr_random_hex (rnd, 32);
+      snprintf (refuse_prefix, sizeof refuse_prefix, "/.warren-refused-%s/", rnd);
+      evhttp_set_bevcb (h, tcp_bevcb, d);
+    }
   return h;
 }
 
@@ -1048,4 +1703,14 @@ wrd_http_free (struct wrd *d)
   if (d->http_tcp)
     evhttp_free (d->http_tcp);
   d->http_unix = d->http_tcp = NULL;
+  /* connections' filters are finalized later, maybe after the base: their
+   * timers go now */
+  for (struct wrd_tcp_conn *t = d->tcp_conns; t; t = t->next)
+    {
+      if (t->timer)
+        event_free (t->timer);
+      if (t->kick)
+        event_free (t->kick);
+      t->timer = t->kick = NULL;
+    }
 }

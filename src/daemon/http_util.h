@@ -19,6 +19,16 @@ void wrd_json_set_bytes (json_t *o, const char *field, const void *data, size_t 
 /* Parse the body as a JSON object (1 MiB max); an empty body gives {} unless required. */
 int wrd_read_json_body (struct evhttp_request *req, bool required, json_t **ret, wr_err_t *err);
 const char *wrd_query_get (struct evkeyvalq *q, const char *key);
+
+/* 403: the token does not grant everything (docs/operations.md). */
+#define WRD_E_FORBIDDEN "forbidden"
+/* May this request name files on the daemon's host (import path, build
+ * context)? Only over the owner-only unix socket, unless warrend runs with
+ * --allow-host-paths. http.c checks import and build before routing; a new
+ * route reading host paths calls this and, when false, refuses with
+ * wrd_reply_host_path_refused (403 naming the field). */
+bool wrd_http_host_paths_allowed (struct wrd *d, struct evhttp_request *req);
+void wrd_reply_host_path_refused (struct evhttp_request *req, const char *field);
 bool wrd_query_flag (struct evkeyvalq *q, const char *key);
 
 /* Route handlers living in their own files. rest is the path after the

@@ -61,6 +61,17 @@ wrd_metrics_text (struct wrd *d)
            (unsigned long long)d->m.create_failures, (unsigned long long)d->m.destroys,
            (unsigned long long)d->m.execs, (unsigned long long)d->m.exec_failures,
            (unsigned long long)d->m.files, (unsigned long long)d->m.http_requests);
+  fprintf (f,
+           "# HELP warren_http_connections Open TCP connections counted against the limit.\n"
+           "# TYPE warren_http_connections gauge\n"
+           "warren_http_connections %u\n"
+           "# HELP warren_http_refused_total TCP connections closed before routing, by reason.\n"
+           "# TYPE warren_http_refused_total counter\n"
+           "warren_http_refused_total{reason=\"unauthorized\"} %llu\n"
+           "warren_http_refused_total{reason=\"too_many_connections\"} %llu\n"
+           "warren_http_refused_total{reason=\"timeout\"} %llu\n",
+           d->n_tcp_conns, (unsigned long long)d->m.http_unauthorized,
+           (unsigned long long)d->m.http_busy, (unsigned long long)d->m.http_timeouts);
   fprintf (f, "# HELP warren_exec_duration_seconds Exec round trip inside the daemon.\n"
               "# TYPE warren_exec_duration_seconds histogram\n");
   unsigned long long cum = 0;
