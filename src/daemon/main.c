@@ -26,6 +26,8 @@ usage (FILE *f)
       "               [--fncall-pool REF=N[,python][,reuse][,memory=MB]]... [--fncall-size N]\n"
       "               [--fncall-queue N] [--fncall-max-calls N] [--fncall-idle S]\n"
       "               [--fncall-zygote PATH] [--fncall-preload MOD,...]\n"
+      "               [--max-connections N] [--http-header-timeout S] [--http-idle-timeout S]\n"
+      "               [--allow-host-paths]\n"
       "Runs the Warren node daemon in the foreground; all state lives under DIR.\n"
       "Default listener: unix:DIR/warrend.sock (owner-only).\n");
 }
@@ -80,6 +82,10 @@ main (int argc, char **argv)
     { "fncall-idle", required_argument, NULL, 'D' },
     { "fncall-zygote", required_argument, NULL, 'Z' },
     { "fncall-preload", required_argument, NULL, 'P' },
+    { "max-connections", required_argument, NULL, 'C' },
+    { "http-header-timeout", required_argument, NULL, 'H' },
+    { "http-idle-timeout", required_argument, NULL, 'I' },
+    { "allow-host-paths", no_argument, NULL, 'A' },
     { NULL, 0, NULL, 0 },
   };
   const char *fn_pools[64];
@@ -110,6 +116,29 @@ main (int argc, char **argv)
         break;
       case 'P':
         fcfg.preload = optarg;
+        break;
+      case 'C':
+      case 'H':
+      case 'I':
+        {
+          char *end;
+          unsigned long v = strtoul (optarg, &end, 10);
+          if (*end || v == 0 || v > 1000000)
+            {
+              fprintf (stderr, "warrend: --%s wants a number in [1, 1000000]\n",
+                       c == 'C' ? "max-connections"
+                       : c == 'H' ? "http-header-timeout"
+                                  : "http-idle-timeout");
+              return 2;
+            }
+          *(c == 'C'   ? &d.http.max_connections
+            : c == 'H' ? &d.http.header_timeout_s
+                       : &d.http.idle_timeout_s)
+              = (unsigned)v;
+          break;
+        }
+      case 'A':
+        d.http.allow_host_paths = true;
         break;
       case 'r':
         root = optarg;
