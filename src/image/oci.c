@@ -171,6 +171,9 @@ wr_oci_commit (struct wr_store *s, const char *ref, json_t *oci_config, const in
   struct wr_layer_ref refs[WR_MAX_LAYERS];
   char have[WR_MAX_LAYERS][72];
   memset (refs, 0, sizeof refs);
+  struct wr_store_limits lim;
+  wr_store_get_limits (s, &lim);
+  uint64_t unpacked = 0;
   for (size_t i = 0; i < n; i++)
     {
       if (progress)
@@ -202,6 +205,15 @@ wr_oci_commit (struct wr_store *s, const char *ref, json_t *oci_config, const in
                         "layer %zu changed while it was read: extracted %.19s..., verified "
                         "%.19s...",
                         i + 1, staged[i]->source, blobs[i]);
+          goto out;
+        }
+      unpacked += staged[i]->unpacked;
+      if (lim.image_bytes && unpacked > lim.image_bytes)
+        {
+          r = wr_error (err, EFBIG, WR_E_TOO_LARGE,
+                        "the image's layers unpack to more than %llu bytes (at layer %zu); see "
+                        "'Limits' in docs/images.md",
+                        (unsigned long long)lim.image_bytes, i + 1);
           goto out;
         }
       if (blobs[i])

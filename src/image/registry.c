@@ -391,6 +391,19 @@ registry_error_text (const char *body, char *out, size_t size)
   json_decref (j);
 }
 
+/* A redirect's path goes into our request line: visible ASCII only, so a
+ * Location cannot smuggle headers or a second request. */
+static bool
+path_ok (const char *p)
+{
+  if (p[0] != '/')
+    return false;
+  for (; *p; p++)
+    if ((unsigned char)*p <= 0x20 || (unsigned char)*p >= 0x7f)
+      return false;
+  return true;
+}
+
 /* Split an absolute http:// Location into host, port and path. */
 static int
 parse_location (const char *loc, char host[256], char port[8], char path[2048], wr_err_t *err)
@@ -426,6 +439,10 @@ parse_location (const char *loc, char host[256], char port[8], char path[2048], 
     }
   else
     strcpy (port, "80");
+  if (h[0] == '\0'
+      || strspn (h, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-:")
+             != strlen (h))
+    return wr_error (err, 0, WR_E_INVALID, "bad host in redirect from registry");
   snprintf (host, 256, "%s", h);
   snprintf (path, 2048, "%s", hs[hl] == '/' ? hs + hl : "/");
   return 0;
@@ -519,6 +536,8 @@ http_get (const struct rref *r, const char *path0, const char *accept, struct si
             }
           else if ((e = parse_location (rp->location, nhost, nport, npath, err)) < 0)
             return e;
+          if (!path_ok (npath))
+            return wr_error (err, 0, WR_E_INVALID, "bad path in redirect from registry");
           if (!k->blob && (strcmp (nhost, r->host) != 0 || strcmp (nport, r->port) != 0))
             return wr_error (err, EACCES, WR_E_INVALID,
                              "registry redirected the %s request to another host (%.200s): "

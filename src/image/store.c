@@ -1367,6 +1367,7 @@ wr_layer_stage_fd (struct wr_store *s, int src, const char *label, unsigned flag
   snprintf (l->digest, sizeof l->digest, DIGEST_PREFIX "%s", hex);
   if (xs.source[0])
     snprintf (l->source, sizeof l->source, DIGEST_PREFIX "%s", xs.source);
+  l->unpacked = xs.bytes;
   l->skipped_special = xs.skipped_special;
   l->whiteouts = xs.whiteouts;
   *ret = l;

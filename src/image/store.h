@@ -81,10 +81,11 @@ int wr_layers_check (size_t n, const char *what, wr_err_t *err);
  * as the manifest naming it. wr_layer_stage_free removes its files. */
 struct wr_staged_layer
 {
-  char digest[72]; /* "sha256:<hex>" of the EROFS image */
-  char blob[72];   /* caller may set: the source blob it came from (OCI), for pull skips */
-  char source[72]; /* tarballs: "sha256:<hex>" of the bytes extracted, hashed as they were read */
-  uint64_t size;   /* bytes of the EROFS image */
+  char digest[72];   /* "sha256:<hex>" of the EROFS image */
+  char blob[72];     /* caller may set: the source blob it came from (OCI), for pull skips */
+  char source[72];   /* tarballs: "sha256:<hex>" of the bytes extracted, hashed as they were read */
+  uint64_t unpacked; /* tarballs: bytes of the files extracted (the limits' measure) */
+  uint64_t size;     /* bytes of the EROFS image */
   uint64_t skipped_special, whiteouts;
   char dir[4096]; /* work dir under ROOT/tmp, holding layer.erofs */
 };

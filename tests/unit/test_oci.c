@@ -412,13 +412,11 @@ test_docker_save_cache_poisoning (struct wr_store *s)
   }
 }
 
-/* issue 9: one layer limit, WR_MAX_LAYERS, at import and at commit */
-static void
-test_layer_limit (struct wr_store *s)
+/* An OCI layout in d with n one-file layers of size bytes each. */
+static int
+oci_layers (const char *d, int n, int size)
 {
-  char d[400];
-  snprintf (d, sizeof d, "%s/many", base);
-  int r = sh (
+  return sh (
       "set -e; rm -rf %s; mkdir -p %s; cd %s; python3 - <<'PY'\n"
       "import gzip, hashlib, io, json, os, tarfile\n"
       "os.makedirs('blobs/sha256')\n"
@@ -429,7 +427,8 @@ test_layer_limit (struct wr_store *s)
       "for i in range(%d):\n"
       "    bio = io.BytesIO()\n"
       "    with tarfile.open(fileobj=bio, mode='w') as t:\n"
-      "        data = b'%%d' %% i; ti = tarfile.TarInfo('f%%d' %% i); ti.size = len(data)\n"
+      "        data = (b'%%d' %% i).ljust(%d, b'.'); ti = tarfile.TarInfo('f%%d' %% i)\n"
+      "        ti.size = len(data)\n"
       "        t.addfile(ti, io.BytesIO(data))\n"
       "    l = put(bio.getvalue()); l['mediaType'] = 'application/vnd.oci.image.layer.v1.tar'\n"
       "    layers.append(l)\n"
@@ -438,7 +437,16 @@ test_layer_limit (struct wr_store *s)
       "json.dump({'imageLayoutVersion': '1.0.0'}, open('oci-layout', 'w'))\n"
       "json.dump({'schemaVersion': 2, 'manifests': [m]}, open('index.json', 'w'))\n"
       "PY",
-      d, d, d, WR_MAX_LAYERS + 6);
+      d, d, d, n, size);
+}
+
+/* issue 9: one layer limit, WR_MAX_LAYERS, at import and at commit */
+static void
+test_layer_limit (struct wr_store *s)
+{
+  char d[400];
+  snprintf (d, sizeof d, "%s/many", base);
+  int r = oci_layers (d, WR_MAX_LAYERS + 6, 1);
   CHECK (r == 0, "made an OCI layout with %d layers", WR_MAX_LAYERS + 6);
   char layers[400];
   snprintf (layers, sizeof layers, "%s/layers/sha256", root);
@@ -476,6 +484,22 @@ test_layer_limit (struct wr_store *s)
   wr_image_free (img);
   wr_layer_stage_free (a);
   wr_image_remove (s, "one:1", NULL);
+
+  /* the image bytes limit holds across layers */
+  CHECK (oci_layers (d, 3, 600) == 0, "made a 3-layer OCI layout of 600-byte files");
+  struct wr_store_limits dflt, l;
+  wr_store_get_limits (s, &dflt);
+  l = dflt;
+  l.image_bytes = 1000;
+  wr_store_set_limits (s, &l);
+  r = wr_image_import_any (s, "three:1", d, NULL, NULL, NULL, &err);
+  CHECK (r < 0 && strcmp (err.code, WR_E_TOO_LARGE) == 0 && strstr (err.msg, "at layer 2"),
+         "an image unpacking past image_bytes is refused (%s)", r < 0 ? err.msg : "accepted");
+  CHECK (count_dir (layers) == before, "nothing stored");
+  wr_store_set_limits (s, &dflt);
+  r = wr_image_import_any (s, "three:1", d, NULL, NULL, NULL, &err);
+  CHECK (r == 0, "and accepted under the default limits (%s)", r ? err.msg : "ok");
+  wr_image_remove (s, "three:1", NULL);
 }
 
 /* the expansion ratio stops a compression bomb while it is written, and the
