@@ -1,5 +1,6 @@
 import os
 import shutil
+import socket
 import tempfile
 
 import pytest
@@ -32,6 +33,23 @@ def start_daemon(rootfs, extra=()):
     r = d.api.raw("POST", "/v1/images/import", {"name": "busybox:latest", "path": rootfs}, timeout=300)
     assert r.status == 201, r
     return d
+
+
+def start_daemon_tcp(rootfs, extra=()):
+    """A daemon that also listens on a free 127.0.0.1 port: (daemon, port).
+    A port found free can be taken before warrend binds it (any connect()
+    may pick it as its source port), so a bind refused as in use is retried
+    on another port rather than failing the test."""
+    for attempt in range(5):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        try:
+            return start_daemon(rootfs, ["--listen", f"tcp:127.0.0.1:{port}"] + list(extra)), port
+        except RuntimeError as e:
+            if "Address already in use" not in str(e) or attempt == 4:
+                raise
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,25 @@ import subprocess
 import tempfile
 import time
 
+# Bounds in this file only catch hangs: CI is a 2-core nested VM whose speed
+# drifts 1.5-2x and runs the suite under ASan, so nothing here may be tight.
+START_TIMEOUT = 180   # warrend up and answering /healthz
+STOP_TIMEOUT = 180    # warrend gone after SIGTERM (it destroys what it runs)
+WAIT_TIMEOUT = 60     # wait_for(): a condition that is expected "at once"
+
+
+def wait_for(cond, timeout=WAIT_TIMEOUT, interval=0.05, what=None):
+    """Poll cond() until it returns something truthy and return that; fail
+    only when the deadline passes (a generous one: only a hang exceeds it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"not within {timeout} s: {what or getattr(cond, '__name__', cond)}")
+        time.sleep(interval)
+
 
 class UnixHTTPConnection(http.client.HTTPConnection):
     def __init__(self, path, timeout=120):
@@ -63,7 +82,9 @@ class Api:
             body["cmd"] = cmd
         if shell is not None:
             body["shell"] = shell
-        r = self.raw("POST", f"/v1/sandboxes/{sid}/exec", body, timeout=kw.get("timeout_s", 60) + 60)
+        # the daemon ends the command at timeout_s; the answer may then take a
+        # while on a loaded machine
+        r = self.raw("POST", f"/v1/sandboxes/{sid}/exec", body, timeout=kw.get("timeout_s", 60) + 120)
         assert r.status == 200, r
         return r.json()
 
@@ -87,12 +108,12 @@ class Daemon:
         self.proc = subprocess.Popen(
             [os.path.join(self.build, "bin", "warrend"), "--root", self.root] + self.extra,
             stdout=self.log, stderr=self.log)
-        deadline = time.time() + 30
-        while time.time() < deadline:
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"warrend exited with {self.proc.returncode}: " + self.logtext())
             try:
-                if self.api.raw("GET", "/healthz", timeout=5).status == 200:
+                if self.api.raw("GET", "/healthz", timeout=60).status == 200:
                     return self
             except OSError:
                 pass
@@ -120,11 +141,11 @@ class Daemon:
                     pass
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(timeout=30)
+                self.proc.wait(timeout=STOP_TIMEOUT)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-                raise AssertionError("warrend did not stop within 30 s of SIGTERM")
+                raise AssertionError(f"warrend did not stop within {STOP_TIMEOUT} s of SIGTERM")
             log = self.logtext()
             # a clean stop; under ASan/UBSan any report fails the test module
             assert self.proc.returncode == 0, f"warrend exited {self.proc.returncode}: {log}"

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +41,12 @@ static int tests, failed;
 
 static char tmpdir[64];
 
+/* Every wait in this file is bounded only to catch a hang: CI runs on a
+ * loaded 2-core VM whose speed drifts, so nothing may hinge on a thread
+ * being scheduled within some milliseconds. Orderings that matter are made
+ * explicit with srv_note/srv_await instead of sleeps. */
+#define WAIT_MS 60000
+
 static uint64_t
 now_ms (void)
 {
@@ -60,6 +67,7 @@ struct srv
   int accepts;
   int failures;
   int arg;
+  int note[2]; /* socketpair: [0] the test's end, [1] the server thread's */
 };
 
 typedef struct req
@@ -92,7 +100,7 @@ srv_accept (srv_t *s, int timeout_ms)
   if (fd >= 0)
     {
       s->accepts++;
-      struct timeval tv = { .tv_sec = 5 };
+      struct timeval tv = { .tv_sec = WAIT_MS / 1000 };
       setsockopt (fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     }
   return fd;
@@ -175,6 +183,37 @@ srv_chunk (int fd, const void *data, size_t len)
   srv_puts (fd, "\r\n");
 }
 
+/* One side tells the other that something has happened (end 0: the test,
+ * end 1: the server thread); the other waits for it, bounded by WAIT_MS. */
+static void
+srv_note (int fd)
+{
+  if (write (fd, "!", 1) != 1)
+    perror ("srv_note");
+}
+
+static int
+srv_await (int fd)
+{
+  struct pollfd p = { .fd = fd, .events = POLLIN };
+  char b;
+  if (poll (&p, 1, WAIT_MS) <= 0 || read (fd, &b, 1) != 1)
+    return -1;
+  return 0;
+}
+
+/* The test has seen the client call return, so every connection the client
+ * made is in the listen queue: none there means the client made no other. */
+static bool
+srv_no_more_accepts (srv_t *s)
+{
+  SCHECK (s, srv_await (s->note[1]) == 0);
+  int extra = srv_accept (s, 0);
+  if (extra >= 0)
+    close (extra);
+  return extra < 0;
+}
+
 /* Wait for the client to hang up (bounded). */
 static void
 srv_wait_eof (int fd)
@@ -202,6 +241,11 @@ srv_start (srv_t *s, void (*handler) (srv_t *), int arg)
   s->handler = handler;
   s->arg = arg;
   s->lfd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (socketpair (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, s->note) < 0)
+    {
+      perror ("socketpair");
+      exit (2);
+    }
   struct sockaddr_un sa = { .sun_family = AF_UNIX };
   strcpy (sa.sun_path, s->path);
   if (bind (s->lfd, (struct sockaddr *)&sa, sizeof sa) < 0 || listen (s->lfd, 16) < 0)
@@ -216,6 +260,8 @@ static int
 srv_join (srv_t *s)
 {
   pthread_join (s->th, NULL);
+  close (s->note[0]);
+  close (s->note[1]);
   close (s->lfd);
   unlink (s->path);
   return s->failures;
@@ -233,7 +279,7 @@ client_for (srv_t *s, const char *token)
       printf ("# client_new: %s\n", err.message);
       exit (2);
     }
-  warren_client_set_timeout (c, 5000);
+  warren_client_set_timeout (c, WAIT_MS);
   return c;
 }
 
@@ -242,7 +288,7 @@ client_for (srv_t *s, const char *token)
 static void
 h_keepalive (srv_t *s)
 {
-  int fd = srv_accept (s, 5000);
+  int fd = srv_accept (s, WAIT_MS);
   req_t r;
   SCHECK (s, fd >= 0 && srv_read_req (fd, &r) == 0);
   SCHECK (s, strcmp (r.method, "GET") == 0 && strcmp (r.target, "/healthz") == 0);
@@ -257,9 +303,7 @@ h_keepalive (srv_t *s)
   srv_wait_eof (fd);
   close (fd);
   /* A second connection would be a failed reuse. */
-  int extra = srv_accept (s, 200);
-  if (extra >= 0)
-    close (extra);
+  SCHECK (s, srv_no_more_accepts (s));
 }
 
 static void
@@ -277,6 +321,7 @@ test_keepalive (void)
   json_decref (h);
   json_decref (l);
   warren_client_free (c);
+  srv_note (s.note[0]);
   int f = srv_join (&s);
   CHECK (f == 0, "server saw token, host and expected requests");
   CHECK (s.accepts == 1, "two requests on one connection (accepts=%d)", s.accepts);
@@ -285,7 +330,7 @@ test_keepalive (void)
 static void
 h_errors (srv_t *s)
 {
-  int fd = srv_accept (s, 5000);
+  int fd = srv_accept (s, WAIT_MS);
   req_t r;
   SCHECK (s, srv_read_req (fd, &r) == 0);
   SCHECK (s, strcmp (r.target, "/v1/sandboxes/zzz") == 0);
@@ -336,7 +381,7 @@ test_errors (void)
 static void
 h_split (srv_t *s)
 {
-  int fd = srv_accept (s, 5000);
+  int fd = srv_accept (s, WAIT_MS);
   req_t r;
   SCHECK (s, srv_read_req (fd, &r) == 0);
   SCHECK (s, strcmp (r.target, "/v1/sandboxes/abc-1") == 0);
@@ -370,7 +415,7 @@ test_split (void)
 static void
 h_stream (srv_t *s)
 {
-  int fd = srv_accept (s, 5000);
+  int fd = srv_accept (s, WAIT_MS);
   req_t r;
   SCHECK (s, srv_read_req (fd, &r) == 0);
   SCHECK (s, strcmp (r.method, "POST") == 0);
@@ -458,7 +503,7 @@ test_stream (void)
 static void
 h_early_close (srv_t *s)
 {
-  int fd = srv_accept (s, 5000);
+  int fd = srv_accept (s, WAIT_MS);
   req_t r;
   SCHECK (s, srv_read_req (fd, &r) == 0);
   free (r.body);
@@ -469,9 +514,7 @@ h_early_close (srv_t *s)
   else if (s->arg == 2)
     srv_puts (fd, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10\r\nabc");
   close (fd);
-  int extra = srv_accept (s, 200); /* POST must not be retried */
-  if (extra >= 0)
-    close (extra);
+  SCHECK (s, srv_no_more_accepts (s)); /* POST must not be retried */
 }
 
 static void
@@ -486,11 +529,13 @@ test_early_close (void)
       uint64_t t0 = now_ms ();
       json_t *j = warren_sandbox_create (c, NULL, &err);
       uint64_t dt = now_ms () - t0;
+      /* not the client's timeout: a clear error, long before WAIT_MS */
       CHECK (j == NULL && strcmp (err.code, "protocol_error") == 0 && strstr (err.message, "closed")
-                 && dt < 2000,
+                 && dt < WAIT_MS / 2,
              "early close mode %d: clear error in %llu ms (%s)", mode, (unsigned long long)dt,
              err.message);
       warren_client_free (c);
+      srv_note (s.note[0]);
       CHECK (srv_join (&s) == 0 && s.accepts == 1, "early close mode %d: no retry of POST", mode);
     }
 }
@@ -499,7 +544,7 @@ test_early_close (void)
 static void
 h_stale (srv_t *s)
 {
-  int fd = srv_accept (s, 5000);
+  int fd = srv_accept (s, WAIT_MS);
   req_t r;
   SCHECK (s, srv_read_req (fd, &r) == 0);
   free (r.body);
@@ -507,6 +552,7 @@ h_stale (srv_t *s)
   if (s->arg == 2)
     {
       close (fd); /* idle close, noticed before the next request is sent */
+      srv_note (s->note[1]);
     }
   else
     {
@@ -514,14 +560,12 @@ h_stale (srv_t *s)
       free (r.body);
       close (fd);
     }
-  int fd2 = srv_accept (s, s->arg == 1 ? 300 : 5000);
   if (s->arg == 1)
     {
-      SCHECK (s, fd2 < 0);
-      if (fd2 >= 0)
-        close (fd2);
+      SCHECK (s, srv_no_more_accepts (s));
       return;
     }
+  int fd2 = srv_accept (s, WAIT_MS);
   SCHECK (s, fd2 >= 0 && srv_read_req (fd2, &r) == 0);
   free (r.body);
   srv_json (fd2, s->arg == 2 ? 201 : 200, "{\"status\":\"ok\",\"id\":\"x\"}");
@@ -554,12 +598,13 @@ test_stale (void)
          err.message);
   json_decref (a);
   warren_client_free (c);
+  srv_note (s.note[0]);
   CHECK (srv_join (&s) == 0 && s.accepts == 1, "POST no retry: accepts=%d", s.accepts);
 
   srv_start (&s, h_stale, 2);
   c = client_for (&s, NULL);
   a = warren_healthz (c, &err);
-  usleep (50000);
+  CHECK (srv_await (s.note[0]) == 0, "the server closed the idle connection");
   b = warren_sandbox_create (c, NULL, &err);
   CHECK (a && b, "idle-closed connection replaced before a POST (%s)", b ? "" : err.message);
   json_decref (a);
@@ -571,7 +616,7 @@ test_stale (void)
 static void
 h_oversize (srv_t *s)
 {
-  int fd = srv_accept (s, 5000);
+  int fd = srv_accept (s, WAIT_MS);
   req_t r;
   SCHECK (s, srv_read_req (fd, &r) == 0);
   free (r.body);
@@ -615,7 +660,7 @@ test_oversize (void)
 static void
 h_silent (srv_t *s)
 {
-  int fd = srv_accept (s, 5000);
+  int fd = srv_accept (s, WAIT_MS);
   req_t r;
   SCHECK (s, srv_read_req (fd, &r) == 0);
   free (r.body);
@@ -631,11 +676,22 @@ h_silent (srv_t *s)
 }
 
 static volatile sig_atomic_t cancel_flag;
+static atomic_int got_output;
 
+static int
+collect_note (void *ud, int stream, const void *data, size_t len)
+{
+  int r = collect (ud, stream, data, len);
+  atomic_store (&got_output, 1);
+  return r;
+}
+
+/* Cancel once the stream is surely under way: its first chunk has arrived. */
 static void *
 raise_cancel (void *arg)
 {
-  usleep (200000);
+  for (int i = 0; i < WAIT_MS && !atomic_load (&got_output); i++)
+    usleep (1000);
   cancel_flag = 1;
   return NULL;
 }
@@ -651,7 +707,8 @@ test_timeout_cancel (void)
   uint64_t t0 = now_ms ();
   json_t *j = warren_healthz (c, &err);
   uint64_t dt = now_ms () - t0;
-  CHECK (j == NULL && strcmp (err.code, "timeout") == 0 && dt >= 250 && dt < 2000,
+  /* never early; late only by scheduling (a hang would take WAIT_MS) */
+  CHECK (j == NULL && strcmp (err.code, "timeout") == 0 && dt >= 250 && dt < WAIT_MS / 2,
          "silent daemon times out after %llu ms (%s)", (unsigned long long)dt, err.message);
   warren_client_free (c);
   CHECK (srv_join (&s) == 0, "timeout: server checks");
@@ -664,10 +721,11 @@ test_timeout_cancel (void)
   json_t *req = json_pack ("{s:s}", "shell", "sleep 100");
   struct outbuf o = { 0 };
   t0 = now_ms ();
-  j = warren_exec_stream (c, "abc", req, collect, &o, &err);
+  j = warren_exec_stream (c, "abc", req, collect_note, &o, &err);
   dt = now_ms () - t0;
   pthread_join (th, NULL);
-  CHECK (j == NULL && strcmp (err.code, "cancelled") == 0 && o.olen == 1 && dt < 1500,
+  /* not ended by the client's own WAIT_MS timeout, nor by the server */
+  CHECK (j == NULL && strcmp (err.code, "cancelled") == 0 && o.olen == 1 && dt < WAIT_MS / 2,
          "cancel flag stops a streaming exec in %llu ms (%s)", (unsigned long long)dt, err.message);
   json_decref (req);
   warren_client_free (c);
@@ -679,7 +737,7 @@ test_timeout_cancel (void)
 static void
 h_files (srv_t *s)
 {
-  int fd = srv_accept (s, 5000);
+  int fd = srv_accept (s, WAIT_MS);
   req_t r;
   /* 1: buffer upload with mode. */
   SCHECK (s, srv_read_req (fd, &r) == 0);
@@ -730,7 +788,7 @@ h_files (srv_t *s)
   srv_write (fd, big, BIG);
   free (big);
   /* 6: stat / list / mkdir / remove targets. */
-  int fd2 = srv_accept (s, 5000); /* the client dropped fd after the refused download */
+  int fd2 = srv_accept (s, WAIT_MS); /* the client dropped fd after the refused download */
   close (fd);
   fd = fd2;
   SCHECK (s, srv_read_req (fd, &r) == 0);
@@ -927,7 +985,7 @@ test_local (void)
 int
 main (void)
 {
-  alarm (60);
+  alarm (240); /* a hang backstop above any single WAIT_MS wait */
   snprintf (tmpdir, sizeof tmpdir, "/tmp/warren-test-client-XXXXXX");
   if (mkdtemp (tmpdir) == NULL)
     {

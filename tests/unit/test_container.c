@@ -138,14 +138,17 @@ run (int fd, struct out *o, int timeout_ms, const char *const *argv)
     }
 }
 
-#define RUN(fd, o, ...) run ((fd), (o), 20000, (const char *const[]){ __VA_ARGS__, NULL })
+/* Command timeouts and waits only catch a hang: CI is a loaded 2-core VM
+ * (under ASan too), where a short command can take seconds. */
+#define WAIT_MS 60000
+#define RUN(fd, o, ...) run ((fd), (o), WAIT_MS, (const char *const[]){ __VA_ARGS__, NULL })
 
 static int
 read_hello (int fd)
 {
   struct wr_frame f;
   uint8_t *p = NULL;
-  int r = read_frame (fd, &f, &p, 10000);
+  int r = read_frame (fd, &f, &p, WAIT_MS);
   if (r < 0)
     return r;
   r = f.type == WR_MSG_HELLO && f.stream == 0 && strstr ((char *)p, "\"version\"") ? 0 : -EPROTO;
@@ -327,7 +330,7 @@ test_main_sandbox (void)
 
   /* pids: a fork bomb stops at pids.max */
   RUN (c.agent_fd, &o, "/bin/sh", "-c",
-       "i=0; while [ $i -lt 200 ]; do sleep 30 & i=$((i+1)); done 2>/dev/null; echo started");
+       "i=0; while [ $i -lt 200 ]; do sleep 1000 & i=$((i+1)); done 2>/dev/null; echo started");
   struct wr_container_stats st;
   r = wr_container_stats (rt, &c, &st, &err);
   TAP_OK (r == 0 && st.pids > 0 && st.pids <= 64, "fork bomb contained: %llu pids",
