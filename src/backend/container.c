@@ -21,6 +21,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 
@@ -47,7 +48,71 @@ static const char *const proc_masks[] = {
   "proc/sched_debug", "proc/sysrq-trigger", "proc/latency_stats",
 };
 
-static const char *const dev_nodes[] = { "null", "zero", "full", "random", "urandom", "tty" };
+static const struct
+{
+  const char *name;
+  unsigned major, minor;
+} dev_nodes[] = {
+  { "null", 1, 3 },   { "zero", 1, 5 },    { "full", 1, 7 },
+  { "random", 1, 8 }, { "urandom", 1, 9 }, { "tty", 5, 0 },
+};
+
+/* The sandbox's device nodes come from a detached tmpfs that host root makes
+ * once per process (a tmpfs mounted in the sandbox's user namespace cannot
+ * hold usable devices). Binds of the host's devtmpfs would show its mount
+ * options, sized from the host's memory, in the sandbox's mountinfo. The
+ * child clones single nodes out of it (open_tree of a detached mount);
+ * without it, or where the kernel refuses that clone (EINVAL), it binds the
+ * host's nodes. Read by the CLONE_VM child: set before the first clone,
+ * never changed after. */
+static int dev_template_fd = -1;
+static pthread_once_t dev_template_once = PTHREAD_ONCE_INIT;
+
+static void
+dev_template_make (void)
+{
+  _cleanup_close_ int fs = (int)syscall (__NR_fsopen, "tmpfs", FSOPEN_CLOEXEC);
+  if (fs < 0 || syscall (__NR_fsconfig, fs, FSCONFIG_SET_STRING, "size", "4k", 0) < 0
+      || syscall (__NR_fsconfig, fs, FSCONFIG_SET_STRING, "nr_inodes", "16", 0) < 0
+      || syscall (__NR_fsconfig, fs, FSCONFIG_SET_STRING, "mode", "0755", 0) < 0
+      || syscall (__NR_fsconfig, fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
+    return;
+  _cleanup_close_ int m
+      = (int)syscall (__NR_fsmount, fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC);
+  if (m < 0)
+    return;
+  for (size_t i = 0; i < WR_ARRAY_SIZE (dev_nodes); i++)
+    if (mknodat (m, dev_nodes[i].name, S_IFCHR | 0666,
+                 makedev (dev_nodes[i].major, dev_nodes[i].minor))
+            < 0
+        || fchmodat (m, dev_nodes[i].name, 0666, 0) < 0)
+      return;
+  dev_template_fd = TAKE_FD (m);
+}
+
+/* Mount device node `name` of the template (or the host's) on dst. */
+static long
+c_dev_node (const char *name, const char *dst)
+{
+  if (dev_template_fd >= 0)
+    {
+      long t = wr_raw3 (__NR_open_tree, dev_template_fd, name, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+      if (t >= 0)
+        {
+          long r = wr_raw5 (__NR_move_mount, t, "", AT_FDCWD, dst, MOVE_MOUNT_F_EMPTY_PATH);
+          wr_raw1 (__NR_close, t);
+          return r;
+        }
+      if (t != -EINVAL)
+        return t;
+    }
+  char src[32] = "/dev/";
+  size_t len = strlen (name);
+  if (len > sizeof src - 6)
+    return -ENAMETOOLONG;
+  memcpy (src + 5, name, len + 1);
+  return wr_raw5 (__NR_mount, src, dst, NULL, MS_BIND, NULL);
+}
 
 enum child_step
 {
@@ -221,30 +286,9 @@ child_main (void *arg)
                             MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH));
   TRY (ST_OVERLAY, wr_raw1 (__NR_fchdir, om));
 
-  /* fds: 3 = listen, 4 = conn, 5 = agent binary (cloexec), 6 = error pipe */
-  long l = wr_raw3 (__NR_fcntl, c->listen_fd, F_DUPFD_CLOEXEC, 16);
-  long k = wr_raw3 (__NR_fcntl, c->conn_fd, F_DUPFD_CLOEXEC, 16);
-  long a = wr_raw3 (__NR_fcntl, c->agent_fd, F_DUPFD_CLOEXEC, 16);
-  long e = wr_raw3 (__NR_fcntl, err_fd, F_DUPFD_CLOEXEC, 16);
-  long up = wr_raw3 (__NR_fcntl, u, F_DUPFD_CLOEXEC, 16);
-  if (l < 0 || k < 0 || a < 0 || e < 0 || up < 0)
-    return child_fail (err_fd, ST_FDS, -EMFILE);
-  TRY (ST_FDS, wr_raw3 (__NR_dup3, e, 6, O_CLOEXEC));
-  err_fd = 6;
-  TRY (ST_FDS, wr_raw3 (__NR_dup3, l, 3, 0));
-  TRY (ST_FDS, wr_raw3 (__NR_dup3, k, 4, 0));
-  TRY (ST_FDS, wr_raw3 (__NR_dup3, a, 5, O_CLOEXEC));
-  /* 7 = the upper dir (O_PATH), kept by the agent (--keep-fd) so the daemon
-   * can reach this detached tmpfs with pidfd_getfd to pack the sandbox */
-  TRY (ST_FDS, wr_raw3 (__NR_dup3, up, WR_AGENT_UPPER_FD, 0));
-  TRY (ST_FDS, wr_raw3 (__NR_close_range, WR_AGENT_UPPER_FD + 1, ~0U, 0));
-  long nul = wr_raw3 (__NR_openat, AT_FDCWD, "/dev/null", O_RDWR);
-  TRY (ST_FDS, nul);
-  for (int i = 0; i < 3; i++)
-    TRY (ST_FDS, wr_raw3 (__NR_dup3, nul, i, 0));
-  wr_raw1 (__NR_close, nul);
+  /* /proc, /dev, /sys before the fds are arranged: the device nodes are
+   * cloned from dev_template_fd, which close_range would close */
   wr_raw1 (__NR_umask, 0);
-
   TRY (ST_PROC, c_mkdir ("proc", 0555));
   TRY (ST_PROC, c_mount ("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL));
   TRY (ST_PROC, c_mount ("proc/sys", "proc/sys", NULL, MS_BIND, NULL));
@@ -253,7 +297,7 @@ child_main (void *arg)
                 MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL));
   for (size_t i = 0; i < WR_ARRAY_SIZE (proc_masks); i++)
     {
-      long r = c_mount ("/dev/null", proc_masks[i], NULL, MS_BIND, NULL);
+      long r = c_dev_node ("null", proc_masks[i]);
       if (r < 0 && r != -ENOENT)
         return child_fail (err_fd, ST_PROC, r);
     }
@@ -262,14 +306,13 @@ child_main (void *arg)
   TRY (ST_DEV,
        c_mount ("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=64k,nr_inodes=64"));
   {
-    char path[32] = "dev/", src[32] = "/dev/";
+    char path[32] = "dev/";
     for (size_t i = 0; i < WR_ARRAY_SIZE (dev_nodes); i++)
       {
-        size_t len = strlen (dev_nodes[i]);
-        memcpy (path + 4, dev_nodes[i], len + 1);
-        memcpy (src + 5, dev_nodes[i], len + 1);
+        size_t len = strlen (dev_nodes[i].name);
+        memcpy (path + 4, dev_nodes[i].name, len + 1);
         TRY (ST_DEV, wr_raw4 (__NR_mknodat, AT_FDCWD, path, S_IFREG | 0666, 0));
-        TRY (ST_DEV, c_mount (src, path, NULL, MS_BIND, NULL));
+        TRY (ST_DEV, c_dev_node (dev_nodes[i].name, path));
       }
   }
   TRY (ST_DEV, wr_raw3 (__NR_mkdirat, AT_FDCWD, "dev/pts", 0755));
@@ -301,6 +344,30 @@ child_main (void *arg)
     if (r < 0 && r != -EEXIST)
       return child_fail (err_fd, ST_SYS, r);
   }
+
+  /* fds: 3 = listen, 4 = conn, 5 = agent binary (cloexec), 6 = error pipe */
+  long l = wr_raw3 (__NR_fcntl, c->listen_fd, F_DUPFD_CLOEXEC, 16);
+  long k = wr_raw3 (__NR_fcntl, c->conn_fd, F_DUPFD_CLOEXEC, 16);
+  long a = wr_raw3 (__NR_fcntl, c->agent_fd, F_DUPFD_CLOEXEC, 16);
+  long e = wr_raw3 (__NR_fcntl, err_fd, F_DUPFD_CLOEXEC, 16);
+  long up = wr_raw3 (__NR_fcntl, u, F_DUPFD_CLOEXEC, 16);
+  if (l < 0 || k < 0 || a < 0 || e < 0 || up < 0)
+    return child_fail (err_fd, ST_FDS, -EMFILE);
+  TRY (ST_FDS, wr_raw3 (__NR_dup3, e, 6, O_CLOEXEC));
+  err_fd = 6;
+  TRY (ST_FDS, wr_raw3 (__NR_dup3, l, 3, 0));
+  TRY (ST_FDS, wr_raw3 (__NR_dup3, k, 4, 0));
+  TRY (ST_FDS, wr_raw3 (__NR_dup3, a, 5, O_CLOEXEC));
+  /* 7 = the upper dir (O_PATH), kept by the agent (--keep-fd) so the daemon
+   * can reach this detached tmpfs with pidfd_getfd to pack the sandbox */
+  TRY (ST_FDS, wr_raw3 (__NR_dup3, up, WR_AGENT_UPPER_FD, 0));
+  TRY (ST_FDS, wr_raw3 (__NR_close_range, WR_AGENT_UPPER_FD + 1, ~0U, 0));
+  long nul = wr_raw3 (__NR_openat, AT_FDCWD, "/dev/null", O_RDWR);
+  TRY (ST_FDS, nul);
+  for (int i = 0; i < 3; i++)
+    TRY (ST_FDS, wr_raw3 (__NR_dup3, nul, i, 0));
+  wr_raw1 (__NR_close, nul);
+  wr_raw1 (__NR_umask, 0);
 
   if (!c->net_host)
     {
@@ -667,6 +734,7 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
       ca.cgroup = (uint64_t)cgs.v2_fd;
     }
 
+  pthread_once (&dev_template_once, dev_template_make);
   sigset_t all, old;
   sigfillset (&all);
   int slot = wr_stack_acquire (rt);

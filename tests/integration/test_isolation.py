@@ -188,12 +188,19 @@ def test_mountinfo_shows_no_host_paths(daemon, api):
         sid = api.create(**kw)
         try:
             text = sh(api, sid, "cat /proc/self/mountinfo /proc/1/mountinfo")["stdout"]
+            devs = sh(api, sid, "echo x > /dev/null && head -c 4 /dev/zero | wc -c && "
+                                "head -c 4 /dev/urandom | wc -c && cat /proc/keys | wc -c && "
+                                "echo x > /dev/full; echo rc=$?")["stdout"].split()
+            assert devs == ["4", "4", "0", "rc=1"], devs
         finally:
             api.delete(sid)
         assert "overlay" in text, text
         root = os.path.realpath(daemon.root)
         for leak in (daemon.root, root, "/idmap/", "/layers/", os.path.basename(root)):
             assert leak not in text, (kw, leak, text)
+        # device nodes are not binds of the host's devtmpfs, whose options are
+        # sized from the host's memory
+        assert "devtmpfs" not in text, (kw, text)
         # every path-valued overlay option is a name without host meaning
         for line in text.splitlines():
             if " - overlay " not in line:
