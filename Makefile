@@ -26,13 +26,16 @@ DAEMON_SRC := $(filter-out src/daemon/main.c,$(wildcard src/daemon/*.c))
 LIB_SRC := $(wildcard src/lib/*.c)
 CLI_SRC := $(wildcard src/cli/*.c)
 UNIT_SRC := $(wildcard tests/unit/*.c)
+# cluster mode (docs/cluster.md): the etcd client is linked into warrend and warren-gateway
+CLUSTER_SRC := $(wildcard src/cluster/*.c)
+GATEWAY_SRC := $(wildcard src/gateway/*.c)
 
 obj = $(patsubst %.c,$(B)/obj/%.o,$(1))
 COMMON_OBJ := $(call obj,$(COMMON_SRC))
-CORE_OBJ := $(COMMON_OBJ) $(call obj,$(BACKEND_SRC) $(IMAGE_SRC) $(DAEMON_SRC))
+CORE_OBJ := $(COMMON_OBJ) $(call obj,$(BACKEND_SRC) $(IMAGE_SRC) $(DAEMON_SRC) $(CLUSTER_SRC))
 LIB_OBJ := $(call obj,$(LIB_SRC)) $(COMMON_OBJ)
 
-BINS := $(B)/bin/warrend $(B)/bin/warren $(B)/bin/warren-agent
+BINS := $(B)/bin/warrend $(B)/bin/warren $(B)/bin/warren-agent $(B)/bin/warren-gateway
 LIBS := $(B)/lib/libwarren.a $(B)/lib/libwarren.so $(B)/lib/pkgconfig/warren.pc
 UNIT_BINS := $(patsubst tests/unit/%.c,$(B)/tests/%,$(UNIT_SRC))
 
@@ -75,6 +78,11 @@ $(B)/lib/pkgconfig/warren.pc: warren.pc.in
 $(B)/bin/warren: $(call obj,$(CLI_SRC)) $(B)/lib/libwarren.a
 	@mkdir -p $(dir $@)
 	$(CC) $(SANFLAGS) -o $@ $^ -ljansson -lm
+
+# The cluster gateway: no root, no sandboxes; libevent, jansson and the etcd client.
+$(B)/bin/warren-gateway: $(call obj,$(GATEWAY_SRC) $(CLUSTER_SRC) src/image/sha256.c) $(COMMON_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(SANFLAGS) -o $@ $^ -levent -levent_pthreads -ljansson -lpthread
 
 # Unit tests link the whole core (daemon pieces included) and the client library.
 $(B)/tests/%: $(B)/obj/tests/unit/%.o $(B)/lib/libwarren-core.a $(B)/lib/libwarren.a

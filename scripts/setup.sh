@@ -8,7 +8,7 @@ PKGS=(
   erofs-utils e2fsprogs busybox-static tar gzip zstd util-linux iproute2 procps
   python3 python3-pytest python3-pytest-timeout python3-pip python3-setuptools python3-venv
   crun bubblewrap clang-format clang libclang-rt-14-dev
-  docker-registry debootstrap
+  docker-registry debootstrap etcd-server
   qemu-system-x86 qemu-utils seabios cpio fdisk extlinux syslinux-common
 )
 missing=()

@@ -97,6 +97,21 @@ static const struct help helps[] = {
   { "pool set", "Usage: warren pool set IMAGE N\nKeep N ready sandboxes of IMAGE.\n" },
   { "health", "Usage: warren health [--json]\nCheck the daemon; exit 0 when it reports ok.\n" },
   { "metrics", "Usage: warren metrics\nPrint the daemon's Prometheus metrics.\n" },
+  /* cluster verbs (cmd_cluster.c), answered by a warren-gateway */
+  { "node", "Usage: warren node ls [--json] | drain NAME | undrain NAME\n"
+            "Cluster nodes, through a gateway (docs/cluster.md).\n" },
+  { "node ls", "Usage: warren node ls [--json]\n"
+               "List nodes: NAME STATE ADDRESS SANDBOXES FREE_MB LABELS.\n" },
+  { "node drain", "Usage: warren node drain NAME\n"
+                  "No new sandboxes are placed on NAME; its sandboxes keep running.\n" },
+  { "node undrain", "Usage: warren node undrain NAME\nPlace sandboxes on NAME again.\n" },
+  { "project", "Usage: warren project create NAME --max-sandboxes N [--max-memory MB]"
+               " [--priority P] [--json]\n" },
+  { "project create",
+    "Usage: warren project create NAME --max-sandboxes N [--max-memory MB] [--priority P]"
+    " [--json]\n"
+    "Create a project with a quota and print its token (shown once). Requests made with\n"
+    "that token count against the quota.\n" },
 };
 
 static const char main_usage[]
@@ -106,6 +121,7 @@ static const char main_usage[]
       "Functions:  call\n"
       "Images:     image import | ls | inspect | rm | tag | pull | build | gc\n"
       "Node:       pool ls | set, health, metrics, bench\n"
+      "Cluster:    node ls | drain | undrain, project create (through a gateway)\n"
       "\n"
       "Options:\n"
       "  --host HOST        unix:/path/sock or http://host:port (env WARREN_HOST;\n"
@@ -421,6 +437,9 @@ read_token_file (const char *path)
   return tok;
 }
 
+int cmd_node (cli_t *cli, int argc, char **argv);    /* cmd_cluster.c */
+int cmd_project (cli_t *cli, int argc, char **argv); /* cmd_cluster.c */
+
 struct verb
 {
   const char *name;
@@ -444,7 +463,7 @@ static const struct verb verbs[] = {
   { "pack", cmd_pack },     { "exec", cmd_exec },     { "run", cmd_run },
   { "call", cmd_call },     { "cp", cmd_cp },         { "image", cmd_image },
   { "pool", cmd_pool },     { "health", cmd_health }, { "metrics", cmd_metrics },
-  { "bench", cmd_bench },
+  { "bench", cmd_bench },    { "node", cmd_node },     { "project", cmd_project },
 };
 
 int

@@ -15,6 +15,7 @@
 
 #include "common/util.h"
 #include "daemon/fncall.h"
+#include "daemon/cluster.h" /* cluster mode */
 
 static void
 usage (FILE *f)
@@ -27,7 +28,7 @@ usage (FILE *f)
       "               [--fncall-queue N] [--fncall-max-calls N] [--fncall-idle S]\n"
       "               [--fncall-zygote PATH] [--fncall-preload MOD,...]\n"
       "               [--max-connections N] [--http-header-timeout S] [--http-idle-timeout S]\n"
-      "               [--allow-host-paths]\n"
+      "               [--allow-host-paths]\n" WRD_CLUSTER_USAGE
       "Runs the Warren node daemon in the foreground; all state lives under DIR.\n"
       "Default listener: unix:DIR/warrend.sock (owner-only).\n");
 }
@@ -86,6 +87,7 @@ main (int argc, char **argv)
     { "http-header-timeout", required_argument, NULL, 'H' },
     { "http-idle-timeout", required_argument, NULL, 'I' },
     { "allow-host-paths", no_argument, NULL, 'A' },
+    WRD_CLUSTER_OPTIONS, /* cluster mode */
     { NULL, 0, NULL, 0 },
   };
   const char *fn_pools[64];
@@ -166,6 +168,16 @@ main (int argc, char **argv)
       case 'h':
         usage (stdout);
         return 0;
+      case WRD_OPT_CLUSTER ... WRD_OPT_LEASE_TTL: /* cluster mode */
+        {
+          wr_err_t cerr;
+          if (wrd_cluster_opt (c, optarg, &cerr) < 0)
+            {
+              fprintf (stderr, "warrend: %s\n", cerr.msg);
+              return 2;
+            }
+          break;
+        }
       default:
         usage (stderr);
         return 2;
@@ -258,6 +270,12 @@ main (int argc, char **argv)
         fprintf (stderr, "warrend: %s\n", err.msg);
         return 1;
       }
+  /* cluster mode: before pools fill, so every id carries the node name */
+  if (wrd_cluster_start (&d, &err) < 0)
+    {
+      fprintf (stderr, "warrend: cluster: %s\n", err.msg);
+      return 2;
+    }
   wrd_pools_load (&d, NULL);
   if (wrd_fncall_init (&d, &fcfg, &err) < 0)
     {
@@ -288,6 +306,7 @@ main (int argc, char **argv)
   fprintf (stderr, "warrend: serving %s (root %s, node %s)\n", listens[0], d.root, d.node);
   event_base_dispatch (d.base);
   d.stopping = true;
+  wrd_cluster_stop (&d); /* cluster mode: leave at once */
   wrd_http_free (&d);
   wrd_fncall_shutdown (&d);
   wrd_shutdown (&d);

@@ -15,6 +15,7 @@
 
 #include "common/util.h"
 #include "daemon/backends.h"
+#include "daemon/cluster.h" /* cluster mode: node-named ids */
 
 #define DEFAULT_MEMORY_MB 1024
 #define DEFAULT_DISK_MB 1024
@@ -403,7 +404,9 @@ build_prepare (struct wrd *d, json_t *spec, enum sb_state state, struct build **
   snprintf (sb->image, sizeof sb->image, "%s", json_string_value (json_object_get (spec, "image")));
   char rnd[13];
   wr_random_hex (rnd, 12);
-  snprintf (sb->id, sizeof sb->id, "%s%s", d->node, rnd);
+  /* cluster mode: "NAME-" + 12 hex, so a gateway routes by the id alone */
+  const char *node_prefix = wrd_cluster_id_prefix ();
+  snprintf (sb->id, sizeof sb->id, "%s%s", node_prefix ? node_prefix : d->node, rnd);
   sb->ops = wrd_backend_get (sb->backend);
   const char *dirs[WR_MAX_LAYERS];
   int r = resolve_layers (d, sb, spec, dirs, err);

@@ -1,0 +1,313 @@
+/* Node side of cluster mode (cluster.h, docs/cluster.md).
+ *
+ * The loop owns the sandbox table, so a 1 s timer on the loop snapshots the
+ * node's status into a string; a membership thread does all etcd I/O
+ * (blocking, with deadlines) and never touches the table. The thread keeps
+ * the lease alive every TTL/3 and writes the status when it changed, at most
+ * once per second, so a burst of creates costs etcd one write a second. */
+#include "daemon/cluster.h"
+
+#include <getopt.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cluster/etcd.h"
+#include "cluster/keys.h"
+#include "common/util.h"
+#include "daemon/backends.h"
+
+#define PUBLISH_MIN_MS 1000
+
+static struct
+{
+  const char *urls, *name, *advertise;
+  json_t *labels;
+  long ttl_s;
+  struct wrd *d;
+  struct wr_etcd *etcd;
+  char prefix[WR_NODE_NAME_MAX + 2];
+  bool enabled;
+  volatile bool stop;
+  pthread_t thread;
+  bool thread_started;
+  pthread_mutex_t mu;
+  char *status; /* latest snapshot, under mu */
+  unsigned long status_gen;
+  struct event *tick;
+  double started_at;
+} g = { .ttl_s = 10, .mu = PTHREAD_MUTEX_INITIALIZER };
+
+int
+wrd_cluster_opt (int opt, const char *arg, wr_err_t *err)
+{
+  switch (opt)
+    {
+    case WRD_OPT_CLUSTER:
+      g.urls = arg;
+      return 0;
+    case WRD_OPT_NODE_NAME:
+      g.name = arg;
+      return 0;
+    case WRD_OPT_ADVERTISE:
+      g.advertise = arg;
+      return 0;
+    case WRD_OPT_LEASE_TTL:
+      g.ttl_s = strtol (arg, NULL, 10);
+      if (g.ttl_s < 2 || g.ttl_s > 3600)
+        return wr_error (err, 0, WR_E_INVALID, "--lease-ttl wants 2..3600 seconds");
+      return 0;
+    case WRD_OPT_LABEL:
+      {
+        const char *eq = strchr (arg, '=');
+        if (eq == NULL || eq == arg)
+          return wr_error (err, 0, WR_E_INVALID, "--label wants K=V, got %.64s", arg);
+        if (g.labels == NULL)
+          g.labels = json_object ();
+        _cleanup_free_ char *k = strndup (arg, eq - arg);
+        json_t *v = json_string (eq + 1);
+        if (k == NULL || v == NULL || json_object_set_new (g.labels, k, v) < 0)
+          return wr_error (err, 0, WR_E_INVALID, "--label %.64s: not UTF-8", arg);
+        return 0;
+      }
+    }
+  return wr_error (err, 0, WR_E_INVALID, "unknown cluster option");
+}
+
+const char *
+wrd_cluster_id_prefix (void)
+{
+  return g.enabled ? g.prefix : NULL;
+}
+
+static void
+meminfo (long long *total_mb, long long *avail_mb)
+{
+  *total_mb = *avail_mb = 0;
+  _cleanup_fclose_ FILE *f = fopen ("/proc/meminfo", "re");
+  char line[256];
+  while (f && fgets (line, sizeof line, f))
+    {
+      long long kb;
+      if (sscanf (line, "MemTotal: %lld kB", &kb) == 1)
+        *total_mb = kb / 1024;
+      else if (sscanf (line, "MemAvailable: %lld kB", &kb) == 1)
+        *avail_mb = kb / 1024;
+    }
+}
+
+static json_t *
+status_json (struct wrd *d)
+{
+  long long total, avail;
+  meminfo (&total, &avail);
+  json_t *backends = json_array ();
+  static const char *const names[] = { "container", "fncall", "microvm", "vm" };
+  for (size_t i = 0; i < WR_ARRAY_SIZE (names); i++)
+    if (strcmp (names[i], "fncall") == 0 ? d->fncall != NULL : wrd_backend_get (names[i]) != NULL)
+      json_array_append_new (backends, json_string (names[i]));
+  json_t *projects = json_object ();
+  json_int_t n = 0, mem = 0;
+  for (size_t i = 0; i < d->table_size; i++)
+    for (struct sandbox *s = d->table[i]; s; s = s->hnext)
+      {
+        if (s->state == SB_POOLED || s->state == SB_DESTROYING)
+          continue;
+        json_int_t m = json_integer_value (json_object_get (s->spec, "memory_mb"));
+        n++;
+        mem += m;
+        const char *p = json_string_value (
+            json_object_get (json_object_get (s->spec, "labels"), WR_LABEL_PROJECT));
+        if (p == NULL)
+          continue;
+        json_t *pj = json_object_get (projects, p);
+        if (pj == NULL)
+          json_object_set_new (
+              projects, p,
+              pj = json_pack ("{s:I,s:I}", "sandboxes", (json_int_t)0, "memory_mb", (json_int_t)0));
+        json_object_set_new (
+            pj, "sandboxes",
+            json_integer (json_integer_value (json_object_get (pj, "sandboxes")) + 1));
+        json_object_set_new (
+            pj, "memory_mb",
+            json_integer (json_integer_value (json_object_get (pj, "memory_mb")) + m));
+      }
+  return json_pack ("{s:s,s:s,s:O,s:o,s:I,s:I,s:I,s:I,s:I,s:o,s:f,s:s}", "name", g.name, "address",
+                    g.advertise, "labels", g.labels, "backends", backends, "sandboxes", n,
+                    "memory_reserved_mb", mem, "memory_total_mb", (json_int_t)total,
+                    "memory_free_mb", (json_int_t)avail, "cpus",
+                    (json_int_t)sysconf (_SC_NPROCESSORS_ONLN), "projects", projects, "started_at",
+                    g.started_at, "version", "0.1.0");
+}
+
+static void
+snapshot (struct wrd *d)
+{
+  json_t *j = status_json (d);
+  char *text = json_dumps (j, JSON_COMPACT | JSON_SORT_KEYS);
+  json_decref (j);
+  if (text == NULL)
+    return;
+  pthread_mutex_lock (&g.mu);
+  if (g.status && strcmp (g.status, text) == 0)
+    free (text);
+  else
+    {
+      free (g.status);
+      g.status = text;
+      g.status_gen++;
+    }
+  pthread_mutex_unlock (&g.mu);
+}
+
+static void
+tick_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
+{
+  snapshot (arg);
+}
+
+/* Register (grant a lease, write the node key under it); 0 or < 0. */
+static int
+register_node (int64_t *lease, unsigned long *gen, wr_err_t *err)
+{
+  int r = wr_etcd_lease_grant (g.etcd, g.ttl_s, lease, err);
+  if (r < 0)
+    return r;
+  char key[128];
+  snprintf (key, sizeof key, "%s%s", WR_KEY_NODES, g.name);
+  pthread_mutex_lock (&g.mu);
+  _cleanup_free_ char *text = strdup (g.status);
+  *gen = g.status_gen;
+  pthread_mutex_unlock (&g.mu);
+  r = wr_etcd_put (g.etcd, key, text, *lease, err);
+  if (r < 0)
+    *lease = 0;
+  return r;
+}
+
+static void *
+membership_main (void *arg WR_UNUSED)
+{
+  int64_t lease = 0;
+  unsigned long published = 0;
+  uint64_t next_keepalive = 0, last_put = 0;
+  bool complained = false;
+  char key[128];
+  snprintf (key, sizeof key, "%s%s", WR_KEY_NODES, g.name);
+  while (!g.stop)
+    {
+      wr_err_t err;
+      uint64_t now = wr_now_ms ();
+      if (lease == 0)
+        {
+          if (register_node (&lease, &published, &err) < 0)
+            {
+              if (!complained)
+                fprintf (stderr, "warrend: cluster: registering %s: %s (retrying)\n", g.name,
+                         err.msg);
+              complained = true;
+              usleep (500 * 1000);
+              continue;
+            }
+          fprintf (stderr, "warrend: cluster: registered as %s (lease %llx, ttl %lds)\n", g.name,
+                   (unsigned long long)lease, g.ttl_s);
+          complained = false;
+          last_put = now;
+          next_keepalive = now + (uint64_t)g.ttl_s * 1000 / 3;
+        }
+      if (now >= next_keepalive)
+        {
+          int64_t ttl = 0;
+          if (wr_etcd_lease_keepalive (g.etcd, lease, &ttl, &err) < 0)
+            {
+              /* etcd unreachable: keep trying until the lease would be gone */
+              if (!complained)
+                fprintf (stderr, "warrend: cluster: keepalive: %s\n", err.msg);
+              complained = true;
+              next_keepalive = now + 500;
+            }
+          else if (ttl <= 0)
+            {
+              fprintf (stderr, "warrend: cluster: lease expired, registering again\n");
+              lease = 0;
+              continue;
+            }
+          else
+            {
+              complained = false;
+              next_keepalive = now + (uint64_t)g.ttl_s * 1000 / 3;
+            }
+        }
+      pthread_mutex_lock (&g.mu);
+      bool changed = g.status_gen != published;
+      unsigned long gen = g.status_gen;
+      _cleanup_free_ char *text = changed ? strdup (g.status) : NULL;
+      pthread_mutex_unlock (&g.mu);
+      if (changed && text && now - last_put >= PUBLISH_MIN_MS)
+        {
+          if (wr_etcd_put (g.etcd, key, text, lease, &err) == 0)
+            published = gen;
+          else if (strcmp (err.code, WR_E_NOT_FOUND) == 0)
+            lease = 0; /* "lease not found": it expired while we could not reach etcd */
+          last_put = now;
+        }
+      usleep (100 * 1000);
+    }
+  if (lease)
+    wr_etcd_lease_revoke (g.etcd, lease, NULL);
+  return NULL;
+}
+
+int
+wrd_cluster_start (struct wrd *d, wr_err_t *err)
+{
+  if (g.urls == NULL)
+    {
+      if (g.name || g.advertise || g.labels)
+        return wr_error (err, 0, WR_E_INVALID,
+                         "--node-name, --advertise and --label need --cluster");
+      return 0;
+    }
+  if (!wr_node_name_valid (g.name))
+    return wr_error (err, 0, WR_E_INVALID,
+                     "--node-name wants [a-z0-9-]{1,%d} (no leading or trailing '-')",
+                     WR_NODE_NAME_MAX);
+  if (g.advertise == NULL || strncmp (g.advertise, "http://", 7) != 0)
+    return wr_error (err, 0, WR_E_INVALID, "--cluster needs --advertise http://ADDR:PORT");
+  if (g.labels == NULL)
+    g.labels = json_object ();
+  int r = wr_etcd_new (g.urls, 3000, &g.etcd, err);
+  if (r < 0)
+    return r;
+  g.d = d;
+  g.started_at = (double)time (NULL);
+  snprintf (g.prefix, sizeof g.prefix, "%s-", g.name);
+  g.enabled = true;
+  snapshot (d);
+  g.tick = event_new (d->base, -1, EV_PERSIST, tick_cb, d);
+  struct timeval tv = { 1, 0 };
+  event_add (g.tick, &tv);
+  if (pthread_create (&g.thread, NULL, membership_main, NULL) != 0)
+    return wr_error (err, errno, WR_E_INTERNAL, "cluster thread");
+  g.thread_started = true;
+  return 0;
+}
+
+void
+wrd_cluster_stop (struct wrd *d WR_UNUSED)
+{
+  if (!g.enabled)
+    return;
+  g.stop = true;
+  if (g.thread_started)
+    pthread_join (g.thread, NULL);
+  if (g.tick)
+    event_free (g.tick);
+  wr_etcd_free (g.etcd);
+  json_decref (g.labels);
+  free (g.status);
+  g.enabled = false;
+}

@@ -1,0 +1,117 @@
+/* warren-gateway internals (docs/cluster.md): one libevent loop serving the
+ * node API, a watch thread mirroring the cluster's state from etcd, and
+ * short-lived threads for the rare quota reservations. */
+#ifndef WRG_GATEWAY_H
+#define WRG_GATEWAY_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <jansson.h>
+#include <event2/event.h>
+#include <event2/http.h>
+
+#include "cluster/etcd.h"
+#include "cluster/keys.h"
+#include "common/err.h"
+
+#define GW_MAX_NODES 4096
+#define GW_IDLE_MAX 64
+
+struct gw_node
+{
+  char name[WR_NODE_NAME_MAX + 1];
+  /* written by the watch thread, under gw.mu */
+  bool present; /* registered (its lease is alive) */
+  bool drained;
+  json_t *status; /* the node's last published status */
+  char host[256];
+  int port;
+  unsigned long gen; /* bumped when status changes */
+  /* loop only */
+  unsigned long seen_gen;
+  unsigned pending; /* placements sent here since its last status */
+  char conn_host[256];
+  int conn_port;
+  struct evhttp_connection *idle[GW_IDLE_MAX];
+  size_t n_idle;
+};
+
+struct gw_project
+{
+  char name[65];
+  char token_sha256[65];
+  long long max_sandboxes, max_memory_mb; /* 0 = unlimited memory */
+  int priority;
+  bool present;
+  /* loop only: slots reserved in etcd and not yet used by this gateway */
+  long long free_sb, free_mem;
+  bool reserving;
+  struct create_ctx *waiters, **waiters_tail;
+};
+
+struct gw
+{
+  struct event_base *base;
+  struct evhttp *http;
+  char token[256], node_token[256];
+  struct wr_etcd *etcd;
+  long long chunk; /* quota slots reserved per etcd transaction */
+  pthread_mutex_t mu;
+  struct gw_node *nodes[GW_MAX_NODES];
+  size_t n_nodes;
+  struct gw_project *projects[1024];
+  size_t n_projects;
+  bool synced; /* the first full read of etcd is done */
+  volatile bool stop;
+  pthread_t watch_thread;
+};
+
+/* nodes.c */
+int gw_watch_start (struct gw *g, wr_err_t *err);
+void gw_watch_stop (struct gw *g);
+/* Under g->mu. */
+struct gw_node *gw_node_find (struct gw *g, const char *name);
+struct gw_project *gw_project_find (struct gw *g, const char *name);
+struct gw_project *gw_project_by_token (struct gw *g, const char *token);
+/* Placement: a node for a create (backend, memory, labels), NULL when none
+ * fits; exclude is a node that just failed (may be NULL). Loop only. */
+struct gw_node *gw_place (struct gw *g, const char *backend, long long memory_mb,
+                          const json_t *want_labels, const struct gw_node *exclude);
+json_t *gw_nodes_json (struct gw *g);
+
+/* proxy.c */
+/* A buffered answer from a node: status 0 when the node could not be
+ * reached (then body is NULL). The hook owns the reply to the client. */
+struct fwd;
+typedef void (*gw_fwd_hook) (struct gw *g, struct evhttp_request *client, int status,
+                             struct evbuffer *body, void *ud);
+/* Forward client's request (method, uri, body moved out of the client's
+ * input buffer unless body is given) to node n. Without a hook the answer
+ * is relayed as it comes (NDJSON streams chunk by chunk). */
+void gw_forward (struct gw *g, struct gw_node *n, struct evhttp_request *client,
+                 enum evhttp_cmd_type method, const char *uri, struct evbuffer *body,
+                 gw_fwd_hook hook, void *ud);
+void gw_nodes_free_conns (struct gw *g);
+
+/* http.c (routes) */
+int gw_http_listen (struct gw *g, const char *spec, wr_err_t *err);
+void gw_reply_json (struct evhttp_request *req, int status, json_t *j);
+void gw_reply_error (struct evhttp_request *req, int status, const char *code, const char *fmt, ...)
+    __attribute__ ((format (printf, 4, 5)));
+
+/* quota.c */
+struct create_ctx;
+/* Take one sandbox of memory_mb from p's local reservation, reserving a
+ * new chunk in etcd when it runs out; then cb(ok). */
+typedef void (*gw_quota_cb) (struct gw *g, bool ok, const char *why, void *ud);
+void gw_quota_take (struct gw *g, struct gw_project *p, long long memory_mb, gw_quota_cb cb,
+                    void *ud);
+/* Give back a slot (create failed, sandbox deleted). */
+void gw_quota_put (struct gw *g, struct gw_project *p, long long memory_mb);
+/* POST /v1/projects */
+void gw_projects_create (struct gw *g, struct evhttp_request *req);
+/* Release every unused reservation (shutdown). */
+void gw_quota_release_all (struct gw *g);
+
+#endif

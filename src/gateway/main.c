@@ -1,0 +1,155 @@
+/* warren-gateway: a stateless front for a cluster of warrend nodes
+ * (docs/cluster.md). Run as many as you like. */
+#include "gateway/gateway.h"
+
+#include <fcntl.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <event2/thread.h>
+
+#include "common/util.h"
+
+static void
+usage (FILE *f)
+{
+  fprintf (f, "usage: warren-gateway --cluster http://H:P[,http://H:P...] --listen tcp:ADDR:PORT\n"
+              "                      --token-file F --node-token-file F2 [--quota-chunk N]\n"
+              "Serves the Warren API for a cluster: places creates on nodes, routes every\n"
+              "other sandbox request to the node named in its id. F holds the admin token\n"
+              "clients present; F2 the token the nodes' TCP listeners accept.\n");
+}
+
+static int
+read_token (const char *path, char *buf, size_t size)
+{
+  char *tok = NULL;
+  size_t len;
+  if (wr_read_file_at (AT_FDCWD, path, &tok, &len, 4096) < 0)
+    {
+      fprintf (stderr, "warren-gateway: cannot read token file %s: %m\n", path);
+      return -1;
+    }
+  while (len && (tok[len - 1] == '\n' || tok[len - 1] == '\r' || tok[len - 1] == ' '))
+    tok[--len] = '\0';
+  if (len < 16 || len >= size)
+    {
+      fprintf (stderr, "warren-gateway: token in %s must be 16..255 characters\n", path);
+      free (tok);
+      return -1;
+    }
+  snprintf (buf, size, "%s", tok);
+  explicit_bzero (tok, len);
+  free (tok);
+  return 0;
+}
+
+static void
+on_signal (evutil_socket_t sig, short what WR_UNUSED, void *arg)
+{
+  struct gw *g = arg;
+  fprintf (stderr, "warren-gateway: signal %d, shutting down\n", (int)sig);
+  event_base_loopbreak (g->base);
+}
+
+int
+main (int argc, char **argv)
+{
+  static struct gw g = { .chunk = 16, .mu = PTHREAD_MUTEX_INITIALIZER };
+  const char *urls = NULL, *token_file = NULL, *node_token_file = NULL;
+  const char *listens[8];
+  size_t n_listen = 0;
+  static const struct option opts[] = {
+    { "cluster", required_argument, NULL, 'c' },
+    { "listen", required_argument, NULL, 'l' },
+    { "token-file", required_argument, NULL, 't' },
+    { "node-token-file", required_argument, NULL, 'n' },
+    { "quota-chunk", required_argument, NULL, 'q' },
+    { "help", no_argument, NULL, 'h' },
+    { NULL, 0, NULL, 0 },
+  };
+  int c;
+  while ((c = getopt_long (argc, argv, "h", opts, NULL)) != -1)
+    switch (c)
+      {
+      case 'c':
+        urls = optarg;
+        break;
+      case 'l':
+        if (n_listen < WR_ARRAY_SIZE (listens))
+          listens[n_listen++] = optarg;
+        break;
+      case 't':
+        token_file = optarg;
+        break;
+      case 'n':
+        node_token_file = optarg;
+        break;
+      case 'q':
+        g.chunk = strtoll (optarg, NULL, 10);
+        if (g.chunk < 1 || g.chunk > 100000)
+          {
+            fprintf (stderr, "warren-gateway: --quota-chunk wants 1..100000\n");
+            return 2;
+          }
+        break;
+      case 'h':
+        usage (stdout);
+        return 0;
+      default:
+        usage (stderr);
+        return 2;
+      }
+  if (urls == NULL || n_listen == 0 || token_file == NULL || node_token_file == NULL)
+    {
+      usage (stderr);
+      return 2;
+    }
+  if (read_token (token_file, g.token, sizeof g.token) < 0
+      || read_token (node_token_file, g.node_token, sizeof g.node_token) < 0)
+    return 1;
+  wr_err_t err;
+  if (wr_etcd_new (urls, 3000, &g.etcd, &err) < 0)
+    {
+      fprintf (stderr, "warren-gateway: %s\n", err.msg);
+      return 2;
+    }
+  struct rlimit rl;
+  if (getrlimit (RLIMIT_NOFILE, &rl) == 0)
+    {
+      rl.rlim_cur = rl.rlim_max;
+      setrlimit (RLIMIT_NOFILE, &rl);
+    }
+  signal (SIGPIPE, SIG_IGN);
+  evthread_use_pthreads ();
+  g.base = event_base_new ();
+  for (size_t i = 0; i < n_listen; i++)
+    if (gw_http_listen (&g, listens[i], &err) < 0)
+      {
+        fprintf (stderr, "warren-gateway: %s\n", err.msg);
+        return 1;
+      }
+  if (gw_watch_start (&g, &err) < 0)
+    {
+      fprintf (stderr, "warren-gateway: %s\n", err.msg);
+      return 1;
+    }
+  struct event *sigint = evsignal_new (g.base, SIGINT, on_signal, &g);
+  struct event *sigterm = evsignal_new (g.base, SIGTERM, on_signal, &g);
+  evsignal_add (sigint, NULL);
+  evsignal_add (sigterm, NULL);
+  fprintf (stderr, "warren-gateway: serving %s (cluster %s)\n", listens[0], urls);
+  event_base_dispatch (g.base);
+  evhttp_free (g.http);
+  gw_watch_stop (&g);
+  gw_quota_release_all (&g);
+  gw_nodes_free_conns (&g);
+  event_free (sigint);
+  event_free (sigterm);
+  event_base_free (g.base);
+  wr_etcd_free (g.etcd);
+  return 0;
+}

@@ -1,0 +1,324 @@
+/* The gateway's view of the cluster: a thread reads everything under
+ * /warren/ once, then follows etcd's watch stream, so requests never ask
+ * etcd who the nodes are. Entries are never freed: a node whose lease is
+ * gone keeps its last address (routing of its ids then fails fast with
+ * node_lost instead of "not found"), a drained node keeps its flag. */
+#include "gateway/gateway.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "image/sha256.h"
+
+static uint64_t rng_state;
+
+static uint64_t
+rng (void)
+{
+  if (rng_state == 0 && getrandom (&rng_state, sizeof rng_state, 0) != sizeof rng_state)
+    rng_state = wr_now_ns () | 1;
+  rng_state ^= rng_state << 13;
+  rng_state ^= rng_state >> 7;
+  rng_state ^= rng_state << 17;
+  return rng_state;
+}
+
+struct gw_node *
+gw_node_find (struct gw *g, const char *name)
+{
+  for (size_t i = 0; i < g->n_nodes; i++)
+    if (strcmp (g->nodes[i]->name, name) == 0)
+      return g->nodes[i];
+  return NULL;
+}
+
+static struct gw_node *
+node_get (struct gw *g, const char *name)
+{
+  struct gw_node *n = gw_node_find (g, name);
+  if (n || !wr_node_name_valid (name) || g->n_nodes >= GW_MAX_NODES)
+    return n;
+  n = calloc (1, sizeof *n);
+  if (n == NULL)
+    return NULL;
+  snprintf (n->name, sizeof n->name, "%s", name);
+  g->nodes[g->n_nodes++] = n;
+  return n;
+}
+
+struct gw_project *
+gw_project_find (struct gw *g, const char *name)
+{
+  for (size_t i = 0; i < g->n_projects; i++)
+    if (strcmp (g->projects[i]->name, name) == 0)
+      return g->projects[i];
+  return NULL;
+}
+
+struct gw_project *
+gw_project_by_token (struct gw *g, const char *token)
+{
+  char hex[65];
+  wr_sha256_hex (token, strlen (token), hex);
+  for (size_t i = 0; i < g->n_projects; i++)
+    if (g->projects[i]->present && strcmp (g->projects[i]->token_sha256, hex) == 0)
+      return g->projects[i];
+  return NULL;
+}
+
+static void
+set_address (struct gw_node *n, const char *addr)
+{
+  n->host[0] = '\0';
+  n->port = 0;
+  if (addr == NULL || strncmp (addr, "http://", 7) != 0)
+    return;
+  snprintf (n->host, sizeof n->host, "%s", addr + 7);
+  char *slash = strchr (n->host, '/');
+  if (slash)
+    *slash = '\0';
+  char *colon = strrchr (n->host, ':');
+  if (colon)
+    {
+      *colon = '\0';
+      n->port = atoi (colon + 1);
+    }
+  else
+    n->port = 80;
+}
+
+/* One key changed (val NULL: deleted). Under g->mu. */
+static void
+apply (struct gw *g, const char *key, const char *val)
+{
+  if (strncmp (key, WR_KEY_NODES, strlen (WR_KEY_NODES)) == 0)
+    {
+      struct gw_node *n = node_get (g, key + strlen (WR_KEY_NODES));
+      if (n == NULL)
+        return;
+      if (val == NULL)
+        {
+          n->present = false;
+          n->gen++;
+          return;
+        }
+      json_t *j = json_loads (val, 0, NULL);
+      if (!json_is_object (j))
+        {
+          json_decref (j);
+          return;
+        }
+      json_decref (n->status);
+      n->status = j;
+      set_address (n, json_string_value (json_object_get (j, "address")));
+      n->present = true;
+      n->gen++;
+    }
+  else if (strncmp (key, WR_KEY_DRAIN, strlen (WR_KEY_DRAIN)) == 0)
+    {
+      struct gw_node *n = node_get (g, key + strlen (WR_KEY_DRAIN));
+      if (n)
+        n->drained = val != NULL;
+    }
+  else if (strncmp (key, WR_KEY_PROJECTS, strlen (WR_KEY_PROJECTS)) == 0)
+    {
+      const char *name = key + strlen (WR_KEY_PROJECTS);
+      struct gw_project *p = gw_project_find (g, name);
+      if (p == NULL)
+        {
+          if (val == NULL || !wr_project_name_valid (name)
+              || g->n_projects >= WR_ARRAY_SIZE (g->projects)
+              || (p = calloc (1, sizeof *p)) == NULL)
+            return;
+          snprintf (p->name, sizeof p->name, "%s", name);
+          p->waiters_tail = &p->waiters;
+          g->projects[g->n_projects++] = p;
+        }
+      json_t *j = val ? json_loads (val, 0, NULL) : NULL;
+      p->present = json_is_object (j);
+      if (p->present)
+        {
+          p->max_sandboxes = json_integer_value (json_object_get (j, "max_sandboxes"));
+          p->max_memory_mb = json_integer_value (json_object_get (j, "max_memory_mb"));
+          p->priority = (int)json_integer_value (json_object_get (j, "priority"));
+          snprintf (p->token_sha256, sizeof p->token_sha256, "%s",
+                    json_string_value (json_object_get (j, "token_sha256")) ?: "");
+        }
+      json_decref (j);
+    }
+}
+
+static int
+watch_cb (void *ud, const char *key, const char *val, int64_t rev WR_UNUSED)
+{
+  struct gw *g = ud;
+  pthread_mutex_lock (&g->mu);
+  apply (g, key, val);
+  pthread_mutex_unlock (&g->mu);
+  return g->stop ? 1 : 0;
+}
+
+static void *
+watch_main (void *arg)
+{
+  struct gw *g = arg;
+  bool complained = false;
+  while (!g->stop)
+    {
+      wr_err_t err;
+      json_t *kvs = NULL;
+      int64_t rev = 0;
+      if (wr_etcd_get_prefix (g->etcd, WR_KEY_ROOT, &kvs, &rev, &err) < 0)
+        {
+          if (!complained)
+            fprintf (stderr, "warren-gateway: reading cluster state: %s (retrying)\n", err.msg);
+          complained = true;
+          usleep (300 * 1000);
+          continue;
+        }
+      complained = false;
+      pthread_mutex_lock (&g->mu);
+      /* a full read replaces what a broken watch may have missed */
+      for (size_t i = 0; i < g->n_nodes; i++)
+        {
+          if (g->nodes[i]->present)
+            g->nodes[i]->gen++;
+          g->nodes[i]->present = g->nodes[i]->drained = false;
+        }
+      for (size_t i = 0; i < g->n_projects; i++)
+        g->projects[i]->present = false;
+      size_t i;
+      json_t *kv;
+      json_array_foreach (kvs, i, kv) apply (g, json_string_value (json_object_get (kv, "key")),
+                                             json_string_value (json_object_get (kv, "value")));
+      g->synced = true;
+      pthread_mutex_unlock (&g->mu);
+      json_decref (kvs);
+      if (wr_etcd_watch (g->etcd, WR_KEY_ROOT, rev + 1, watch_cb, g, &g->stop, &err) < 0
+          && !g->stop)
+        {
+          fprintf (stderr, "warren-gateway: %s; reading again\n", err.msg);
+          usleep (200 * 1000);
+        }
+    }
+  return NULL;
+}
+
+int
+gw_watch_start (struct gw *g, wr_err_t *err)
+{
+  if (pthread_create (&g->watch_thread, NULL, watch_main, g) != 0)
+    return wr_error (err, errno, WR_E_INTERNAL, "watch thread");
+  return 0;
+}
+
+void
+gw_watch_stop (struct gw *g)
+{
+  g->stop = true;
+  pthread_join (g->watch_thread, NULL);
+}
+
+static bool
+has_backend (const json_t *status, const char *backend)
+{
+  size_t i;
+  json_t *b;
+  json_array_foreach (json_object_get (status, "backends"), i,
+                      b) if (json_is_string (b)
+                             && strcmp (json_string_value (b), backend) == 0) return true;
+  return false;
+}
+
+static bool
+labels_match (const json_t *status, const json_t *want)
+{
+  const json_t *have = json_object_get (status, "labels");
+  const char *k;
+  json_t *v;
+  json_object_foreach ((json_t *)want, k, v)
+  {
+    json_t *h = json_object_get (have, k);
+    if (!json_is_string (h) || !json_is_string (v)
+        || strcmp (json_string_value (h), json_string_value (v)) != 0)
+      return false;
+  }
+  return true;
+}
+
+static long long
+load (struct gw_node *n)
+{
+  if (n->gen != n->seen_gen)
+    {
+      /* a fresh status counts what we placed before it was taken */
+      n->seen_gen = n->gen;
+      n->pending = 0;
+    }
+  return json_integer_value (json_object_get (n->status, "sandboxes")) + n->pending;
+}
+
+struct gw_node *
+gw_place (struct gw *g, const char *backend, long long memory_mb, const json_t *want_labels,
+          const struct gw_node *exclude)
+{
+  static struct gw_node *cands[GW_MAX_NODES];
+  size_t nc = 0;
+  pthread_mutex_lock (&g->mu);
+  for (size_t i = 0; i < g->n_nodes; i++)
+    {
+      struct gw_node *n = g->nodes[i];
+      if (!n->present || n->drained || n == exclude || n->port == 0
+          || !has_backend (n->status, backend)
+          || (want_labels && !labels_match (n->status, want_labels)))
+        continue;
+      long long free_mb = json_integer_value (json_object_get (n->status, "memory_free_mb"));
+      if (free_mb - (long long)n->pending * memory_mb < memory_mb)
+        continue;
+      cands[nc++] = n;
+    }
+  struct gw_node *pick = NULL;
+  if (nc == 1)
+    pick = cands[0];
+  else if (nc > 1)
+    {
+      /* power of two choices: two distinct random candidates, the less loaded wins */
+      size_t a = rng () % nc, b = rng () % (nc - 1);
+      if (b >= a)
+        b++;
+      long long la = load (cands[a]), lb = load (cands[b]);
+      pick = la <= lb ? cands[a] : cands[b];
+    }
+  if (pick)
+    {
+      load (pick);
+      pick->pending++;
+    }
+  pthread_mutex_unlock (&g->mu);
+  return pick;
+}
+
+json_t *
+gw_nodes_json (struct gw *g)
+{
+  json_t *a = json_array ();
+  pthread_mutex_lock (&g->mu);
+  for (size_t i = 0; i < g->n_nodes; i++)
+    {
+      struct gw_node *n = g->nodes[i];
+      if (n->status == NULL)
+        continue; /* a drain flag for a node never seen */
+      const char *state = !n->present ? "lost" : n->drained ? "drained" : "ready";
+      json_t *o = json_deep_copy (n->status);
+      json_object_set_new (o, "name", json_string (n->name));
+      json_object_set_new (o, "state", json_string (state));
+      json_object_set_new (o, "drained", json_boolean (n->drained));
+      json_array_append_new (a, o);
+    }
+  pthread_mutex_unlock (&g->mu);
+  return json_pack ("{s:o}", "nodes", a);
+}

@@ -1,0 +1,277 @@
+/* Forwarding to nodes with libevent's HTTP client. Each node has a small
+ * pool of keep-alive connections (an evhttp_connection runs one request at
+ * a time). A chunked answer (exec streams, image progress) is relayed chunk
+ * by chunk as it arrives; anything else is buffered and sent with its
+ * length. A client that goes away mid-request cancels the node request,
+ * which closes that connection: the node then kills a running command the
+ * same way it does for a direct client. */
+#include "gateway/gateway.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <event2/buffer.h>
+#include <event2/keyvalq_struct.h>
+
+#include "common/util.h"
+
+struct fwd
+{
+  struct gw *g;
+  struct gw_node *node;
+  struct evhttp_request *client;
+  struct evhttp_connection *client_conn;
+  struct evhttp_request *out;
+  struct evhttp_connection *conn;
+  struct evbuffer *body;
+  gw_fwd_hook hook;
+  void *ud;
+  bool streaming;
+  bool client_gone;
+  bool out_done;
+};
+
+static void
+conn_free_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
+{
+  evhttp_connection_free (arg);
+}
+
+/* Never free a connection from inside one of its own callbacks. */
+static void
+conn_release (struct gw *g, struct gw_node *n, struct evhttp_connection *c)
+{
+  if (n->n_idle < GW_IDLE_MAX && strcmp (n->conn_host, n->host) == 0 && n->conn_port == n->port)
+    n->idle[n->n_idle++] = c;
+  else
+    event_base_once (g->base, -1, EV_TIMEOUT, conn_free_cb, c, &(struct timeval){ 0, 0 });
+}
+
+static struct evhttp_connection *
+conn_get (struct gw *g, struct gw_node *n)
+{
+  pthread_mutex_lock (&g->mu);
+  char host[256];
+  snprintf (host, sizeof host, "%s", n->host);
+  int port = n->port;
+  pthread_mutex_unlock (&g->mu);
+  if (strcmp (host, n->conn_host) != 0 || port != n->conn_port)
+    {
+      /* the node came back elsewhere: old connections point at the wrong place */
+      while (n->n_idle)
+        event_base_once (g->base, -1, EV_TIMEOUT, conn_free_cb, n->idle[--n->n_idle],
+                         &(struct timeval){ 0, 0 });
+      snprintf (n->conn_host, sizeof n->conn_host, "%s", host);
+      n->conn_port = port;
+    }
+  if (n->n_idle)
+    return n->idle[--n->n_idle];
+  if (port <= 0)
+    return NULL;
+  struct evhttp_connection *c = evhttp_connection_base_new (g->base, NULL, host, (uint16_t)port);
+  if (c == NULL)
+    return NULL;
+  evhttp_connection_set_retries (c, 0);
+  /* execs may run for a day; a dead node is noticed by its connection
+   * closing, or by its lease expiring */
+  evhttp_connection_set_timeout (c, 2 * 86400);
+  return c;
+}
+
+void
+gw_nodes_free_conns (struct gw *g)
+{
+  for (size_t i = 0; i < g->n_nodes; i++)
+    while (g->nodes[i]->n_idle)
+      evhttp_connection_free (g->nodes[i]->idle[--g->nodes[i]->n_idle]);
+}
+
+static void
+fwd_free (struct fwd *f)
+{
+  if (f->client_conn && !f->client_gone)
+    evhttp_connection_set_closecb (f->client_conn, NULL, NULL);
+  if (f->body)
+    evbuffer_free (f->body);
+  free (f);
+}
+
+static void
+copy_header (struct evhttp_request *from, struct evhttp_request *to, const char *name)
+{
+  const char *v = evhttp_find_header (evhttp_request_get_input_headers (from), name);
+  if (v)
+    evhttp_add_header (evhttp_request_get_output_headers (to), name, v);
+}
+
+static void
+unreachable (struct fwd *f)
+{
+  if (f->hook)
+    {
+      f->hook (f->g, f->client, 0, NULL, f->ud);
+      return;
+    }
+  if (f->streaming)
+    {
+      /* the status line is gone already: end the stream with an error line */
+      struct evbuffer *b = evbuffer_new ();
+      evbuffer_add_printf (b,
+                           "{\"error\":{\"code\":\"unavailable\",\"message\":\"node %s: connection "
+                           "lost\"},\"infra_failure\":true}\n",
+                           f->node->name);
+      evhttp_send_reply_chunk (f->client, b);
+      evbuffer_free (b);
+      evhttp_send_reply_end (f->client);
+      return;
+    }
+  gw_reply_error (f->client, 503, "unavailable", "node %s (%s:%d) unreachable", f->node->name,
+                  f->node->conn_host, f->node->conn_port);
+}
+
+static void
+out_done (struct evhttp_request *out, void *arg)
+{
+  struct fwd *f = arg;
+  f->out_done = true;
+  if (f->client_gone)
+    return; /* client_closed_cb cancelled us and finishes */
+  int status = out ? evhttp_request_get_response_code (out) : 0;
+  conn_release (f->g, f->node, f->conn);
+  if (status == 0)
+    unreachable (f);
+  else if (f->streaming)
+    evhttp_send_reply_end (f->client);
+  else
+    {
+      struct evbuffer *in = evhttp_request_get_input_buffer (out);
+      evbuffer_add_buffer (f->body, in);
+      if (f->hook)
+        f->hook (f->g, f->client, status, f->body, f->ud);
+      else
+        {
+          copy_header (out, f->client, "Content-Type");
+          evhttp_send_reply (f->client, status, evhttp_request_get_response_code_line (out),
+                             f->body);
+        }
+    }
+  fwd_free (f);
+}
+
+static int
+out_header (struct evhttp_request *out, void *arg)
+{
+  struct fwd *f = arg;
+  if (f->client_gone || f->hook)
+    return 0;
+  const char *te = evhttp_find_header (evhttp_request_get_input_headers (out), "Transfer-Encoding");
+  if (te && strcasestr (te, "chunked"))
+    {
+      f->streaming = true;
+      copy_header (out, f->client, "Content-Type");
+      evhttp_send_reply_start (f->client, evhttp_request_get_response_code (out),
+                               evhttp_request_get_response_code_line (out));
+    }
+  return 0;
+}
+
+static void
+out_chunk (struct evhttp_request *out, void *arg)
+{
+  struct fwd *f = arg;
+  struct evbuffer *in = evhttp_request_get_input_buffer (out);
+  if (f->client_gone)
+    evbuffer_drain (in, evbuffer_get_length (in));
+  else if (f->streaming)
+    evhttp_send_reply_chunk (f->client, in);
+  else
+    evbuffer_add_buffer (f->body, in);
+}
+
+static void
+cancel_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
+{
+  struct fwd *f = arg;
+  if (!f->out_done)
+    {
+      /* resets the node connection: the node sees its client go away */
+      evhttp_cancel_request (f->out);
+      conn_release (f->g, f->node, f->conn);
+    }
+  else if (f->conn)
+    conn_release (f->g, f->node, f->conn);
+  /* the client request is detached from its dead connection; replying frees it */
+  if (f->streaming)
+    evhttp_send_reply_end (f->client);
+  else
+    evhttp_send_reply (f->client, 499, "Client Closed Request", NULL);
+  f->client_conn = NULL;
+  fwd_free (f);
+}
+
+static void
+client_closed (struct evhttp_connection *c WR_UNUSED, void *arg)
+{
+  struct fwd *f = arg;
+  if (f->client_gone || f->out_done)
+    return;
+  f->client_gone = true;
+  event_base_once (f->g->base, -1, EV_TIMEOUT, cancel_cb, f, &(struct timeval){ 0, 0 });
+}
+
+void
+gw_forward (struct gw *g, struct gw_node *n, struct evhttp_request *client,
+            enum evhttp_cmd_type method, const char *uri, struct evbuffer *body, gw_fwd_hook hook,
+            void *ud)
+{
+  struct fwd *f = calloc (1, sizeof *f);
+  struct evhttp_connection *conn = f ? conn_get (g, n) : NULL;
+  if (conn == NULL)
+    {
+      free (f);
+      if (body)
+        evbuffer_free (body);
+      if (hook)
+        hook (g, client, 0, NULL, ud);
+      else
+        gw_reply_error (client, 503, "unavailable", "node %s has no usable address", n->name);
+      return;
+    }
+  *f = (struct fwd){ .g = g, .node = n, .client = client, .conn = conn, .hook = hook, .ud = ud };
+  f->body = evbuffer_new ();
+  struct evhttp_request *out = evhttp_request_new (out_done, f);
+  f->out = out;
+  evhttp_request_set_header_cb (out, out_header);
+  evhttp_request_set_chunked_cb (out, out_chunk);
+  struct evkeyvalq *h = evhttp_request_get_output_headers (out);
+  char hostport[300], auth[300];
+  snprintf (hostport, sizeof hostport, "%s:%d", n->conn_host, n->conn_port);
+  snprintf (auth, sizeof auth, "Bearer %s", g->node_token);
+  evhttp_add_header (h, "Host", hostport);
+  evhttp_add_header (h, "Authorization", auth);
+  const char *ct = evhttp_find_header (evhttp_request_get_input_headers (client), "Content-Type");
+  if (ct)
+    evhttp_add_header (h, "Content-Type", ct);
+  struct evbuffer *ob = evhttp_request_get_output_buffer (out);
+  if (body)
+    {
+      evbuffer_add_buffer (ob, body);
+      evbuffer_free (body);
+    }
+  else
+    evbuffer_add_buffer (ob, evhttp_request_get_input_buffer (client));
+  if (hook == NULL)
+    {
+      f->client_conn = evhttp_request_get_connection (client);
+      if (f->client_conn)
+        evhttp_connection_set_closecb (f->client_conn, client_closed, f);
+    }
+  if (evhttp_make_request (conn, out, method, uri) < 0)
+    {
+      /* libevent freed out */
+      f->out_done = true;
+      conn_release (g, n, conn);
+      unreachable (f);
+      fwd_free (f);
+    }
+}

@@ -1,0 +1,374 @@
+/* Project quotas across racing gateways (docs/cluster.md, "Quotas").
+ *
+ * etcd holds one counter per project, /warren-quota/NAME =
+ * {"sandboxes": R, "memory_mb": M}: what all gateways together have
+ * reserved. A gateway reserves a chunk at once (compare-and-swap on the
+ * counter's mod_revision, so two gateways never both take the last slots)
+ * and hands slots out locally, so only one create in `chunk` pays an etcd
+ * round trip. Deletes give the slot back to the local reserve; a reserve
+ * above two chunks is returned to etcd. Live sandboxes <= R <= the quota
+ * at every instant, whatever the interleaving. */
+#include "gateway/gateway.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <event2/buffer.h>
+
+#include "common/util.h"
+#include "image/sha256.h"
+
+struct create_ctx; /* opaque here: waiters are kept in their own nodes */
+
+struct waiter
+{
+  long long mem;
+  gw_quota_cb cb;
+  void *ud;
+  struct waiter *next;
+};
+
+struct job
+{
+  struct gw *g;
+  struct gw_project *p;
+  char name[65];
+  long long max_sb, max_mem;
+  long long delta_sb, delta_mem; /* > 0 reserve, < 0 release */
+  long long min_sb, min_mem;     /* a reservation below this is useless */
+  long long got_sb, got_mem;
+  bool ok;
+  char why[300];
+  struct event *done;
+};
+
+/* the waiters list lives beside the project (gateway.h keeps it opaque) */
+static struct waiter *
+wq_head (struct gw_project *p)
+{
+  return (struct waiter *)p->waiters;
+}
+
+static void
+wq_set_head (struct gw_project *p, struct waiter *w)
+{
+  p->waiters = (struct create_ctx *)w;
+  if (w == NULL)
+    p->waiters_tail = &p->waiters;
+}
+
+static int
+quota_cas (struct gw *g, struct job *j, wr_err_t *err)
+{
+  char key[128];
+  snprintf (key, sizeof key, "%s%s", WR_KEY_QUOTA, j->name);
+  for (int attempt = 0; attempt < 50; attempt++)
+    {
+      _cleanup_free_ char *val = NULL;
+      int64_t rev = 0;
+      int r = wr_etcd_get (g->etcd, key, &val, &rev, err);
+      if (r < 0)
+        return r;
+      json_t *cur = val ? json_loads (val, 0, NULL) : NULL;
+      long long R = json_integer_value (json_object_get (cur, "sandboxes"));
+      long long M = json_integer_value (json_object_get (cur, "memory_mb"));
+      json_decref (cur);
+      long long dsb = j->delta_sb, dmem = j->delta_mem;
+      if (dsb > 0)
+        {
+          if (R + j->min_sb > j->max_sb)
+            return wr_error (err, 0, WR_E_EXHAUSTED, "project %s: quota of %lld sandboxes reached",
+                             j->name, j->max_sb);
+          if (R + dsb > j->max_sb)
+            dsb = j->max_sb - R;
+          if (j->max_mem > 0)
+            {
+              if (M + j->min_mem > j->max_mem)
+                return wr_error (err, 0, WR_E_EXHAUSTED, "project %s: quota of %lld MB reached",
+                                 j->name, j->max_mem);
+              if (M + dmem > j->max_mem)
+                dmem = j->max_mem - M;
+            }
+          else
+            dmem = 0;
+        }
+      else
+        {
+          /* never below zero, whatever a crashed peer left behind */
+          if (R + dsb < 0)
+            dsb = -R;
+          if (M + dmem < 0)
+            dmem = -M;
+        }
+      char text[128];
+      snprintf (text, sizeof text, "{\"sandboxes\":%lld,\"memory_mb\":%lld}", R + dsb, M + dmem);
+      r = wr_etcd_cas (g->etcd, key, rev, text, 0, err);
+      if (r < 0)
+        return r;
+      if (r == 1)
+        {
+          j->got_sb = dsb;
+          j->got_mem = dmem;
+          return 0;
+        }
+      /* another gateway got there first: read again */
+      usleep ((useconds_t)(200 + (wr_now_ns () % 800)));
+    }
+  return wr_error (err, 0, WR_E_UNAVAILABLE, "project %s: quota counter too contended", j->name);
+}
+
+static void *
+job_main (void *arg)
+{
+  struct job *j = arg;
+  wr_err_t err;
+  j->ok = quota_cas (j->g, j, &err) == 0;
+  if (!j->ok)
+    snprintf (j->why, sizeof j->why, "%s%s", err.msg,
+              strcmp (err.code, WR_E_EXHAUSTED) == 0 ? "" : " (control plane unavailable)");
+  event_active (j->done, EV_TIMEOUT, 0);
+  return NULL;
+}
+
+static void serve_waiters (struct gw *g, struct gw_project *p, const char *failure);
+static void start_job (struct gw *g, struct gw_project *p, long long dsb, long long dmem,
+                       long long min_sb, long long min_mem);
+
+static void
+job_done (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
+{
+  struct job *j = arg;
+  struct gw_project *p = j->p;
+  struct gw *g = j->g;
+  p->reserving = false;
+  if (j->ok)
+    {
+      p->free_sb += j->got_sb;
+      p->free_mem += j->got_mem;
+    }
+  else if (j->delta_sb < 0)
+    {
+      /* could not give it back: keep it, try again later */
+      p->free_sb -= j->delta_sb;
+      p->free_mem -= j->delta_mem;
+    }
+  bool reserving = j->delta_sb > 0;
+  char why[300];
+  snprintf (why, sizeof why, "%s", j->why);
+  event_free (j->done);
+  free (j);
+  serve_waiters (g, p, reserving && why[0] ? why : NULL);
+}
+
+static void
+start_job (struct gw *g, struct gw_project *p, long long dsb, long long dmem, long long min_sb,
+           long long min_mem)
+{
+  struct job *j = calloc (1, sizeof *j);
+  if (j == NULL)
+    return;
+  *j = (struct job){ .g = g,
+                     .p = p,
+                     .max_sb = p->max_sandboxes,
+                     .max_mem = p->max_memory_mb,
+                     .delta_sb = dsb,
+                     .delta_mem = dmem,
+                     .min_sb = min_sb,
+                     .min_mem = min_mem };
+  snprintf (j->name, sizeof j->name, "%s", p->name);
+  j->done = event_new (g->base, -1, 0, job_done, j);
+  if (dsb < 0)
+    {
+      p->free_sb += dsb;
+      p->free_mem += dmem;
+    }
+  p->reserving = true;
+  pthread_t t;
+  if (pthread_create (&t, NULL, job_main, j) != 0)
+    {
+      snprintf (j->why, sizeof j->why, "project %s: cannot start a reservation", p->name);
+      event_active (j->done, EV_TIMEOUT, 0);
+      return;
+    }
+  pthread_detach (t);
+}
+
+static bool
+fits (struct gw_project *p, long long mem)
+{
+  return p->free_sb >= 1 && (p->max_memory_mb == 0 || p->free_mem >= mem);
+}
+
+/* Reserve enough for every queued create (at least a chunk); the first
+ * waiter's needs are the minimum worth taking. */
+static void
+reserve_for_waiters (struct gw *g, struct gw_project *p)
+{
+  struct waiter *w = wq_head (p);
+  long long n = 0, maxmem = 0;
+  for (struct waiter *x = w; x; x = x->next)
+    {
+      n++;
+      maxmem = x->mem > maxmem ? x->mem : maxmem;
+    }
+  long long total = n > g->chunk ? n : g->chunk;
+  long long want_sb = total - p->free_sb > 1 ? total - p->free_sb : 1;
+  long long min_sb = p->free_sb >= 1 ? 0 : 1;
+  long long want_mem = 0, min_mem = 0;
+  if (p->max_memory_mb)
+    {
+      want_mem = total * maxmem - p->free_mem;
+      min_mem = w->mem - p->free_mem > 0 ? w->mem - p->free_mem : 0;
+      if (want_mem < min_mem)
+        want_mem = min_mem;
+    }
+  start_job (g, p, want_sb, want_mem, min_sb, min_mem);
+}
+
+static void
+serve_waiters (struct gw *g, struct gw_project *p, const char *failure)
+{
+  struct waiter *w;
+  while ((w = wq_head (p)) != NULL)
+    {
+      bool ok = fits (p, w->mem);
+      if (!ok && failure == NULL)
+        {
+          if (!p->reserving)
+            reserve_for_waiters (g, p);
+          return;
+        }
+      if (ok)
+        {
+          p->free_sb--;
+          if (p->max_memory_mb)
+            p->free_mem -= w->mem;
+        }
+      wq_set_head (p, w->next);
+      w->cb (g, ok, ok ? NULL : failure, w->ud);
+      free (w);
+    }
+}
+
+void
+gw_quota_take (struct gw *g, struct gw_project *p, long long memory_mb, gw_quota_cb cb, void *ud)
+{
+  if (wq_head (p) == NULL && fits (p, memory_mb))
+    {
+      p->free_sb--;
+      if (p->max_memory_mb)
+        p->free_mem -= memory_mb;
+      cb (g, true, NULL, ud);
+      return;
+    }
+  struct waiter *w = calloc (1, sizeof *w);
+  if (w == NULL)
+    {
+      cb (g, false, "out of memory", ud);
+      return;
+    }
+  *w = (struct waiter){ .mem = memory_mb, .cb = cb, .ud = ud };
+  *p->waiters_tail = (struct create_ctx *)w;
+  p->waiters_tail = (struct create_ctx **)&w->next;
+  if (!p->reserving)
+    serve_waiters (g, p, NULL);
+}
+
+void
+gw_quota_put (struct gw *g, struct gw_project *p, long long memory_mb)
+{
+  p->free_sb++;
+  if (p->max_memory_mb)
+    p->free_mem += memory_mb;
+  if (wq_head (p))
+    {
+      if (!p->reserving)
+        serve_waiters (g, p, NULL);
+      return;
+    }
+  if (!p->reserving && p->free_sb > 2 * g->chunk)
+    {
+      long long k = p->free_sb - g->chunk;
+      long long mem = p->max_memory_mb ? p->free_mem * k / p->free_sb : 0;
+      start_job (g, p, -k, -mem, 0, 0);
+    }
+}
+
+void
+gw_quota_release_all (struct gw *g)
+{
+  for (size_t i = 0; i < g->n_projects; i++)
+    {
+      struct gw_project *p = g->projects[i];
+      if (p->free_sb <= 0 && p->free_mem <= 0)
+        continue;
+      struct job j = { .g = g, .p = p, .delta_sb = -p->free_sb, .delta_mem = -p->free_mem };
+      snprintf (j.name, sizeof j.name, "%s", p->name);
+      wr_err_t err;
+      if (quota_cas (g, &j, &err) < 0)
+        fprintf (stderr, "warren-gateway: returning %s's reserve: %s\n", p->name, err.msg);
+      else
+        p->free_sb = p->free_mem = 0;
+    }
+}
+
+/* ---- POST /v1/projects ---- */
+
+void
+gw_projects_create (struct gw *g, struct evhttp_request *req)
+{
+  struct evbuffer *in = evhttp_request_get_input_buffer (req);
+  size_t len = evbuffer_get_length (in);
+  json_error_t je;
+  json_t *body = len ? json_loadb ((const char *)evbuffer_pullup (in, -1), len, 0, &je) : NULL;
+  const char *name = json_string_value (json_object_get (body, "name"));
+  json_t *ms = json_object_get (body, "max_sandboxes"),
+         *mm = json_object_get (body, "max_memory_mb"), *pr = json_object_get (body, "priority");
+  if (!json_is_object (body) || !wr_project_name_valid (name))
+    {
+      gw_reply_error (req, 400, WR_E_INVALID, "field \"name\" must be [a-z0-9-]{1,64}");
+      json_decref (body);
+      return;
+    }
+  if (!json_is_integer (ms) || json_integer_value (ms) < 0
+      || (mm && (!json_is_integer (mm) || json_integer_value (mm) < 0))
+      || (pr && !json_is_integer (pr)))
+    {
+      gw_reply_error (req, 400, WR_E_INVALID,
+                      "\"max_sandboxes\" (required), \"max_memory_mb\" and \"priority\" must be "
+                      "non-negative integers");
+      json_decref (body);
+      return;
+    }
+  char token[69] = "wrp_";
+  wr_random_hex (token + 4, 64);
+  char hex[65];
+  wr_sha256_hex (token, strlen (token), hex);
+  json_t *rec = json_pack ("{s:s,s:I,s:I,s:I,s:s,s:I}", "name", name, "max_sandboxes",
+                           json_integer_value (ms), "max_memory_mb",
+                           mm ? json_integer_value (mm) : (json_int_t)0, "priority",
+                           pr ? json_integer_value (pr) : (json_int_t)0, "token_sha256", hex,
+                           "created_at", (json_int_t)time (NULL));
+  char *text = json_dumps (rec, JSON_COMPACT | JSON_SORT_KEYS);
+  char key[128];
+  snprintf (key, sizeof key, "%s%s", WR_KEY_PROJECTS, name);
+  wr_err_t err;
+  /* an admin call, rare: a short blocking etcd transaction on the loop */
+  int r = wr_etcd_cas (g->etcd, key, 0, text, 0, &err);
+  free (text);
+  json_decref (body);
+  if (r < 0)
+    gw_reply_error (req, 503, "control_plane_unavailable", "%s", err.msg);
+  else if (r == 0)
+    gw_reply_error (req, 409, WR_E_CONFLICT, "project %s exists", name);
+  else
+    {
+      json_object_del (rec, "token_sha256");
+      json_object_set_new (rec, "token", json_string (token));
+      gw_reply_json (req, 201, json_incref (rec));
+    }
+  json_decref (rec);
+  explicit_bzero (token, sizeof token);
+}

@@ -1,0 +1,536 @@
+/* The gateway's HTTP API: the node API (docs/api.md) plus the cluster
+ * routes (docs/cluster.md). Creates are placed, sandbox requests are routed
+ * by the node named in the id, lists are merged from every node. */
+#include "gateway/gateway.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <event2/buffer.h>
+#include <event2/keyvalq_struct.h>
+
+#include "common/util.h"
+
+void
+gw_reply_json (struct evhttp_request *req, int status, json_t *j)
+{
+  char *text = json_dumps (j, JSON_COMPACT);
+  json_decref (j);
+  struct evbuffer *b = evbuffer_new ();
+  if (text)
+    evbuffer_add (b, text, strlen (text));
+  free (text);
+  evhttp_add_header (evhttp_request_get_output_headers (req), "Content-Type", "application/json");
+  evhttp_send_reply (req, status, NULL, b);
+  evbuffer_free (b);
+}
+
+void
+gw_reply_error (struct evhttp_request *req, int status, const char *code, const char *fmt, ...)
+{
+  char msg[512];
+  va_list ap;
+  va_start (ap, fmt);
+  vsnprintf (msg, sizeof msg, fmt, ap);
+  va_end (ap);
+  /* the platform failed, not the caller's task: say so (issue 10) */
+  bool infra = status >= 500;
+  gw_reply_json (req, status,
+                 json_pack ("{s:{s:s,s:s},s:b}", "error", "code", code, "message", msg,
+                            "infra_failure", infra));
+}
+
+static void
+reply_buffer (struct evhttp_request *req, int status, struct evbuffer *body)
+{
+  evhttp_add_header (evhttp_request_get_output_headers (req), "Content-Type", "application/json");
+  evhttp_send_reply (req, status, NULL, body);
+}
+
+static json_t *
+body_json (struct evbuffer *b)
+{
+  size_t n = b ? evbuffer_get_length (b) : 0;
+  if (n == 0)
+    return NULL;
+  return json_loadb ((const char *)evbuffer_pullup (b, -1), n, 0, NULL);
+}
+
+/* ---- who is asking ---- */
+
+enum who
+{
+  WHO_NONE,
+  WHO_ADMIN,
+  WHO_PROJECT,
+};
+
+static bool
+token_eq (const char *a, const char *b)
+{
+  size_t la = strlen (a), lb = strlen (b);
+  unsigned char diff = la != lb;
+  for (size_t i = 0; i < la && i < lb; i++)
+    diff |= (unsigned char)(a[i] ^ b[i]);
+  return diff == 0 && lb > 0;
+}
+
+static enum who
+authenticate (struct gw *g, struct evhttp_request *req, struct gw_project **ret_p)
+{
+  const char *h = evhttp_find_header (evhttp_request_get_input_headers (req), "Authorization");
+  *ret_p = NULL;
+  if (h == NULL || strncmp (h, "Bearer ", 7) != 0)
+    return WHO_NONE;
+  h += 7;
+  if (token_eq (h, g->token))
+    return WHO_ADMIN;
+  if (strncmp (h, "wrp_", 4) != 0)
+    return WHO_NONE;
+  pthread_mutex_lock (&g->mu);
+  struct gw_project *p = gw_project_by_token (g, h);
+  pthread_mutex_unlock (&g->mu);
+  *ret_p = p;
+  return p ? WHO_PROJECT : WHO_NONE;
+}
+
+/* ---- create: quota, placement, forward, retry elsewhere if the node is gone ---- */
+
+struct create_req
+{
+  struct gw *g;
+  struct evhttp_request *req;
+  json_t *body;
+  char backend[16];
+  long long mem;
+  json_t *want_labels;
+  struct gw_project *proj;
+  struct gw_node *failed;
+  int attempts;
+};
+
+static void
+create_free (struct create_req *c)
+{
+  json_decref (c->body);
+  json_decref (c->want_labels);
+  free (c);
+}
+
+static void create_place (struct create_req *c);
+
+static void
+create_answered (struct gw *g, struct evhttp_request *req, int status, struct evbuffer *body,
+                 void *ud)
+{
+  struct create_req *c = ud;
+  if ((status == 0 || status == 503) && c->attempts < 3)
+    {
+      /* that node is gone or shutting down: the sandbox was not made there */
+      pthread_mutex_lock (&g->mu);
+      c->failed = gw_node_find (g, json_string_value (json_object_get (c->body, "__node")));
+      pthread_mutex_unlock (&g->mu);
+      create_place (c);
+      return;
+    }
+  if (status != 201 && c->proj)
+    gw_quota_put (g, c->proj, c->mem);
+  if (status == 0)
+    gw_reply_error (req, 503, "unavailable", "no node answered the create");
+  else
+    reply_buffer (req, status, body);
+  create_free (c);
+}
+
+static void
+create_place (struct create_req *c)
+{
+  struct gw *g = c->g;
+  c->attempts++;
+  struct gw_node *n = gw_place (g, c->backend, c->mem, c->want_labels, c->failed);
+  if (n == NULL)
+    {
+      if (c->proj)
+        gw_quota_put (g, c->proj, c->mem);
+      pthread_mutex_lock (&g->mu);
+      bool synced = g->synced;
+      pthread_mutex_unlock (&g->mu);
+      if (!synced)
+        gw_reply_error (c->req, 503, "control_plane_unavailable",
+                        "the gateway has not read the cluster state from etcd yet");
+      else
+        gw_reply_error (c->req, 503, "unavailable",
+                        "no node can take a %s sandbox of %lld MB%s (ready, not drained, labels)",
+                        c->backend, c->mem, c->want_labels ? " with these labels" : "");
+      create_free (c);
+      return;
+    }
+  json_object_set_new (c->body, "__node", json_string (n->name));
+  json_t *send = json_copy (c->body);
+  json_object_del (send, "__node");
+  char *text = json_dumps (send, JSON_COMPACT);
+  json_decref (send);
+  struct evbuffer *b = evbuffer_new ();
+  evbuffer_add (b, text, strlen (text));
+  free (text);
+  gw_forward (g, n, c->req, EVHTTP_REQ_POST, "/v1/sandboxes", b, create_answered, c);
+}
+
+static void
+create_quota (struct gw *g, bool ok, const char *why, void *ud)
+{
+  struct create_req *c = ud;
+  if (!ok)
+    {
+      bool cp = why && strstr (why, "control plane unavailable");
+      gw_reply_error (c->req, cp ? 503 : 429, cp ? "control_plane_unavailable" : WR_E_EXHAUSTED,
+                      "%s", why ? why : "quota exhausted");
+      create_free (c);
+      return;
+    }
+  create_place (c);
+}
+
+static void
+handle_create (struct gw *g, struct evhttp_request *req, struct gw_project *proj)
+{
+  json_t *body = body_json (evhttp_request_get_input_buffer (req));
+  if (body == NULL)
+    body = json_object ();
+  if (!json_is_object (body))
+    {
+      json_decref (body);
+      gw_reply_error (req, 400, WR_E_INVALID, "the body must be a JSON object");
+      return;
+    }
+  struct create_req *c = calloc (1, sizeof *c);
+  c->g = g;
+  c->req = req;
+  c->body = body;
+  json_t *v = json_object_get (body, "backend");
+  snprintf (c->backend, sizeof c->backend, "%s",
+            json_is_string (v) ? json_string_value (v) : "container");
+  v = json_object_get (body, "memory_mb");
+  c->mem = json_is_integer (v) ? json_integer_value (v) : 1024;
+  if (c->mem <= 0)
+    {
+      create_free (c);
+      gw_reply_error (req, 400, WR_E_INVALID, "field \"memory_mb\" must be a positive integer");
+      return;
+    }
+  v = json_object_get (body, "node_labels");
+  if (v && !json_is_object (v))
+    {
+      create_free (c);
+      gw_reply_error (req, 400, WR_E_INVALID, "field \"node_labels\" must be an object");
+      return;
+    }
+  c->want_labels = json_incref (v);
+  json_object_del (body, "node_labels");
+  json_object_del (body, "__node");
+  if (proj)
+    {
+      json_t *labels = json_object_get (body, "labels");
+      if (!json_is_object (labels))
+        json_object_set_new (body, "labels", labels = json_object ());
+      json_object_set_new (labels, WR_LABEL_PROJECT, json_string (proj->name));
+      json_object_set_new (body, "memory_mb", json_integer (c->mem));
+      c->proj = proj;
+      gw_quota_take (g, proj, c->mem, create_quota, c);
+      return;
+    }
+  create_place (c);
+}
+
+/* ---- GET /v1/sandboxes: every node's list, merged ---- */
+
+struct list_req
+{
+  struct evhttp_request *req;
+  json_t *all;
+  const char *project; /* only this project's sandboxes */
+  size_t pending;
+  json_t *unreachable;
+};
+
+static void
+list_part (struct gw *g, struct evhttp_request *req, int status, struct evbuffer *body, void *ud)
+{
+  struct list_req *l = ud;
+  json_t *j = status == 200 ? body_json (body) : NULL;
+  size_t i;
+  json_t *s;
+  json_array_foreach (json_object_get (j, "sandboxes"), i, s)
+  {
+    const char *p
+        = json_string_value (json_object_get (json_object_get (s, "labels"), WR_LABEL_PROJECT));
+    if (l->project == NULL || (p && strcmp (p, l->project) == 0))
+      json_array_append (l->all, s);
+  }
+  json_decref (j);
+  if (--l->pending)
+    return;
+  gw_reply_json (req, 200, json_pack ("{s:o}", "sandboxes", l->all));
+  free (l);
+}
+
+static void
+handle_list (struct gw *g, struct evhttp_request *req, struct gw_project *proj)
+{
+  struct gw_node *targets[GW_MAX_NODES];
+  size_t n = 0;
+  pthread_mutex_lock (&g->mu);
+  for (size_t i = 0; i < g->n_nodes; i++)
+    if (g->nodes[i]->present)
+      targets[n++] = g->nodes[i];
+  pthread_mutex_unlock (&g->mu);
+  if (n == 0)
+    {
+      gw_reply_json (req, 200, json_pack ("{s:[]}", "sandboxes"));
+      return;
+    }
+  struct list_req *l = calloc (1, sizeof *l);
+  l->req = req;
+  l->all = json_array ();
+  l->project = proj ? proj->name : NULL;
+  l->pending = n;
+  for (size_t i = 0; i < n; i++)
+    gw_forward (g, targets[i], req, EVHTTP_REQ_GET, "/v1/sandboxes", evbuffer_new (), list_part, l);
+}
+
+/* ---- DELETE: look the sandbox up first when projects exist, to credit its quota ---- */
+
+struct delete_req
+{
+  struct gw_node *node;
+  char uri[128];
+  struct gw_project *proj;   /* the sandbox's project */
+  struct gw_project *caller; /* the token's project, if any */
+  long long mem;
+};
+
+static void
+delete_answered (struct gw *g, struct evhttp_request *req, int status, struct evbuffer *body,
+                 void *ud)
+{
+  struct delete_req *dr = ud;
+  if (status == 204 && dr->proj)
+    gw_quota_put (g, dr->proj, dr->mem);
+  if (status == 0)
+    gw_reply_error (req, 503, "unavailable", "node %s unreachable", dr->node->name);
+  else if (status == 204)
+    evhttp_send_reply (req, 204, "No Content", NULL);
+  else
+    reply_buffer (req, status, body);
+  free (dr);
+}
+
+static void
+delete_looked_up (struct gw *g, struct evhttp_request *req, int status, struct evbuffer *body,
+                  void *ud)
+{
+  struct delete_req *dr = ud;
+  if (status != 200)
+    {
+      delete_answered (g, req, status, body, dr);
+      return;
+    }
+  json_t *j = body_json (body);
+  const char *p
+      = json_string_value (json_object_get (json_object_get (j, "labels"), WR_LABEL_PROJECT));
+  if (p)
+    {
+      pthread_mutex_lock (&g->mu);
+      dr->proj = gw_project_find (g, p);
+      pthread_mutex_unlock (&g->mu);
+      dr->mem = json_integer_value (json_object_get (j, "memory_mb"));
+    }
+  json_decref (j);
+  if (dr->caller && dr->proj != dr->caller)
+    {
+      gw_reply_error (req, 404, WR_E_NOT_FOUND, "no such sandbox in project %s", dr->caller->name);
+      free (dr);
+      return;
+    }
+  gw_forward (g, dr->node, req, EVHTTP_REQ_DELETE, dr->uri, evbuffer_new (), delete_answered, dr);
+}
+
+/* ---- /v1/sandboxes/{id}...: routed by the node in the id ---- */
+
+static void
+handle_sandbox (struct gw *g, struct evhttp_request *req, const char *rest,
+                struct gw_project *caller)
+{
+  char id[65], node[WR_NODE_NAME_MAX + 1];
+  const char *slash = strchr (rest, '/');
+  size_t idlen = slash ? (size_t)(slash - rest) : strlen (rest);
+  if (idlen == 0 || idlen >= sizeof id)
+    {
+      gw_reply_error (req, 404, WR_E_NOT_FOUND, "malformed sandbox id");
+      return;
+    }
+  memcpy (id, rest, idlen);
+  id[idlen] = '\0';
+  if (!wr_id_node (id, node, sizeof node))
+    {
+      gw_reply_error (req, 404, WR_E_NOT_FOUND, "sandbox %s: not a cluster sandbox id", id);
+      return;
+    }
+  pthread_mutex_lock (&g->mu);
+  struct gw_node *n = gw_node_find (g, node);
+  bool known = n && n->status, present = n && n->present;
+  bool any_projects = g->n_projects > 0;
+  pthread_mutex_unlock (&g->mu);
+  if (!known)
+    {
+      gw_reply_error (req, 404, WR_E_NOT_FOUND, "sandbox %s: no node %s in the cluster", id, node);
+      return;
+    }
+  if (!present)
+    {
+      gw_reply_error (req, 503, "node_lost",
+                      "sandbox %s: node %s left the cluster (its lease expired)", id, node);
+      return;
+    }
+  enum evhttp_cmd_type m = evhttp_request_get_command (req);
+  const char *uri = evhttp_request_get_uri (req);
+  if (m == EVHTTP_REQ_DELETE && (slash == NULL || slash[1] == '\0') && any_projects)
+    {
+      struct delete_req *dr = calloc (1, sizeof *dr);
+      dr->node = n;
+      dr->caller = caller;
+      snprintf (dr->uri, sizeof dr->uri, "/v1/sandboxes/%s", id);
+      gw_forward (g, n, req, EVHTTP_REQ_GET, dr->uri, evbuffer_new (), delete_looked_up, dr);
+      return;
+    }
+  gw_forward (g, n, req, m, uri, NULL, NULL, NULL);
+}
+
+static void
+handle_nodes (struct gw *g, struct evhttp_request *req, const char *rest)
+{
+  enum evhttp_cmd_type m = evhttp_request_get_command (req);
+  if (rest == NULL && m == EVHTTP_REQ_GET)
+    {
+      gw_reply_json (req, 200, gw_nodes_json (g));
+      return;
+    }
+  char name[64];
+  const char *slash = rest ? strchr (rest, '/') : NULL;
+  if (m != EVHTTP_REQ_POST || slash == NULL || (size_t)(slash - rest) >= sizeof name
+      || (strcmp (slash, "/drain") != 0 && strcmp (slash, "/undrain") != 0))
+    {
+      gw_reply_error (req, 404, WR_E_NOT_FOUND, "no such route");
+      return;
+    }
+  memcpy (name, rest, slash - rest);
+  name[slash - rest] = '\0';
+  if (!wr_node_name_valid (name))
+    {
+      gw_reply_error (req, 400, WR_E_INVALID, "malformed node name");
+      return;
+    }
+  pthread_mutex_lock (&g->mu);
+  struct gw_node *n = gw_node_find (g, name);
+  bool known = n && n->status;
+  pthread_mutex_unlock (&g->mu);
+  if (!known)
+    {
+      gw_reply_error (req, 404, WR_E_NOT_FOUND, "no node %s in the cluster", name);
+      return;
+    }
+  bool drain = strcmp (slash, "/drain") == 0;
+  char key[128];
+  snprintf (key, sizeof key, "%s%s", WR_KEY_DRAIN, name);
+  wr_err_t err;
+  /* an admin call, rare: one blocking etcd write on the loop */
+  int r = drain ? wr_etcd_put (g->etcd, key, "1", 0, &err) : wr_etcd_delete (g->etcd, key, &err);
+  if (r < 0)
+    {
+      gw_reply_error (req, 503, "control_plane_unavailable", "%s", err.msg);
+      return;
+    }
+  /* our own view follows at once; the watch confirms it */
+  pthread_mutex_lock (&g->mu);
+  n->drained = drain;
+  pthread_mutex_unlock (&g->mu);
+  gw_reply_json (req, 200, json_pack ("{s:s,s:b}", "name", name, "drained", drain));
+}
+
+static void
+route (struct evhttp_request *req, void *arg)
+{
+  struct gw *g = arg;
+  struct gw_project *proj = NULL;
+  enum who who = authenticate (g, req, &proj);
+  if (who == WHO_NONE)
+    {
+      gw_reply_error (req, 401, WR_E_UNAUTHORIZED, "a valid bearer token is required");
+      return;
+    }
+  const char *path = evhttp_uri_get_path (evhttp_request_get_evhttp_uri (req));
+  enum evhttp_cmd_type m = evhttp_request_get_command (req);
+  if (path == NULL)
+    path = "/";
+  if (strcmp (path, "/healthz") == 0)
+    {
+      size_t ready = 0;
+      pthread_mutex_lock (&g->mu);
+      for (size_t i = 0; i < g->n_nodes; i++)
+        ready += g->nodes[i]->present && !g->nodes[i]->drained;
+      bool synced = g->synced;
+      pthread_mutex_unlock (&g->mu);
+      gw_reply_json (req, 200,
+                     json_pack ("{s:s,s:s,s:I,s:b,s:s}", "status", "ok", "role", "gateway",
+                                "nodes_ready", (json_int_t)ready, "synced", synced, "version",
+                                "0.1.0"));
+    }
+  else if (strcmp (path, "/v1/sandboxes") == 0 && m == EVHTTP_REQ_POST)
+    handle_create (g, req, proj);
+  else if (strcmp (path, "/v1/sandboxes") == 0 && m == EVHTTP_REQ_GET)
+    handle_list (g, req, proj);
+  else if (strncmp (path, "/v1/sandboxes/", 14) == 0)
+    handle_sandbox (g, req, path + 14, proj);
+  else if (who != WHO_ADMIN
+           && (strncmp (path, "/v1/nodes", 9) == 0 || strncmp (path, "/v1/projects", 12) == 0))
+    gw_reply_error (req, 401, WR_E_UNAUTHORIZED, "this route needs the gateway's admin token");
+  else if (strcmp (path, "/v1/nodes") == 0)
+    handle_nodes (g, req, NULL);
+  else if (strncmp (path, "/v1/nodes/", 10) == 0)
+    handle_nodes (g, req, path + 10);
+  else if (strcmp (path, "/v1/projects") == 0 && m == EVHTTP_REQ_POST)
+    gw_projects_create (g, req);
+  else
+    gw_reply_error (req, 501, WR_E_UNSUPPORTED,
+                    "%s is not served by the gateway yet; address a node directly", path);
+}
+
+int
+gw_http_listen (struct gw *g, const char *spec, wr_err_t *err)
+{
+  if (strncmp (spec, "tcp:", 4) != 0)
+    return wr_error (err, 0, WR_E_INVALID, "--listen wants tcp:ADDR:PORT, got %s", spec);
+  char host[256];
+  snprintf (host, sizeof host, "%s", spec + 4);
+  char *colon = strrchr (host, ':');
+  if (colon == NULL)
+    return wr_error (err, 0, WR_E_INVALID, "expected tcp:ADDR:PORT, got %s", spec);
+  *colon = '\0';
+  int port = atoi (colon + 1);
+  if (port <= 0 || port > 65535)
+    return wr_error (err, 0, WR_E_INVALID, "bad port in %s", spec);
+  if (g->http == NULL)
+    {
+      g->http = evhttp_new (g->base);
+      evhttp_set_gencb (g->http, route, g);
+      evhttp_set_max_body_size (g->http, (64u << 20) + 4096);
+      evhttp_set_max_headers_size (g->http, 64 * 1024);
+      evhttp_set_allowed_methods (g->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_PUT
+                                               | EVHTTP_REQ_DELETE | EVHTTP_REQ_HEAD);
+      evhttp_set_timeout (g->http, 3600);
+    }
+  if (evhttp_bind_socket (g->http, host, (ev_uint16_t)port) < 0)
+    return wr_error (err, errno, WR_E_INTERNAL, "bind %s", spec);
+  return 0;
+}
