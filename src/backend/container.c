@@ -117,6 +117,7 @@ c_dev_node (const char *name, const char *dst)
 enum child_step
 {
   ST_SYNC = 1,
+  ST_CGROUPNS,
   ST_IDS,
   ST_HOSTNAME,
   ST_FDS,
@@ -134,6 +135,7 @@ enum child_step
 static const char *const step_names[] = {
   "",
   "wait for parent",
+  "cgroup namespace",
   "set ids",
   "sethostname",
   "arrange fds",
@@ -248,6 +250,12 @@ child_main (void *arg)
   long n = wr_raw3 (__NR_read, c->sync_fd, &b, 1);
   if (n != 1)
     return child_fail (err_fd, ST_SYNC, n < 0 ? n : -EPIPE);
+  /* A cgroup namespace rooted at the sandbox's own cgroups. The one clone
+   * made is rooted where we were then: the v2 group (CLONE_INTO_CGROUP), but
+   * the daemon's v1 groups, which the parent has only now moved us out of;
+   * /proc/self/cgroup would show the host's hierarchy and the daemon's group
+   * name. */
+  TRY (ST_CGROUPNS, wr_raw1 (__NR_unshare, CLONE_NEWCGROUP));
 
   TRY (ST_IDS, wr_raw3 (__NR_setresgid, 0, 0, 0));
   /* drop the daemon's supplementary groups (host gid 0 would stay effective) */
@@ -338,6 +346,14 @@ child_main (void *arg)
       struct mount_attr ro = { .attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV
                                            | MOUNT_ATTR_NOEXEC };
       TRY (ST_SYS, wr_raw5 (__NR_mount_setattr, AT_FDCWD, "sys", AT_RECURSIVE, &ro, sizeof ro));
+      /* the host's cgroup trees came with the bind (every sandbox's groups
+       * and stats): cover them, as a fresh sysfs has nothing there either.
+       * The bind must be recursive: its submounts are locked to us. */
+      long r
+          = c_mount ("none", "sys/fs/cgroup", "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                     "size=4k,nr_inodes=1,mode=555");
+      if (r < 0 && r != -ENOENT)
+        return child_fail (err_fd, ST_SYS, r);
     }
   {
     long r = wr_raw3 (__NR_mkdirat, AT_FDCWD, "tmp", 01777);

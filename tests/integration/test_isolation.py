@@ -210,3 +210,20 @@ def test_mountinfo_shows_no_host_paths(daemon, api):
                 k, _, v = o.partition("=")
                 if v.startswith("/"):
                     assert v.startswith("/proc/self/fd/"), (k, v, line)
+
+
+def test_cgroups_show_no_host_hierarchy(daemon, api):
+    for kw in ({}, {"network": "host"}):
+        sid = api.create(**kw)
+        try:
+            r = sh(api, sid, "cat /proc/self/cgroup; echo --; ls -A /sys/fs/cgroup; echo --; "
+                             "cat /proc/self/mountinfo")["stdout"]
+        finally:
+            api.delete(sid)
+        cgroup, sysfs, mounts = r.split("--\n")
+        # rooted at the sandbox's own groups in every hierarchy (v1 included)
+        for line in cgroup.splitlines():
+            assert line.split(":", 2)[2] == "/", (kw, line, cgroup)
+        # the host's cgroup trees (every sandbox's groups) are not reachable
+        assert sysfs.strip() == "", (kw, sysfs)
+        assert "warren-" not in r and sid not in cgroup, (kw, r)
