@@ -22,6 +22,8 @@
  * API (the sandbox's mounts are final), namespace entry/creation, swap,
  * reboot, clock setting, perf/userfaultfd/io_uring (kernel attack surface and
  * side channels; io_uring also runs operations a filter never sees),
+ * fanotify (unprivileged since 5.13) and the NUMA placement calls (Docker
+ * allows neither without CAP_SYS_ADMIN / CAP_SYS_NICE, which we drop),
  * handle-based open (escapes mount confinement), accounting, quotas, raw I/O
  * ports, the kernel log. */
 static const char *const denied[] = {
@@ -55,6 +57,13 @@ static const char *const denied[] = {
   "io_uring_setup",
   "io_uring_enter",
   "io_uring_register",
+  "fanotify_init",
+  "mbind",
+  "get_mempolicy",
+  "set_mempolicy",
+  "set_mempolicy_home_node",
+  "migrate_pages",
+  "move_pages",
   "open_by_handle_at",
   "name_to_handle_at",
   "acct",

@@ -116,6 +116,10 @@ int main(void)
   p("socket_vsock_high", syscall(__NR_socket, 0x100000000L | 40, SOCK_STREAM, 0));
   p("socket_unix", syscall(__NR_socket, AF_UNIX, SOCK_STREAM, 0));
   p("open_tree_attr", syscall(467, -1, NULL, 0, NULL, 0));       /* EFAULT/EBADF */
+  p("fanotify_init", syscall(__NR_fanotify_init, 0x200 /* FAN_REPORT_FID */, 0));
+  p("get_mempolicy", syscall(__NR_get_mempolicy, NULL, NULL, 0, NULL, 0));  /* succeeds */
+  p("set_mempolicy", syscall(__NR_set_mempolicy, 0, NULL, 0));              /* succeeds */
+  p("mbind", syscall(__NR_mbind, NULL, 0, 0, NULL, 0, 0));                  /* succeeds */
   p("fchmodat2", syscall(452, AT_FDCWD, "/nonexistent", 0, 0));  /* reviewed: ENOENT */
   p("beyond_reviewed", syscall(470, NULL, NULL, 0, 0));          /* ENOSYS either way */
   static const struct { const char *name; unsigned long v; } pers[] = {
@@ -170,6 +174,8 @@ def test_seccomp_probe(api, sandbox, prober):
     assert res["socket_vsock_high"] == errno.EPERM, res
     assert res["socket_unix"] == 0, res  # the prober itself works
     assert res["open_tree_attr"] == errno.EPERM, res  # a mount API libseccomp cannot name
+    for name in ("fanotify_init", "get_mempolicy", "set_mempolicy", "mbind"):
+        assert res[name] == errno.EPERM, (name, res)  # Docker: CAP_SYS_ADMIN / CAP_SYS_NICE only
     assert res["fchmodat2"] == errno.ENOENT, res  # newer syscalls reviewed so far pass
     assert res["beyond_reviewed"] == errno.ENOSYS, res
     for name in ("personality_query", "personality_linux", "personality_linux32",
