@@ -25,6 +25,7 @@ struct agent_conn
   uint32_t next_stream;
   bool ready;
   bool dead;
+  unsigned holds;          /* agent_conn_hold */
   struct pending *pending; /* few concurrent requests per sandbox: a list is enough */
 };
 
@@ -295,6 +296,17 @@ agent_cancel (struct agent_conn *c, uint32_t stream)
   if (c == NULL)
     return;
   free (unlink_pending (c, stream));
+}
+
+void
+agent_conn_hold (struct agent_conn *c, bool hold)
+{
+  if (c == NULL)
+    return;
+  if (hold && c->holds++ == 0)
+    bufferevent_disable (c->bev, EV_READ);
+  else if (!hold && c->holds && --c->holds == 0 && !c->dead)
+    bufferevent_enable (c->bev, EV_READ);
 }
 
 size_t

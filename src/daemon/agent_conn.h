@@ -52,6 +52,10 @@ int agent_send (struct agent_conn *c, uint32_t stream, uint8_t type, const void 
 void agent_set_data_limit (struct agent_conn *c, uint32_t stream, size_t max);
 /* Forget a request: its callbacks are never called again. */
 void agent_cancel (struct agent_conn *c, uint32_t stream);
+/* Stop (hold) or resume reading from the agent, counted: a request whose
+ * client is slower than the agent holds the connection until the client
+ * caught up, so the agent, not the daemon, waits (backpressure). */
+void agent_conn_hold (struct agent_conn *c, bool hold);
 /* Bytes queued towards the agent (for backpressure on uploads). */
 size_t agent_outq (struct agent_conn *c);
 

@@ -28,6 +28,9 @@
 #define DEFAULT_TIMEOUT_S 600
 #define DEFAULT_CAP (1u << 20)
 #define MAX_CAP (64u << 20)
+/* A streamed exec holds its sandbox's agent while more than this waits for
+ * the client. */
+#define STREAM_QUEUE_MAX (4u << 20)
 /* TCP: a connection's first request must present its token within this many
  * header bytes; nothing of a body is read before. */
 #define TCP_HEADER_MAX (16u << 10)
@@ -157,6 +160,7 @@ struct exec_ctx
   struct evbuffer *out, *errb;
   size_t cap[2], got[2]; /* per stream (stdout, stderr): the request's caps */
   bool cut[2];           /* the daemon dropped bytes over a cap */
+  bool holding;          /* holds the agent connection (agent_conn_hold) */
   uint32_t sid;
   uint64_t t0;
   struct event *hup_ev; /* watches the client socket for a hang-up */
@@ -178,8 +182,17 @@ exec_unwatch (struct exec_ctx *x)
 }
 
 static void
+exec_release (struct exec_ctx *x)
+{
+  if (x->holding && x->sb)
+    agent_conn_hold (x->sb->conn, false);
+  x->holding = false;
+}
+
+static void
 exec_ctx_free (struct exec_ctx *x)
 {
+  exec_release (x);
   exec_unwatch (x);
   if (x->evcon)
     evhttp_connection_set_closecb (x->evcon, NULL, NULL);
@@ -203,6 +216,10 @@ exec_detach (struct exec_ctx *x)
   x->evcon = NULL;
 }
 
+static void exec_stream_drained (struct evhttp_connection *evcon, void *arg);
+
+/* One NDJSON line; evhttp calls exec_stream_drained whenever the client has
+ * taken all queued lines. */
 static void
 stream_line (struct exec_ctx *x, json_t *j)
 {
@@ -214,8 +231,30 @@ stream_line (struct exec_ctx *x, json_t *j)
   evbuffer_add (b, text, strlen (text));
   evbuffer_add (b, "\n", 1);
   free (text);
-  evhttp_send_reply_chunk (x->req, b);
+  evhttp_send_reply_chunk_with_cb (x->req, b, exec_stream_drained, x);
   evbuffer_free (b);
+}
+
+/* evhttp's write callback: the client took everything queued. */
+static void
+exec_stream_drained (struct evhttp_connection *evcon WR_UNUSED, void *arg)
+{
+  exec_release (arg);
+}
+
+/* A client that reads slower than the sandbox prints must not make the
+ * daemon queue the difference: hold the agent until the client caught up. */
+static void
+exec_stream_backpressure (struct exec_ctx *x)
+{
+  if (x->holding || x->evcon == NULL)
+    return;
+  struct bufferevent *bev = evhttp_connection_get_bufferevent (x->evcon);
+  size_t q = evbuffer_get_length (bufferevent_get_output (bev));
+  if (q <= STREAM_QUEUE_MAX)
+    return;
+  x->holding = true; /* until exec_stream_drained */
+  agent_conn_hold (x->sb->conn, true);
 }
 
 static void
@@ -239,6 +278,7 @@ exec_on_data (void *ud, uint8_t type, const uint8_t *data, size_t len)
       json_t *j = json_pack ("{s:s}", "stream", i ? "stderr" : "stdout");
       wrd_json_set_bytes (j, "data", data, len);
       stream_line (x, j);
+      exec_stream_backpressure (x);
       return;
     }
   evbuffer_add (i ? x->errb : x->out, data, len);
@@ -316,6 +356,7 @@ static const char *const out_names[2] = { "stdout", "stderr" };
 #define REPLY_PIECE (192u << 10) /* raw bytes per piece (a multiple of 3 for base64) */
 
 static void exec_reply_more (struct evhttp_connection *evcon, void *arg);
+static void exec_reply_end (struct evhttp_connection *evcon, void *arg);
 
 /* The client went away in the middle of a buffered reply. */
 static void
@@ -378,9 +419,16 @@ exec_reply_more (struct evhttp_connection *evcon WR_UNUSED, void *arg)
       return;
     }
   evbuffer_add (b, "}\n", 2);
-  exec_detach (x);
-  evhttp_send_reply_chunk_with_cb (x->req, b, NULL, NULL);
+  evhttp_send_reply_chunk_with_cb (x->req, b, exec_reply_end, x);
   evbuffer_free (b);
+}
+
+/* The last piece reached the client: only now may evhttp close. */
+static void
+exec_reply_end (struct evhttp_connection *evcon WR_UNUSED, void *arg)
+{
+  struct exec_ctx *x = arg;
+  exec_detach (x);
   evhttp_send_reply_end (x->req);
   exec_ctx_free (x);
 }
@@ -521,6 +569,7 @@ exec_client_closed (struct evhttp_connection *evcon WR_UNUSED, void *arg)
   struct exec_ctx *x = arg;
   x->client_gone = true;
   x->evcon = NULL;
+  exec_release (x);
   /* Nobody will read the output: stop the command. */
   if (x->sb && x->sb->conn && x->sid)
     agent_send (x->sb->conn, x->sid, WR_MSG_SIGNAL, "{\"signal\":9}", 12);
