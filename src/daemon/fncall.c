@@ -115,6 +115,7 @@ struct fn_call
   struct evbuffer *out, *err;
   uint32_t sid;
   unsigned tries;
+  int want_reuse; /* the mode the caller restated: -1 none, 0 fork, 1 reuse */
   bool client_gone, queued;
   uint64_t t0_ns, start_ns;
   struct fn_call *qnext;
@@ -867,6 +868,18 @@ call_start (struct wrd *d, struct fn_member *m, struct fn_call *c)
       watchdog_arm (m, (uint64_t)(c->timeout_s * 1000) + ZYGOTE_GRACE_MS);
       return;
     }
+  if (c->want_reuse >= 0 && c->want_reuse != m->reuse)
+    {
+      /* the owner switched the pool's mode while this call waited */
+      m->cur = NULL;
+      c->m = NULL;
+      call_fail (c, WR_E_CONFLICT,
+                 "fncall pool %s now runs calls in %s mode (changed by its owner); the call "
+                 "asked for %s",
+                 p->key, m->reuse ? "reuse" : "fork", m->reuse ? "fork" : "reuse");
+      member_done (d, m);
+      return;
+    }
   json_object_set_new (c->body, "mode", json_string (m->reuse ? "reuse" : "fork"));
   char *text = json_dumps (c->body, JSON_COMPACT);
   if (text == NULL)
@@ -1223,6 +1236,7 @@ wrd_fncall_http_calls (struct wrd *d, struct evhttp_request *req)
       return;
     }
   c->pool = p;
+  c->want_reuse = mode;
   if (p->qlen >= f->cfg.max_queue)
     {
       p->rejected++;
