@@ -84,35 +84,17 @@ spawn_actions_freep (posix_spawn_file_actions_t **fa)
     posix_spawn_file_actions_destroy (*fa);
 }
 
-/* Run argv with a clean environment; stdout to /dev/null, stderr captured
- * (last bytes kept) into errbuf. Returns the wait status or -errno. */
-static int
-run_capture (char *const argv[], char *errbuf, size_t errsz, wr_err_t *err)
+/* Read fd to EOF, keeping the last size - 1 bytes in buf as one line
+ * (newlines become spaces, trailing blanks go): a tool's error is at the
+ * end of what it printed. */
+void
+wr_read_tail (int fd, char *errbuf, size_t errsz)
 {
-  static char *const envp[]
-      = { "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C", NULL };
-  int pipefd[2];
-  if (pipe2 (pipefd, O_CLOEXEC) < 0)
-    return wr_sys_error (err, "pipe");
-  _cleanup_close_ int rd = pipefd[0];
-  _cleanup_close_ int wr = pipefd[1];
-  posix_spawn_file_actions_t fa_storage;
-  if (posix_spawn_file_actions_init (&fa_storage) != 0)
-    return wr_error (err, ENOMEM, WR_E_INTERNAL, "posix_spawn_file_actions_init");
-  _cleanup_ (spawn_actions_freep) posix_spawn_file_actions_t *fa = &fa_storage;
-  posix_spawn_file_actions_addopen (fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen (fa, 1, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_adddup2 (fa, wr, 2);
-  pid_t pid;
-  int r = posix_spawnp (&pid, argv[0], fa, NULL, argv, envp);
-  if (r != 0)
-    return wr_error (err, r, WR_E_UNAVAILABLE, "cannot run %s", argv[0]);
-  close (TAKE_FD (wr));
   size_t len = 0;
   char chunk[1024];
   for (;;)
     {
-      ssize_t n = read (rd, chunk, sizeof chunk);
+      ssize_t n = read (fd, chunk, sizeof chunk);
       if (n < 0 && errno == EINTR)
         continue;
       if (n <= 0)
@@ -141,6 +123,33 @@ run_capture (char *const argv[], char *errbuf, size_t errsz, wr_err_t *err)
   for (size_t i = 0; i < len; i++)
     if (errbuf[i] == '\n')
       errbuf[i] = ' ';
+}
+
+/* Run argv with a clean environment; stdout to /dev/null, stderr captured
+ * (last bytes kept) into errbuf. Returns the wait status or -errno. */
+static int
+run_capture (char *const argv[], char *errbuf, size_t errsz, wr_err_t *err)
+{
+  static char *const envp[]
+      = { "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C", NULL };
+  int pipefd[2];
+  if (pipe2 (pipefd, O_CLOEXEC) < 0)
+    return wr_sys_error (err, "pipe");
+  _cleanup_close_ int rd = pipefd[0];
+  _cleanup_close_ int wr = pipefd[1];
+  posix_spawn_file_actions_t fa_storage;
+  if (posix_spawn_file_actions_init (&fa_storage) != 0)
+    return wr_error (err, ENOMEM, WR_E_INTERNAL, "posix_spawn_file_actions_init");
+  _cleanup_ (spawn_actions_freep) posix_spawn_file_actions_t *fa = &fa_storage;
+  posix_spawn_file_actions_addopen (fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen (fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_adddup2 (fa, wr, 2);
+  pid_t pid;
+  int r = posix_spawnp (&pid, argv[0], fa, NULL, argv, envp);
+  if (r != 0)
+    return wr_error (err, r, WR_E_UNAVAILABLE, "cannot run %s", argv[0]);
+  close (TAKE_FD (wr));
+  wr_read_tail (rd, errbuf, errsz);
   int status;
   while (waitpid (pid, &status, 0) < 0)
     if (errno != EINTR)
@@ -179,12 +188,18 @@ wr_erofs_build (const char *src_dir, const char *out_path, wr_err_t *err)
   _cleanup_close_ int fd = open (out_path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0)
     return wr_sys_error (err, "open %s", out_path);
+  return wr_erofs_seal (fd, out_path, err);
+}
+
+int
+wr_erofs_seal (int fd, const char *path, wr_err_t *err)
+{
   int r = wr_erofs_canonicalize (fd, err);
   if (r < 0)
     return r;
   if (fsync (fd) < 0)
     return wr_error (err, errno, errno == ENOSPC ? WR_E_EXHAUSTED : WR_E_INTERNAL, "fsync %s",
-                     out_path);
+                     path);
   return 0;
 }
 

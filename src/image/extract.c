@@ -650,7 +650,7 @@ wr_tar_sha256 (int fd, const struct wr_extract_limits *lim, char hex[65], wr_err
 {
   if (lim == NULL)
     lim = &wr_extract_defaults;
-  if (lseek (fd, 0, SEEK_SET) < 0)
+  if (lseek (fd, 0, SEEK_SET) < 0 && errno != ESPIPE)
     return wr_sys_error (err, "seek");
   _cleanup_ (src_freep) struct src_reader *rd = malloc (sizeof *rd);
   if (rd == NULL)
@@ -683,7 +683,7 @@ wr_tar_sha256 (int fd, const struct wr_extract_limits *lim, char hex[65], wr_err
   uint8_t d[32];
   wr_sha256_final (&h, d);
   wr_sha256_to_hex (d, hex);
-  if (lseek (fd, 0, SEEK_SET) < 0)
+  if (lseek (fd, 0, SEEK_SET) < 0 && errno != ESPIPE)
     return wr_sys_error (err, "seek");
   return 0;
 }

@@ -36,6 +36,8 @@ struct wr_extract_stats
   uint64_t bytes;           /* regular files' sizes (holes of sparse files included) */
   uint64_t whiteouts;       /* OCI whiteouts converted (WR_EXTRACT_OCI_WHITEOUTS) */
   char source[65];          /* sha256 (hex) of every archive byte, hashed as it was read */
+  bool image_archive;       /* WR_UNPACK_PROBE: a docker-save / OCI archive */
+  char uncompressed[65];    /* WR_UNPACK_DIFF_ID: sha256 (hex) of the decompressed stream */
 };
 
 /* Convert OCI whiteout entries (".wh.NAME" -> 0/0 char device NAME,
@@ -51,6 +53,7 @@ struct wr_extract_limits
   uint64_t max_entries; /* archive entries */
   uint32_t max_ratio;   /* unpacked bytes per archive byte read ... */
   uint64_t ratio_grace; /* ... once more than this was unpacked */
+  bool in_process;      /* wr_unpack without the helper: fuzzing only */
 };
 extern const struct wr_extract_limits wr_extract_defaults;
 /* store.c: the store's limits for one layer (image false) or one image
@@ -83,6 +86,29 @@ int wr_erofs_build (const char *src_dir, const char *out_path, wr_err_t *err);
 
 /* Zero the superblock build time of an EROFS image and fix its checksum. */
 int wr_erofs_canonicalize (int fd, wr_err_t *err);
+/* Read fd to EOF, keeping its last size - 1 bytes in buf as one line. */
+void wr_read_tail (int fd, char *buf, size_t size);
+
+/* wr_erofs_canonicalize, then fsync (path names it in errors). */
+int wr_erofs_seal (int fd, const char *path, wr_err_t *err);
+
+/* wr_unpack modes besides extraction (results in the stats, untrusted:
+ * a wrong answer may only fail an import or pick the other import path) */
+#define WR_UNPACK_PROBE (1u << 8)   /* wr_tar_is_image_archive */
+#define WR_UNPACK_DIFF_ID (1u << 9) /* wr_tar_sha256 */
+/* tests: the extractor checks its chroot, then calls socket(2), which its
+ * seccomp filter must answer by killing it (SIGSYS) */
+#define WR_UNPACK_SELFTEST (1u << 10)
+
+/* unpack.c: extract the archive src (read from its start) into root_dfd in
+ * an unprivileged, seccomp-confined helper (docs/images.md, Confined
+ * unpacking); with out_fd >= 0 the helper also writes the EROFS image of
+ * the tree there (not yet sealed). stats->source is the sha256 of the bytes
+ * the daemon fed the helper. The tree is left owned by the helper's ids. */
+int wr_unpack (int src, int root_dfd, int out_fd, unsigned flags,
+               const struct wr_extract_limits *lim, struct wr_extract_stats *stats, wr_err_t *err);
+/* first host uid (and gid) of the helper's 65536 ids */
+uint32_t wr_unpack_uid_base (void);
 
 /* Mount the EROFS image file read-only at dir: a file-backed mount when the
  * kernel has them, else a loop device (autoclear). force_loop is for tests. */

@@ -389,12 +389,28 @@ wr_oci_from_manifest_dir (struct wr_store *s, const char *ref, int dfd, json_t *
   return r;
 }
 
+/* Run a WR_UNPACK_PROBE or WR_UNPACK_DIFF_ID pass over fd in the confined
+ * helper, in an empty directory of its own. */
+static int
+confined_pass (struct wr_store *s, int fd, unsigned mode, const struct wr_extract_limits *lim,
+               struct wr_extract_stats *xs, wr_err_t *err)
+{
+  char dir[4096];
+  int r = wr_store_tmpdir (s, "probe", dir, sizeof dir, err);
+  if (r < 0)
+    return r;
+  _cleanup_close_ int dfd = open (dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+  r = dfd < 0 ? wr_sys_error (err, "open %s", dir) : wr_unpack (fd, dfd, -1, mode, lim, xs, err);
+  rmdir (dir);
+  return r;
+}
+
 /* A docker-save layer file must be what the config's rootfs.diff_ids says
  * (the sha256 of the uncompressed tar) and, when stored as
  * blobs/sha256/<hex>, what its name says. ret_key: "sha256:<hex>" of the
  * file's bytes, the only digest the layer cache may be keyed on. */
 static int
-verify_docker_layer (int fd, const char *path, const char *diff_id,
+verify_docker_layer (struct wr_store *s, int fd, const char *path, const char *diff_id,
                      const struct wr_extract_limits *lim, const char *what, char ret_key[72],
                      wr_err_t *err)
 {
@@ -412,10 +428,11 @@ verify_docker_layer (int fd, const char *path, const char *diff_id,
   if (strcmp (hex, diff_id) != 0)
     {
       /* a compressed layer: its diff id is that of the tar inside */
-      char unpacked[65];
-      r = wr_tar_sha256 (fd, lim, unpacked, err);
+      struct wr_extract_stats xs;
+      r = confined_pass (s, fd, WR_UNPACK_DIFF_ID, lim, &xs, err);
       if (r < 0)
         return wr_error_wrap (err, "%s", what);
+      const char *unpacked = xs.uncompressed;
       if (strcmp (unpacked, diff_id) != 0)
         return wr_error (err, 0, WR_E_INVALID,
                          "digest mismatch for %s: content is sha256:%.12s..., the config's "
@@ -490,7 +507,7 @@ import_docker_dir (struct wr_store *s, const char *ref, int dfd, wr_progress_fn 
         }
       char what[4200];
       snprintf (what, sizeof what, "layer %zu (%.300s)", i + 1, lp);
-      r = verify_docker_layer (fds[i], lp, want, &lim, what, keys[i], err);
+      r = verify_docker_layer (s, fds[i], lp, want, &lim, what, keys[i], err);
       if (r < 0)
         {
           close_all (fds, n);
@@ -546,7 +563,11 @@ wr_image_import_any (struct wr_store *s, const char *ref, const char *path, wr_p
   fcntl (fd, F_SETFL, 0);
   struct wr_extract_limits lim;
   wr_store_extract_limits (s, true, &lim);
-  if (!wr_tar_is_image_archive (fd, &lim))
+  struct wr_extract_stats probe;
+  int pr = confined_pass (s, fd, WR_UNPACK_PROBE, &lim, &probe, err);
+  if (pr < 0)
+    return wr_error_wrap (err, "import %s", path);
+  if (!probe.image_archive)
     {
       if (progress)
         progress (ud, "rootfs", 0, 1);
@@ -568,7 +589,7 @@ wr_image_import_any (struct wr_store *s, const char *ref, const char *path, wr_p
       if (progress)
         progress (ud, "unpack", 0, 1);
       struct wr_extract_stats xs;
-      r = wr_tar_extract_ex (fd, wfd, 0, &lim, &xs, err);
+      r = wr_unpack (fd, wfd, -1, 0, &lim, &xs, err);
       if (r < 0)
         {
           if (err && (err->errnum == ENOSPC || err->errnum == EDQUOT))

@@ -36,6 +36,7 @@ struct wr_store
   bool own_db;
   int userns_fd;
   int force_loop;
+  bool unpack_in_process;
   struct wr_store_limits limits;
   pthread_mutex_t lock; /* db, mounts, and the layers directory */
   struct layer_mount *mounts;
@@ -597,7 +598,15 @@ wr_store_extract_limits (struct wr_store *s, bool image, struct wr_extract_limit
     .max_entries = s->limits.entries,
     .max_ratio = s->limits.ratio,
     .ratio_grace = wr_extract_defaults.ratio_grace,
+    .in_process = s->unpack_in_process,
   };
+}
+
+void
+wr_store_set_unpack_in_process (struct wr_store *s, bool on)
+{
+  LOCK_GUARD (s);
+  s->unpack_in_process = on;
 }
 
 void
@@ -1279,24 +1288,38 @@ build_layer (struct wr_store *s, int src, const char *path, unsigned flags, stru
       unsigned xflags = (flags & WR_STAGE_OCI) ? WR_EXTRACT_OCI_WHITEOUTS : 0;
       struct wr_extract_limits lim;
       wr_store_extract_limits (s, false, &lim);
-      int r = wr_tar_extract_ex (src, rfd, xflags, &lim, xs, err);
+      _cleanup_close_ int ofd
+          = open (image, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+      if (ofd < 0)
+        return wr_sys_error (err, "create %s", image);
+      /* parsed and built by the confined helper, sealed by us */
+      int r = wr_unpack (src, rfd, ofd, xflags, &lim, xs, err);
       if (r < 0)
         {
           err_exhausted (err);
           return wr_error_wrap (err, "import %s", path);
         }
+      r = wr_erofs_seal (ofd, image, err);
+      if (r < 0)
+        {
+          err_exhausted (err);
+          return r;
+        }
       tree = rootfs;
     }
-  int r = wr_erofs_build (tree, image, err);
-  if (r < 0)
+  else
     {
-      err_exhausted (err);
-      return r;
+      int r = wr_erofs_build (tree, image, err);
+      if (r < 0)
+        {
+          err_exhausted (err);
+          return r;
+        }
     }
   _cleanup_close_ int ifd = open (image, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (ifd < 0 || fstat (ifd, &st) < 0)
     return wr_sys_error (err, "open %s", image);
-  r = wr_sha256_fd (ifd, hex);
+  int r = wr_sha256_fd (ifd, hex);
   if (r < 0)
     return wr_error (err, -r, WR_E_INTERNAL, "hash %s", image);
   *size = (uint64_t)st.st_size;

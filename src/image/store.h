@@ -197,6 +197,11 @@ struct wr_store_limits
 void wr_store_get_limits (struct wr_store *s, struct wr_store_limits *ret);
 void wr_store_set_limits (struct wr_store *s, const struct wr_store_limits *l);
 
+/* Fuzzing only: parse archives in this process instead of the confined
+ * helper (docs/images.md), so that the fuzzer sees the parser's coverage
+ * and sanitizer reports. Never in warrend. */
+void wr_store_set_unpack_in_process (struct wr_store *s, bool on);
+
 /* Testing: mount layers through a loop device even when file-backed EROFS
  * mounts work, to exercise the fallback. */
 void wr_store_set_force_loop (struct wr_store *s, int on);

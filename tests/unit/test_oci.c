@@ -499,6 +499,18 @@ test_layer_limit (struct wr_store *s)
   wr_store_set_limits (s, &dflt);
   r = wr_image_import_any (s, "three:1", d, NULL, NULL, NULL, &err);
   CHECK (r == 0, "and accepted under the default limits (%s)", r ? err.msg : "ok");
+  struct wr_image *conf = NULL, *here = NULL;
+  wr_image_resolve (s, "three:1", &conf, NULL);
+  /* the fuzzing mode (no helper) builds the same layers */
+  wr_store_set_unpack_in_process (s, true);
+  r = wr_image_import_any (s, "three:2", d, NULL, NULL, &here, &err);
+  wr_store_set_unpack_in_process (s, false);
+  CHECK (r == 0 && conf && here && conf->n_layers == 3 && here->n_layers == 3
+             && strcmp (conf->layers[2], here->layers[2]) == 0,
+         "unpacking in process gives the same layers (%s)", r ? err.msg : "ok");
+  wr_image_free (conf);
+  wr_image_free (here);
+  wr_image_remove (s, "three:2", NULL);
   wr_image_remove (s, "three:1", NULL);
 }
 
@@ -537,6 +549,50 @@ test_ratio (void)
   CHECK (r == 0 && strcmp (got, want) == 0, "uncompressed digest of a .tar.gz is the tar's");
 }
 
+/* Archives are parsed by the confined helper: it writes as its own host ids
+ * (WARREN_UNPACK_UID_BASE + the archive's), never as root, and the digest of
+ * what it read is the daemon's. */
+static void
+test_confined_unpack (void)
+{
+  char tar[400], out[400], p[500];
+  snprintf (tar, sizeof tar, "%s/owned.tar", base);
+  snprintf (out, sizeof out, "%s/owned", base);
+  sh ("set -e; cd %s; rm -rf o %s; mkdir o %s; echo x > o/f; chown 1000:1001 o/f; chmod 4755 o/f;"
+      " tar --numeric-owner -C o -cf owned.tar .",
+      base, out, out);
+  _cleanup_close_ int fd = open (tar, O_RDONLY | O_CLOEXEC);
+  _cleanup_close_ int dfd = open (out, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  struct wr_extract_stats xs;
+  wr_err_t err;
+  int r = wr_unpack (fd, dfd, -1, 0, NULL, &xs, &err);
+  CHECK (r == 0, "unpack in the helper (%s)", r ? err.msg : "ok");
+  uint32_t b = wr_unpack_uid_base ();
+  struct stat st;
+  snprintf (p, sizeof p, "%s/f", out);
+  CHECK (stat (p, &st) == 0 && st.st_uid == b + 1000 && st.st_gid == b + 1001
+             && (st.st_mode & 07777) == 04755,
+         "files belong to the helper's range on the host (%u:%u, mode %o; base %u)",
+         (unsigned)st.st_uid, (unsigned)st.st_gid, (unsigned)(st.st_mode & 07777), b);
+  CHECK (fstat (dfd, &st) == 0 && st.st_uid == b, "the staging root is the helper's root");
+  char want[65] = "";
+  wr_sha256_fd (fd, want);
+  CHECK (r == 0 && strcmp (xs.source, want) == 0 && xs.entries == 2,
+         "the digest is of the bytes the daemon fed it");
+  /* ids outside the helper's 65536 cannot be written */
+  sh ("cd %s && chown 70000 o/f && tar --numeric-owner -C o -cf owned.tar . && rm -rf %s/*", base,
+      out);
+  r = wr_unpack (fd, dfd, -1, 0, NULL, &xs, &err);
+  CHECK (r < 0 && strstr (err.msg, "chown"), "uid 70000 is refused (%s)",
+         r < 0 ? err.msg : "accepted");
+  /* in its chroot the host's files are gone, and a call outside the
+   * allow-list kills it */
+  sh ("rm -rf %s/*", out);
+  r = wr_unpack (fd, dfd, -1, WR_UNPACK_SELFTEST, NULL, &xs, &err);
+  CHECK (r < 0 && strstr (err.msg, "killed by signal 31") && strstr (err.msg, "seccomp"),
+         "socket(2) in the helper: killed by its seccomp filter (%s)", r < 0 ? err.msg : "allowed");
+}
+
 int
 main (void)
 {
@@ -556,6 +612,7 @@ main (void)
   snprintf (root, sizeof root, "%s/root", base);
   test_whiteouts ();
   test_ratio ();
+  test_confined_unpack ();
   char dbp[400];
   snprintf (dbp, sizeof dbp, "%s/db", base);
   sqlite3 *db = NULL;
