@@ -18,11 +18,13 @@
 static char *dirs[MAX_DIRS];
 static size_t n_dirs;
 static struct wr_store *store;
+static sqlite3 *db; /* the caller's: wr_store_close leaves it open */
 
 static void
 cleanup (void)
 {
   wr_store_close (store);
+  sqlite3_close (db);
   for (size_t i = 0; i < n_dirs; i++)
     wr_rm_rf_at (AT_FDCWD, dirs[i]);
 }
@@ -43,7 +45,6 @@ fuzz_store (char *tmpl)
   fuzz_tmpdir (tmpl);
   char db_path[4096];
   snprintf (db_path, sizeof db_path, "%s/db", tmpl);
-  sqlite3 *db;
   wr_err_t err;
   if (store != NULL || sqlite3_open (db_path, &db) != SQLITE_OK
       || wr_store_open (tmpl, db, -1, &store, &err) < 0)
