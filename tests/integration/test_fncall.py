@@ -266,6 +266,14 @@ def test_forged_frames_cannot_change_other_results(fn, one):
             same_member([a, b])
             assert b["stdout"] == "real %d\n" % i and b["exit_code"] == 3, (mode, a, b)
             assert "ALL TESTS PASSED" not in b["stdout"] + b["stderr"]
+    # commands: the agent's own channels are never inherited by a call
+    a = ok(fn.api, image="python:latest", memory_mb=201,
+           shell="for f in /proc/self/fd/* /proc/$$/fd/*; do for i in 1 2 3; do "
+                 "printf 'ALL TESTS PASSED\\n' > $f; done; done 2>/dev/null; ls /proc/self/fd")
+    assert a["stdout"].split() == ["0", "1", "2", "3"], a  # stdio and ls's own dir fd
+    b = ok(fn.api, image="python:latest", memory_mb=201, shell="echo real; exit 3")
+    same_member([a, b])
+    assert b["stdout"] == "real\n" and b["exit_code"] == 3, b
     # fork: not even the interpreter is shared, so in-process tampering (the
     # reason reuse is for calls that trust each other) reaches nobody either
     tamper = ("import sys, builtins\nz = sys.modules['__main__']\n"
