@@ -129,16 +129,19 @@ $(FB)/fuzz_agent: $(call fuzzobj,$(filter-out src/agent/main.c src/agent/exec.c,
 fuzz-build: $(FUZZ_BINS)
 
 fuzz: fuzz-build
-	@set -e; for t in $(FUZZ_NAMES); do \
+	@failed=; for t in $(FUZZ_NAMES); do \
 	  mkdir -p $(FB)/corpus/$$t $(FB)/artifacts; \
 	  echo "fuzz: $$t for $(FUZZ_SECONDS)s"; \
 	  dict=; [ -f tests/fuzz/$$t.dict ] && dict=-dict=tests/fuzz/$$t.dict; \
-	  $(FB)/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 \
+	  if $(FB)/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 \
 	    -print_final_stats=1 -artifact_prefix=$(FB)/artifacts/$$t- $$dict \
-	    $(FB)/corpus/$$t tests/fuzz/corpus/$$t 2>$(FB)/$$t.log \
-	    || { tail -n 60 $(FB)/$$t.log; echo "fuzz: $$t failed (log $(FB)/$$t.log)"; exit 1; }; \
-	  grep -E '^stat::number_of_executed_units|^Done' $(FB)/$$t.log | tail -n 2; \
-	done
+	    $(FB)/corpus/$$t tests/fuzz/corpus/$$t 2>$(FB)/$$t.log; then \
+	    grep -E '^stat::number_of_executed_units' $(FB)/$$t.log; \
+	  else \
+	    tail -n 60 $(FB)/$$t.log; echo "fuzz: $$t FAILED (log $(FB)/$$t.log)"; failed="$$failed $$t"; \
+	  fi; \
+	done; \
+	if [ -n "$$failed" ]; then echo "fuzz: failed:$$failed (inputs in $(FB)/artifacts/)"; exit 1; fi
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')

@@ -92,7 +92,7 @@ put("json", "call", "\0" + json.dumps({"image": "python:3", "cmd": ["python3", "
 put("json", "call_py", "\0" + json.dumps({"lang": "python", "code": "print(1)", "stdin_encoding": "base64", "stdin": "eA=="}))
 
 # ---- build spec ----
-put("build", "spec", "FROM busybox:latest\nENV A=1 B=\"two words\" C=\\\"q\nENV PATH /usr/bin\nWORKDIR app\n"
+put("buildspec", "spec", "FROM busybox:latest\nENV A=1 B=\"two words\" C=\\\"q\nENV PATH /usr/bin\nWORKDIR app\n"
     "LABEL org.x=y\nUSER 1000\nCOPY a b /dst/\nRUN echo hi && \\\n  echo there\n# comment\n")
 
 # ---- tar ----
