@@ -13,7 +13,9 @@
 # filter applied) runs call after call in a fresh globals dict; the zygote
 # enforces the wall-clock timeout by killing and replacing it. Every call
 # gets its own request memfd and result pipe, passed over a socket the worker
-# cannot write to: nothing a call writes anywhere reaches another call.
+# cannot write to: nothing a call writes to any fd reaches another call's
+# result. Code in the shared interpreter can still change how later calls
+# run: reuse is for calls that trust each other (docs/fncall.md).
 import gc
 import json
 import os
@@ -620,13 +622,16 @@ class Worker:
             os._exit(1)
         ws.close()
         self.ctl = zs
+        self.reaped = False
 
     def close(self):
+        self.ctl.close()
+        if self.reaped:
+            return
         try:
             os.kill(self.pid, signal.SIGKILL)
         except OSError:
             pass
-        self.ctl.close()
         try:
             os.waitpid(self.pid, 0)
         except ChildProcessError:
@@ -695,23 +700,43 @@ def clean_result(h):
             "mode": "reuse"}
 
 
+def worker_alive(w):
+    try:
+        if os.waitpid(w.pid, os.WNOHANG)[0] == 0:
+            return True
+    except ChildProcessError:
+        pass
+    w.reaped = True  # its pid may be reused now: never signal it again
+    return False
+
+
 def call_reuse(req):
     global worker
-    if worker is None:
-        worker = Worker()
     timeout = req.get("timeout_ms", 30000) / 1000.0
     j = json.dumps(req, separators=(",", ":")).encode()
     req_fd = os.memfd_create("call", os.MFD_CLOEXEC)
     write_all(req_fd, j)
-    os.lseek(req_fd, 0, 0)
     res_r, res_w = os.pipe2(os.O_CLOEXEC)
     t0 = time.monotonic()
-    try:
-        socket.send_fds(worker.ctl, [b"c"], [req_fd, res_w], socket.MSG_NOSIGNAL)
-    except OSError:
-        pass  # the worker is gone: no result, handled below
+    # A worker that a previous call broke after its result (closed the
+    # control socket, exited) must not fail this call: replace it once.
+    for _ in range(2):
+        if worker is not None and not worker_alive(worker):
+            worker.close()
+            worker = None
+        if worker is None:
+            worker = Worker()
+        os.lseek(req_fd, 0, 0)
+        try:
+            socket.send_fds(worker.ctl, [b"c"], [req_fd, res_w], socket.MSG_NOSIGNAL)
+            break
+        except OSError:
+            worker.close()
+            worker = None
     os.close(req_fd)
     os.close(res_w)
+    if worker is None:
+        worker = Worker()  # so that the failure path below has one to reap
     deadline = t0 + timeout
     got = read_result(res_r, deadline, req.get("out_cap", 1 << 20), req.get("err_cap", 1 << 20))
     os.close(res_r)  # whatever the call still holds of this pipe now leads nowhere

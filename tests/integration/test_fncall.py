@@ -286,6 +286,21 @@ def test_forged_frames_cannot_change_other_results(fn, one):
     assert b["stdout"] == "real\n" and b["exit_code"] == 3, b
 
 
+def test_reuse_worker_broken_after_its_result(fn, one):
+    # a call that closes the worker's control socket returns normally; the
+    # worker then cannot take another call: the next call gets a fresh one
+    # instead of failing
+    a = ok(fn.api, image="python:latest", lang="python", memory_mb=206,
+           code="import os\nfor n in os.listdir('/proc/self/fd'):\n"
+                "    try:\n        l = os.readlink('/proc/self/fd/' + n)\n"
+                "    except OSError:\n        continue\n"
+                "    if l.startswith('socket:'):\n        os.close(int(n))\nprint('a')")
+    assert a["stdout"] == "a\n" and a["exit_code"] == 0, a
+    b = ok(fn.api, image="python:latest", lang="python", memory_mb=206, code="print('b')")
+    same_member([a, b])
+    assert b["stdout"] == "b\n" and b["exit_code"] == 0 and b["fncall"]["attempts"] == 1, b
+
+
 def test_mode_is_set_by_the_pool_owner(fn, one):
     # a caller cannot put its call into a shared worker, nor leave one
     st, j = call(fn.api, image="python:latest", lang="python", memory_mb=202, mode="reuse",
