@@ -50,6 +50,11 @@ def sha(b):
     return hashlib.sha256(b).hexdigest()
 
 
+# ---- codecs ----
+put("codec", "ascii", "hello world")
+put("codec", "b64", "aGVsbG8=")
+put("codec", "utf8", b"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\xed\xa0\x80")
+
 # ---- protocol ----
 hello = json.dumps({"version": 1, "agent": "warren-agent", "pid": 1, "resolver": "openat2"})
 put("proto", "hello", frame(0, 1, hello))
