@@ -254,6 +254,30 @@ agent_send (struct agent_conn *c, uint32_t stream, uint8_t type, const void *dat
   return 0;
 }
 
+/* What an honest agent may send for a request: an exec's caps (the agent
+ * forwards exactly up to them; 1 MiB each when absent, docs/protocol.md), a
+ * read's max_bytes. */
+static size_t
+request_data_limit (uint8_t type, json_t *body)
+{
+  if (type == WR_MSG_EXEC)
+    {
+      size_t sum = 0;
+      static const char *const caps[] = { "stdout_cap", "stderr_cap" };
+      for (int i = 0; i < 2; i++)
+        {
+          json_t *v = json_object_get (body, caps[i]);
+          json_int_t n = v ? json_integer_value (v) : 1 << 20;
+          if (n < 0 || (uint64_t)n > SIZE_MAX - sum)
+            return SIZE_MAX;
+          sum += (size_t)n;
+        }
+      return sum;
+    }
+  json_int_t max = json_integer_value (json_object_get (body, "max_bytes"));
+  return max > 0 && (uint64_t)max < WRD_AGENT_DATA_MAX ? (size_t)max : WRD_AGENT_DATA_MAX;
+}
+
 uint32_t
 agent_request (struct agent_conn *c, uint8_t type, json_t *body, const struct agent_ops *ops,
                void *ud)
@@ -271,7 +295,7 @@ agent_request (struct agent_conn *c, uint8_t type, json_t *body, const struct ag
     c->next_stream = 1;
   p->ops = *ops;
   p->ud = ud;
-  p->max_data = WRD_AGENT_DATA_MAX;
+  p->max_data = request_data_limit (type, body);
   if (agent_send (c, p->stream, type, text, strlen (text)) < 0)
     {
       free (p);

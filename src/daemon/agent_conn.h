@@ -26,7 +26,7 @@ struct agent_ops
 };
 
 /* Bounds on what an agent can make the daemon hold (docs/protocol.md). */
-#define WRD_AGENT_DATA_MAX ((size_t)129 << 20)  /* per request: 2 x 64 MiB caps + slack */
+#define WRD_AGENT_DATA_MAX ((size_t)64 << 20)   /* a FILE request, unless max_bytes says less */
 #define WRD_AGENT_PONG_QUEUE ((size_t)64 << 10) /* PINGs are answered below this queue */
 
 /* Called when the connection is lost: the agent died or closed it, or broke
@@ -46,9 +46,10 @@ uint32_t agent_request (struct agent_conn *c, uint8_t type, json_t *body,
 /* Send raw frames on a stream (STDIN, DATA, SIGNAL payloads). Large data is
  * split into frames. An empty payload is sent as one empty frame. */
 int agent_send (struct agent_conn *c, uint32_t stream, uint8_t type, const void *data, size_t len);
-/* The most bytes a request's on_data may receive (default
- * WRD_AGENT_DATA_MAX). The agent is not trusted: one byte more closes the
- * connection. */
+/* The most bytes a request's on_data may receive. The agent is not trusted:
+ * one byte more closes the connection. The default follows from the
+ * request: an EXEC's stdout_cap + stderr_cap, a FILE read's max_bytes, else
+ * WRD_AGENT_DATA_MAX. */
 void agent_set_data_limit (struct agent_conn *c, uint32_t stream, size_t max);
 /* Forget a request: its callbacks are never called again. */
 void agent_cancel (struct agent_conn *c, uint32_t stream);

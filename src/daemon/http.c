@@ -844,9 +844,8 @@ handle_exec (struct wrd *d, struct evhttp_request *req, struct sandbox *sb, stru
   sb->busy++;
   d->m.execs++;
   static const struct agent_ops ops = { exec_on_data, exec_on_done, exec_on_error };
+  /* agent_conn closes an agent that sends more than both caps */
   x->sid = agent_request (sb->conn, WR_MSG_EXEC, areq, &ops, x);
-  /* an agent that sends more than both caps breaks the protocol */
-  agent_set_data_limit (sb->conn, x->sid, x->cap[0] + x->cap[1]);
   json_decref (areq);
   if (x->sid == 0)
     {
@@ -1024,8 +1023,6 @@ handle_files (struct wrd *d, struct evhttp_request *req, struct sandbox *sb, str
   d->m.files++;
   static const struct agent_ops ops = { file_on_data, file_on_done, file_on_error };
   uint32_t sid = agent_request (sb->conn, WR_MSG_FILE, body, &ops, f);
-  /* reads ask for at most FILE_BODY_MAX bytes; other ops send no DATA */
-  agent_set_data_limit (sb->conn, sid, FILE_BODY_MAX);
   json_decref (body);
   if (sid == 0)
     {

@@ -209,24 +209,24 @@ test_output_over_limit (void)
   rig_stop (&g);
 }
 
-/* Without a limit set: WRD_AGENT_DATA_MAX still holds. */
+/* 3 MiB of STDOUT for an EXEC that asked for the default caps (1 MiB each). */
 static void
-endless_output (int fd)
+over_default_caps (int fd)
 {
-  static char pay[WR_FRAME_MAX];
-  for (size_t sent = 0; sent <= WRD_AGENT_DATA_MAX; sent += sizeof pay)
-    frame (fd, 1, WR_MSG_DATA, pay, sizeof pay);
-  frame (fd, 1, WR_MSG_RESULT, "{}", 2);
+  static char pay[64 << 10];
+  for (int i = 0; i < 48; i++)
+    frame (fd, 1, WR_MSG_STDOUT, pay, sizeof pay);
+  frame (fd, 1, WR_MSG_EXIT, "{\"exit_code\":0}", 15);
 }
 
 static void
 test_output_default_limit (void)
 {
   struct rig g;
-  rig_start (&g, endless_output);
+  rig_start (&g, over_default_caps);
   run_until (g.base, &g.r.failed, &g.r.done);
-  TAP_OK (g.r.failed && g.lost && g.r.data <= WRD_AGENT_DATA_MAX,
-          "a request without its own limit is cut at WRD_AGENT_DATA_MAX (%zu bytes delivered)",
+  TAP_OK (g.r.failed && g.lost && g.r.data <= (2u << 20),
+          "an EXEC is cut at its own caps (1 MiB + 1 MiB by default; %zu bytes delivered)",
           g.r.data);
   rig_stop (&g);
 }
