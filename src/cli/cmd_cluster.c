@@ -132,7 +132,7 @@ project_create (cli_t *cli, int argc, char **argv)
   bool have_sb = false, as_json = false;
   int opt;
   optind = 0;
-  while ((opt = getopt_long (argc, argv, "+h", opts, NULL)) != -1)
+  while ((opt = getopt_long (argc, argv, "h", opts, NULL)) != -1)
     switch (opt)
       {
       case 's':

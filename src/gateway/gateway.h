@@ -47,6 +47,7 @@ struct gw_project
   /* loop only: slots reserved in etcd and not yet used by this gateway */
   long long free_sb, free_mem;
   bool reserving;
+  uint64_t last_use_ms; /* an idle reserve goes back to etcd (gw_quota_sweep) */
   struct create_ctx *waiters, **waiters_tail;
 };
 
@@ -109,8 +110,12 @@ void gw_quota_take (struct gw *g, struct gw_project *p, long long memory_mb, gw_
                     void *ud);
 /* Give back a slot (create failed, sandbox deleted). */
 void gw_quota_put (struct gw *g, struct gw_project *p, long long memory_mb);
+/* GET /v1/projects: limits and this gateway's unused reserve */
+json_t *gw_projects_json (struct gw *g);
 /* POST /v1/projects */
 void gw_projects_create (struct gw *g, struct evhttp_request *req);
+/* Return reserves unused for a while, so other gateways can have them (1 s timer). */
+void gw_quota_sweep (struct gw *g);
 /* Release every unused reservation (shutdown). */
 void gw_quota_release_all (struct gw *g);
 

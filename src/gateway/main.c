@@ -48,6 +48,12 @@ read_token (const char *path, char *buf, size_t size)
 }
 
 static void
+sweep_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
+{
+  gw_quota_sweep (arg);
+}
+
+static void
 on_signal (evutil_socket_t sig, short what WR_UNUSED, void *arg)
 {
   struct gw *g = arg;
@@ -141,6 +147,8 @@ main (int argc, char **argv)
   struct event *sigterm = evsignal_new (g.base, SIGTERM, on_signal, &g);
   evsignal_add (sigint, NULL);
   evsignal_add (sigterm, NULL);
+  struct event *sweep = event_new (g.base, -1, EV_PERSIST, sweep_cb, &g);
+  event_add (sweep, &(struct timeval){ 1, 0 });
   fprintf (stderr, "warren-gateway: serving %s (cluster %s)\n", listens[0], urls);
   event_base_dispatch (g.base);
   evhttp_free (g.http);
@@ -149,6 +157,7 @@ main (int argc, char **argv)
   gw_nodes_free_conns (&g);
   event_free (sigint);
   event_free (sigterm);
+  event_free (sweep);
   event_base_free (g.base);
   wr_etcd_free (g.etcd);
   return 0;

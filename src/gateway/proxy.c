@@ -26,10 +26,17 @@ struct fwd
   struct evbuffer *body;
   gw_fwd_hook hook;
   void *ud;
+  enum evhttp_cmd_type method;
+  char *uri;
+  bool reused; /* conn came from the idle pool: the node may have closed it meanwhile */
   bool streaming;
   bool client_gone;
   bool out_done;
 };
+
+static void forward (struct gw *g, struct gw_node *n, struct evhttp_request *client,
+                     enum evhttp_cmd_type method, const char *uri, struct evbuffer *body,
+                     gw_fwd_hook hook, void *ud, bool fresh);
 
 static void
 conn_free_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
@@ -48,7 +55,7 @@ conn_release (struct gw *g, struct gw_node *n, struct evhttp_connection *c)
 }
 
 static struct evhttp_connection *
-conn_get (struct gw *g, struct gw_node *n)
+conn_get (struct gw *g, struct gw_node *n, bool fresh, bool *ret_reused)
 {
   pthread_mutex_lock (&g->mu);
   char host[256];
@@ -64,7 +71,8 @@ conn_get (struct gw *g, struct gw_node *n)
       snprintf (n->conn_host, sizeof n->conn_host, "%s", host);
       n->conn_port = port;
     }
-  if (n->n_idle)
+  *ret_reused = n->n_idle > 0 && !fresh;
+  if (*ret_reused)
     return n->idle[--n->n_idle];
   if (port <= 0)
     return NULL;
@@ -93,6 +101,7 @@ fwd_free (struct fwd *f)
     evhttp_connection_set_closecb (f->client_conn, NULL, NULL);
   if (f->body)
     evbuffer_free (f->body);
+  free (f->uri);
   free (f);
 }
 
@@ -137,6 +146,20 @@ out_done (struct evhttp_request *out, void *arg)
   if (f->client_gone)
     return; /* client_closed_cb cancelled us and finishes */
   int status = out ? evhttp_request_get_response_code (out) : 0;
+  if (status == 0 && f->reused && !f->streaming
+      && (f->method == EVHTTP_REQ_GET || f->method == EVHTTP_REQ_HEAD
+          || f->method == EVHTTP_REQ_DELETE))
+    {
+      /* a kept-alive connection the node had just closed: once more on a new one */
+      event_base_once (f->g->base, -1, EV_TIMEOUT, conn_free_cb, f->conn,
+                       &(struct timeval){ 0, 0 });
+      if (f->client_conn)
+        evhttp_connection_set_closecb (f->client_conn, NULL, NULL);
+      f->client_conn = NULL;
+      forward (f->g, f->node, f->client, f->method, f->uri, evbuffer_new (), f->hook, f->ud, true);
+      fwd_free (f);
+      return;
+    }
   conn_release (f->g, f->node, f->conn);
   if (status == 0)
     unreachable (f);
@@ -224,8 +247,17 @@ gw_forward (struct gw *g, struct gw_node *n, struct evhttp_request *client,
             enum evhttp_cmd_type method, const char *uri, struct evbuffer *body, gw_fwd_hook hook,
             void *ud)
 {
+  forward (g, n, client, method, uri, body, hook, ud, false);
+}
+
+static void
+forward (struct gw *g, struct gw_node *n, struct evhttp_request *client,
+         enum evhttp_cmd_type method, const char *uri, struct evbuffer *body, gw_fwd_hook hook,
+         void *ud, bool fresh)
+{
   struct fwd *f = calloc (1, sizeof *f);
-  struct evhttp_connection *conn = f ? conn_get (g, n) : NULL;
+  bool reused = false;
+  struct evhttp_connection *conn = f ? conn_get (g, n, fresh, &reused) : NULL;
   if (conn == NULL)
     {
       free (f);
@@ -237,7 +269,15 @@ gw_forward (struct gw *g, struct gw_node *n, struct evhttp_request *client,
         gw_reply_error (client, 503, "unavailable", "node %s has no usable address", n->name);
       return;
     }
-  *f = (struct fwd){ .g = g, .node = n, .client = client, .conn = conn, .hook = hook, .ud = ud };
+  *f = (struct fwd){ .g = g,
+                     .node = n,
+                     .client = client,
+                     .conn = conn,
+                     .hook = hook,
+                     .ud = ud,
+                     .method = method,
+                     .uri = strdup (uri),
+                     .reused = reused };
   f->body = evbuffer_new ();
   struct evhttp_request *out = evhttp_request_new (out_done, f);
   f->out = out;

@@ -143,12 +143,12 @@ job_done (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
   struct gw_project *p = j->p;
   struct gw *g = j->g;
   p->reserving = false;
-  if (j->ok)
+  if (j->ok && j->delta_sb > 0)
     {
       p->free_sb += j->got_sb;
       p->free_mem += j->got_mem;
     }
-  else if (j->delta_sb < 0)
+  else if (!j->ok && j->delta_sb < 0)
     {
       /* could not give it back: keep it, try again later */
       p->free_sb -= j->delta_sb;
@@ -201,6 +201,18 @@ fits (struct gw_project *p, long long mem)
   return p->free_sb >= 1 && (p->max_memory_mb == 0 || p->free_mem >= mem);
 }
 
+/* Slots per etcd transaction: the gateway's --quota-chunk, but at most an
+ * eighth of the quota, so a small quota is not held whole by one gateway
+ * while another is refused. */
+static long long
+chunk_of (struct gw *g, struct gw_project *p)
+{
+  long long c = p->max_sandboxes / 8;
+  if (c < 1)
+    c = 1;
+  return c < g->chunk ? c : g->chunk;
+}
+
 /* Reserve enough for every queued create (at least a chunk); the first
  * waiter's needs are the minimum worth taking. */
 static void
@@ -213,7 +225,8 @@ reserve_for_waiters (struct gw *g, struct gw_project *p)
       n++;
       maxmem = x->mem > maxmem ? x->mem : maxmem;
     }
-  long long total = n > g->chunk ? n : g->chunk;
+  long long chunk = chunk_of (g, p);
+  long long total = n > chunk ? n : chunk;
   long long want_sb = total - p->free_sb > 1 ? total - p->free_sb : 1;
   long long min_sb = p->free_sb >= 1 ? 0 : 1;
   long long want_mem = 0, min_mem = 0;
@@ -255,6 +268,7 @@ serve_waiters (struct gw *g, struct gw_project *p, const char *failure)
 void
 gw_quota_take (struct gw *g, struct gw_project *p, long long memory_mb, gw_quota_cb cb, void *ud)
 {
+  p->last_use_ms = wr_now_ms ();
   if (wq_head (p) == NULL && fits (p, memory_mb))
     {
       p->free_sb--;
@@ -282,18 +296,35 @@ gw_quota_put (struct gw *g, struct gw_project *p, long long memory_mb)
   p->free_sb++;
   if (p->max_memory_mb)
     p->free_mem += memory_mb;
+  p->last_use_ms = wr_now_ms ();
   if (wq_head (p))
     {
       if (!p->reserving)
         serve_waiters (g, p, NULL);
       return;
     }
-  if (!p->reserving && p->free_sb > 2 * g->chunk)
+  long long chunk = chunk_of (g, p);
+  if (!p->reserving && p->free_sb > 2 * chunk)
     {
-      long long k = p->free_sb - g->chunk;
+      long long k = p->free_sb - chunk;
       long long mem = p->max_memory_mb ? p->free_mem * k / p->free_sb : 0;
       start_job (g, p, -k, -mem, 0, 0);
     }
+}
+
+void
+gw_quota_sweep (struct gw *g)
+{
+  uint64_t now = wr_now_ms ();
+  pthread_mutex_lock (&g->mu);
+  for (size_t i = 0; i < g->n_projects; i++)
+    {
+      struct gw_project *p = g->projects[i];
+      if (!p->reserving && wq_head (p) == NULL && (p->free_sb > 0 || p->free_mem > 0)
+          && now - p->last_use_ms > 2000)
+        start_job (g, p, -p->free_sb, -p->free_mem, 0, 0);
+    }
+  pthread_mutex_unlock (&g->mu);
 }
 
 void
@@ -312,6 +343,26 @@ gw_quota_release_all (struct gw *g)
       else
         p->free_sb = p->free_mem = 0;
     }
+}
+
+json_t *
+gw_projects_json (struct gw *g)
+{
+  json_t *a = json_array ();
+  pthread_mutex_lock (&g->mu);
+  for (size_t i = 0; i < g->n_projects; i++)
+    {
+      struct gw_project *p = g->projects[i];
+      if (p->present)
+        json_array_append_new (a, json_pack ("{s:s,s:I,s:I,s:i,s:{s:I,s:I}}", "name", p->name,
+                                             "max_sandboxes", (json_int_t)p->max_sandboxes,
+                                             "max_memory_mb", (json_int_t)p->max_memory_mb,
+                                             "priority", p->priority, "reserve", "sandboxes",
+                                             (json_int_t)p->free_sb, "memory_mb",
+                                             (json_int_t)p->free_mem));
+    }
+  pthread_mutex_unlock (&g->mu);
+  return json_pack ("{s:o}", "projects", a);
 }
 
 /* ---- POST /v1/projects ---- */
@@ -358,7 +409,6 @@ gw_projects_create (struct gw *g, struct evhttp_request *req)
   /* an admin call, rare: a short blocking etcd transaction on the loop */
   int r = wr_etcd_cas (g->etcd, key, 0, text, 0, &err);
   free (text);
-  json_decref (body);
   if (r < 0)
     gw_reply_error (req, 503, "control_plane_unavailable", "%s", err.msg);
   else if (r == 0)
@@ -370,5 +420,6 @@ gw_projects_create (struct gw *g, struct evhttp_request *req)
       gw_reply_json (req, 201, json_incref (rec));
     }
   json_decref (rec);
+  json_decref (body);
   explicit_bzero (token, sizeof token);
 }

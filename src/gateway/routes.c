@@ -501,6 +501,8 @@ route (struct evhttp_request *req, void *arg)
     handle_nodes (g, req, path + 10);
   else if (strcmp (path, "/v1/projects") == 0 && m == EVHTTP_REQ_POST)
     gw_projects_create (g, req);
+  else if (strcmp (path, "/v1/projects") == 0 && m == EVHTTP_REQ_GET)
+    gw_reply_json (req, 200, gw_projects_json (g));
   else
     gw_reply_error (req, 501, WR_E_UNSUPPORTED,
                     "%s is not served by the gateway yet; address a node directly", path);

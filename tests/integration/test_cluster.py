@@ -1,0 +1,451 @@
+"""Cluster mode (docs/cluster.md): a real 3-member etcd cluster, two warrend
+nodes and two warren-gateways on loopback, all started here.
+
+Covers placement (a burst spreads over both nodes), routing by id through
+either gateway (exec buffered and streamed, files, list, delete), the CLI
+against a gateway (node ls / drain, project create), quotas under two racing
+gateways, and a killed node leaving placement when its lease expires.
+Everything polls with generous deadlines; no sleep decides pass or fail."""
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+
+import pytest
+
+from conftest import BUILD, need, start_daemon
+
+ETCD = "/usr/bin/etcd"
+ADMIN = "admin-token-0123456789abcdef"
+NODE_TOKEN = "node-token-0123456789abcdef"
+LEASE_TTL = 5
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_for(what, fn, timeout=30.0, interval=0.05):
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        try:
+            last = fn()
+            if last:
+                return last
+        except OSError as e:
+            last = e
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+class Http:
+    """Bearer-token JSON client for a TCP endpoint (gateway or node)."""
+
+    def __init__(self, port, token):
+        self.port = port
+        self.token = token
+
+    def raw(self, method, path, body=None, timeout=60, token=None):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            if isinstance(body, (dict, list)):
+                body = json.dumps(body).encode()
+            c.request(method, path, body=body,
+                      headers={"Authorization": "Bearer " + (token or self.token)})
+            r = c.getresponse()
+            data = r.read()
+            return r.status, (json.loads(data) if data and r.getheader("Content-Type", "").startswith(
+                "application/json") else data)
+        finally:
+            c.close()
+
+
+class Etcd:
+    def __init__(self, n=3):
+        self.dir = tempfile.mkdtemp(prefix="wr-etcd-", dir="/var/tmp")
+        self.members = []
+        for i in range(n):
+            self.members.append({"name": f"e{i}", "client": free_port(), "peer": free_port()})
+        self.procs = {}
+        cluster = ",".join(f"{m['name']}=http://127.0.0.1:{m['peer']}" for m in self.members)
+        for m in self.members:
+            self.start(m, cluster)
+        self.urls = ",".join(f"http://127.0.0.1:{m['client']}" for m in self.members)
+        for m in self.members:
+            wait_for(f"etcd {m['name']} healthy", lambda m=m: self.healthy(m), timeout=60)
+
+    def start(self, m, cluster):
+        log = open(os.path.join(self.dir, m["name"] + ".log"), "ab")
+        self.procs[m["name"]] = subprocess.Popen([
+            ETCD, "--name", m["name"], "--data-dir", os.path.join(self.dir, m["name"]),
+            "--listen-client-urls", f"http://127.0.0.1:{m['client']}",
+            "--advertise-client-urls", f"http://127.0.0.1:{m['client']}",
+            "--listen-peer-urls", f"http://127.0.0.1:{m['peer']}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{m['peer']}",
+            "--initial-cluster", cluster, "--initial-cluster-state", "new",
+            "--initial-cluster-token", "warren-test"], stdout=log, stderr=log)
+
+    def healthy(self, m):
+        c = http.client.HTTPConnection("127.0.0.1", m["client"], timeout=5)
+        try:
+            c.request("GET", "/health")
+            return json.loads(c.getresponse().read()).get("health") == "true"
+        finally:
+            c.close()
+
+    def get(self, key):
+        """(value dict or None, version) of one key, through etcd's JSON gateway."""
+        import base64
+        m = self.members[0]
+        c = http.client.HTTPConnection("127.0.0.1", m["client"], timeout=10)
+        try:
+            c.request("POST", "/v3/kv/range", body=json.dumps(
+                {"key": base64.b64encode(key.encode()).decode()}))
+            kvs = json.loads(c.getresponse().read()).get("kvs", [])
+        finally:
+            c.close()
+        if not kvs:
+            return None, 0
+        return json.loads(base64.b64decode(kvs[0]["value"])), int(kvs[0].get("version", 0))
+
+    def stop(self):
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Gateway:
+    def __init__(self, urls, tokdir):
+        self.port = free_port()
+        self.log_path = os.path.join(tokdir, f"gateway-{self.port}.log")
+        self.proc = subprocess.Popen([
+            os.path.join(os.path.abspath(BUILD), "bin", "warren-gateway"), "--cluster", urls,
+            "--listen", f"tcp:127.0.0.1:{self.port}", "--token-file", os.path.join(tokdir, "admin"),
+            "--node-token-file", os.path.join(tokdir, "node")],
+            stdout=open(self.log_path, "ab"), stderr=subprocess.STDOUT)
+        self.api = Http(self.port, ADMIN)
+        wait_for("gateway healthy and synced", self.synced, timeout=30)
+
+    def synced(self):
+        if self.proc.poll() is not None:
+            raise AssertionError("warren-gateway exited: " + open(self.log_path).read()[-2000:])
+        st, j = self.api.raw("GET", "/healthz", timeout=5)
+        return st == 200 and j["synced"]
+
+    def nodes(self):
+        st, j = self.api.raw("GET", "/v1/nodes")
+        assert st == 200, j
+        return {n["name"]: n for n in j["nodes"]}
+
+    def cli(self, *args, token=ADMIN, check=True):
+        env = dict(os.environ, WARREN_HOST=f"http://127.0.0.1:{self.port}", WARREN_TOKEN=token)
+        r = subprocess.run([os.path.join(os.path.abspath(BUILD), "bin", "warren")] + list(args),
+                           capture_output=True, timeout=120, env=env)
+        if check:
+            assert r.returncode == 0, (args, r.returncode, r.stdout, r.stderr)
+        return r
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError("warren-gateway did not stop within 30 s of SIGTERM")
+            assert self.proc.returncode == 0, open(self.log_path).read()[-2000:]
+
+
+@pytest.fixture(scope="module")
+def cluster(rootfs):
+    need(os.path.exists(ETCD), "etcd is not installed (Debian package etcd-server, scripts/setup.sh)")
+    tokdir = tempfile.mkdtemp(prefix="wr-cl-", dir="/var/tmp")
+    for name, tok in (("admin", ADMIN), ("node", NODE_TOKEN)):
+        with open(os.path.join(tokdir, name), "w") as f:
+            f.write(tok + "\n")
+    etcd = Etcd(3)
+    nodes, gws = {}, []
+    try:
+        for name, zone in (("node-a", "a"), ("node-b", "b")):
+            port = free_port()
+            d = start_daemon(rootfs, [
+                "--listen", f"tcp:127.0.0.1:{port}", "--token-file", os.path.join(tokdir, "node"),
+                "--cluster", etcd.urls, "--node-name", name,
+                "--advertise", f"http://127.0.0.1:{port}", "--label", f"zone={zone}",
+                "--lease-ttl", str(LEASE_TTL)])
+            nodes[name] = d
+        gws = [Gateway(etcd.urls, tokdir), Gateway(etcd.urls, tokdir)]
+        for g in gws:
+            wait_for("both nodes ready on a gateway",
+                     lambda g=g: all(n["state"] == "ready" for n in g.nodes().values())
+                     and len(g.nodes()) == 2)
+        yield {"etcd": etcd, "nodes": nodes, "gws": gws}
+    finally:
+        for g in gws:
+            g.stop()
+        for d in nodes.values():
+            if d.proc and d.proc.poll() is None:
+                d.stop()
+            shutil.rmtree(d.root, ignore_errors=True)
+        etcd.stop()
+        shutil.rmtree(tokdir, ignore_errors=True)
+
+
+def node_of(sid):
+    return sid[:-13]
+
+
+def test_node_ls(cluster):
+    g = cluster["gws"][0]
+    listed = json.loads(g.cli("node", "ls", "--json").stdout)
+    by = {n["name"]: n for n in listed}
+    assert set(by) == {"node-a", "node-b"}
+    for name, n in by.items():
+        assert n["state"] == "ready"
+        assert n["labels"]["zone"] == name[-1]
+        assert n["address"].startswith("http://127.0.0.1:")
+        assert "container" in n["backends"] and n["memory_free_mb"] > 0
+    table = g.cli("node", "ls").stdout.decode()
+    assert "node-a" in table and "node-b" in table and "zone=a" in table
+    # a project token is not an admin token
+    st, _ = g.api.raw("GET", "/v1/nodes", token="wrp_" + "0" * 64)
+    assert st == 401
+
+
+def test_placement_spreads_and_any_gateway_routes(cluster):
+    g1, g2 = cluster["gws"]
+    ids = []
+    for _ in range(10):
+        st, j = g1.api.raw("POST", "/v1/sandboxes", {"memory_mb": 256})
+        assert st == 201, j
+        ids.append(j["id"])
+    try:
+        assert {node_of(i) for i in ids} == {"node-a", "node-b"}, ids
+        for sid in ids:
+            # ids are plain sandbox ids for every client
+            assert all(c.isdigit() or c.islower() or c == "-" for c in sid) and len(sid) <= 32
+            st, r = g2.api.raw("POST", f"/v1/sandboxes/{sid}/exec", {"cmd": ["hostname"]})
+            assert st == 200 and r["exit_code"] == 0, (sid, r)
+        sid = ids[0]
+        st, r = g1.api.raw("PUT", f"/v1/sandboxes/{sid}/files?path=/tmp/f", body=b"\x00\xffbin")
+        assert st == 201, r
+        st, data = g2.api.raw("GET", f"/v1/sandboxes/{sid}/files?path=/tmp/f")
+        assert st == 200 and data == b"\x00\xffbin"
+        st, lst = g2.api.raw("GET", "/v1/sandboxes")
+        assert st == 200 and set(ids) <= {s["id"] for s in lst["sandboxes"]}
+        st, one = g2.api.raw("GET", f"/v1/sandboxes/{ids[1]}")
+        assert st == 200 and one["id"] == ids[1]
+        # unknown node, malformed id: clean 404s
+        assert g1.api.raw("GET", "/v1/sandboxes/nope-0123456789ab")[0] == 404
+        assert g1.api.raw("GET", "/v1/sandboxes/0123456789abcdef")[0] == 404
+    finally:
+        for sid in ids:
+            st, _ = g2.api.raw("DELETE", f"/v1/sandboxes/{sid}")
+            assert st == 204
+    for sid in ids:
+        st, j = g1.api.raw("GET", f"/v1/sandboxes/{sid}")
+        assert st == 404, j
+
+
+def test_stream_passes_through_unbuffered(cluster):
+    g1, g2 = cluster["gws"]
+    st, j = g1.api.raw("POST", "/v1/sandboxes", {})
+    assert st == 201
+    sid = j["id"]
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", g2.port, timeout=60)
+        t0 = time.time()
+        c.request("POST", f"/v1/sandboxes/{sid}/exec", body=json.dumps(
+            {"shell": "echo first; sleep 3; echo second", "stream": True}),
+            headers={"Authorization": "Bearer " + ADMIN})
+        r = c.getresponse()
+        assert r.status == 200
+        first = json.loads(r.readline())
+        t_first = time.time() - t0
+        rest = [json.loads(line) for line in r.read().splitlines() if line.strip()]
+        t_all = time.time() - t0
+        c.close()
+        assert first == {"stream": "stdout", "data": "first\n"}, first
+        assert rest[-1]["exit_code"] == 0 and any(e.get("data") == "second\n" for e in rest)
+        # the first line came through while the command was still sleeping
+        assert t_first < t_all - 1.5, (t_first, t_all)
+        # the CLI's streaming exec through the other gateway
+        r = g1.cli("exec", sid, "--", "sh", "-c", "echo out; echo err >&2; exit 3", check=False)
+        assert r.returncode == 3 and r.stdout == b"out\n" and r.stderr == b"err\n", r
+    finally:
+        g1.api.raw("DELETE", f"/v1/sandboxes/{sid}")
+
+
+def test_cli_create_exec_rm_through_gateway(cluster):
+    g1, g2 = cluster["gws"]
+    sid = g1.cli("create").stdout.decode().strip()
+    assert node_of(sid) in ("node-a", "node-b")
+    assert g2.cli("exec", sid, "--", "echo", "hi").stdout == b"hi\n"
+    assert sid in g2.cli("ls").stdout.decode()
+    g2.cli("rm", sid)
+    assert sid not in g1.cli("ls").stdout.decode()
+
+
+def test_drain(cluster):
+    g1, g2 = cluster["gws"]
+    g1.cli("node", "drain", "node-b")
+    try:
+        for g in (g1, g2):
+            wait_for("node-b drained on every gateway", lambda g=g: g.nodes()["node-b"]["state"] == "drained")
+        ids = []
+        for _ in range(6):
+            st, j = (g2 if len(ids) % 2 else g1).api.raw("POST", "/v1/sandboxes", {"memory_mb": 128})
+            assert st == 201, j
+            ids.append(j["id"])
+        assert {node_of(i) for i in ids} == {"node-a"}, ids
+        # a drained node keeps serving its sandboxes
+        for sid in ids:
+            g1.api.raw("DELETE", f"/v1/sandboxes/{sid}")
+    finally:
+        g1.cli("node", "undrain", "node-b")
+    for g in (g1, g2):
+        wait_for("node-b ready again", lambda g=g: g.nodes()["node-b"]["state"] == "ready")
+
+
+def test_labels_select_nodes(cluster):
+    g1 = cluster["gws"][0]
+    st, j = g1.api.raw("POST", "/v1/sandboxes", {"node_labels": {"zone": "b"}})
+    assert st == 201 and node_of(j["id"]) == "node-b", j
+    g1.api.raw("DELETE", f"/v1/sandboxes/{j['id']}")
+    st, j = g1.api.raw("POST", "/v1/sandboxes", {"node_labels": {"zone": "nowhere"}})
+    assert st == 503 and j["error"]["code"] == "unavailable", j
+
+
+def test_project_quota_holds_under_racing_gateways(cluster):
+    g1, g2 = cluster["gws"]
+    etcd = cluster["etcd"]
+    token = g1.cli("project", "create", "race", "--max-sandboxes", "5").stdout.decode().strip()
+    assert token.startswith("wrp_")
+    r = g2.cli("project", "create", "race", "--max-sandboxes", "5", check=False)
+    assert r.returncode != 0 and b"exists" in r.stderr
+    for g in (g1, g2):
+        wait_for("the project token on every gateway",
+                 lambda g=g: g.api.raw("GET", "/healthz", token=token)[0] == 200)
+    results = []
+    lock = threading.Lock()
+
+    def create(g):
+        st, j = g.api.raw("POST", "/v1/sandboxes", {"memory_mb": 64}, token=token)
+        with lock:
+            results.append((st, j))
+
+    threads = [threading.Thread(target=create, args=(cluster["gws"][i % 2],)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    made = [j["id"] for st, j in results if st == 201]
+    refused = [j for st, j in results if st != 201]
+    try:
+        assert len(made) == 5, results
+        assert all(j["error"]["code"] == "resource_exhausted" for j in refused), refused
+        counter, _ = etcd.get("/warren-quota/race")
+        assert counter["sandboxes"] <= 5, counter
+        # the project sees its own sandboxes only; the admin sees them too
+        st, lst = g2.api.raw("GET", "/v1/sandboxes", token=token)
+        assert st == 200 and sorted(s["id"] for s in lst["sandboxes"]) == sorted(made)
+        assert all(s["labels"]["warren.project"] == "race" for s in lst["sandboxes"])
+    finally:
+        # deleted through the other gateways: slots come back for everyone
+        for i, sid in enumerate(made):
+            st, _ = cluster["gws"][i % 2].api.raw("DELETE", f"/v1/sandboxes/{sid}", token=token)
+            assert st == 204
+    # unused reserves flow back to etcd; then either gateway can use all 5 again
+    wait_for("the quota counter back to 0",
+             lambda: (etcd.get("/warren-quota/race")[0] or {}).get("sandboxes", 0) == 0, timeout=30)
+    for g in (g1, g2):
+        st, j = g.api.raw("GET", "/v1/projects")
+        assert st == 200 and j["projects"][0]["reserve"]["sandboxes"] == 0, j
+    again = []
+    try:
+        for i in range(5):
+            st, j = g2.api.raw("POST", "/v1/sandboxes", {"memory_mb": 64}, token=token)
+            assert st == 201, j
+            again.append(j["id"])
+        st, j = g1.api.raw("POST", "/v1/sandboxes", {"memory_mb": 64}, token=token)
+        if st == 201:
+            again.append(j["id"])
+        assert st == 429 and j["error"]["code"] == "resource_exhausted", j
+    finally:
+        for sid in again:
+            g1.api.raw("DELETE", f"/v1/sandboxes/{sid}", token=token)
+
+
+def test_quota_chunks_spare_etcd(cluster):
+    """Creates reserve quota in chunks: far fewer etcd writes than creates."""
+    g1 = cluster["gws"][0]
+    etcd = cluster["etcd"]
+    token = g1.cli("project", "create", "bulk", "--max-sandboxes", "400",
+                   "--max-memory", "100000").stdout.decode().strip()
+    wait_for("token known", lambda: g1.api.raw("GET", "/healthz", token=token)[0] == 200)
+    made = []
+    try:
+        for _ in range(32):
+            st, j = g1.api.raw("POST", "/v1/sandboxes", {"memory_mb": 64}, token=token)
+            assert st == 201, j
+            made.append(j["id"])
+        counter, writes = etcd.get("/warren-quota/bulk")
+        # default chunk 16 slots: two reservations for 32 creates
+        assert writes <= 4, (writes, counter)
+        assert 32 <= counter["sandboxes"] <= 400 and counter["memory_mb"] <= 100000, counter
+        print(f"quota: 32 creates, {writes} etcd writes on the quota counter")
+    finally:
+        for sid in made:
+            g1.api.raw("DELETE", f"/v1/sandboxes/{sid}", token=token)
+
+
+def test_killed_node_leaves_placement(cluster):
+    """Last: kills node-b. Its lease expires, gateways stop placing there,
+    requests for its sandboxes fail fast with node_lost."""
+    g1, g2 = cluster["gws"]
+    st, j = g1.api.raw("POST", "/v1/sandboxes", {"node_labels": {"zone": "b"}})
+    assert st == 201
+    lost_id = j["id"]
+    t0 = time.time()
+    cluster["nodes"]["node-b"].kill9()
+    for g in (g1, g2):
+        wait_for("node-b lost", lambda g=g: g.nodes()["node-b"]["state"] == "lost",
+                 timeout=LEASE_TTL + 30)
+    elapsed = time.time() - t0
+    print(f"node loss: kill -9 to lost on both gateways in {elapsed:.1f}s (lease TTL {LEASE_TTL}s)")
+    assert elapsed < LEASE_TTL + 10, elapsed
+    ids = []
+    try:
+        for i in range(6):
+            st, j = cluster["gws"][i % 2].api.raw("POST", "/v1/sandboxes", {"memory_mb": 128})
+            assert st == 201, j
+            ids.append(j["id"])
+        assert {node_of(i) for i in ids} == {"node-a"}
+        t1 = time.time()
+        st, j = g2.api.raw("POST", f"/v1/sandboxes/{lost_id}/exec", {"cmd": ["true"]})
+        assert st == 503 and j["error"]["code"] == "node_lost" and j["infra_failure"] is True, j
+        assert time.time() - t1 < 5
+    finally:
+        for sid in ids:
+            g1.api.raw("DELETE", f"/v1/sandboxes/{sid}")
+        # back up: it adopts its sandbox again, and the teardown removes it
+        cluster["nodes"]["node-b"].start()
