@@ -66,10 +66,16 @@ struct gw
   bool synced; /* the first full read of etcd is done */
   volatile bool stop;
   pthread_t watch_thread;
+  /* control plane health: a probe thread does a quorum read every 500 ms */
+  struct wr_etcd *probe_etcd;
+  _Atomic uint64_t cp_ok_ms; /* monotonic ms of the last successful quorum read */
+  pthread_t probe_thread;
 };
 
 /* nodes.c */
 int gw_watch_start (struct gw *g, wr_err_t *err);
+/* Has etcd answered a quorum read within the last few seconds? */
+bool gw_control_plane_ok (struct gw *g);
 void gw_watch_stop (struct gw *g);
 /* Under g->mu. */
 struct gw_node *gw_node_find (struct gw *g, const char *name);

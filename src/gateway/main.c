@@ -118,7 +118,8 @@ main (int argc, char **argv)
       || read_token (node_token_file, g.node_token, sizeof g.node_token) < 0)
     return 1;
   wr_err_t err;
-  if (wr_etcd_new (urls, 3000, &g.etcd, &err) < 0)
+  if (wr_etcd_new (urls, 3000, &g.etcd, &err) < 0
+      || wr_etcd_new (urls, 1000, &g.probe_etcd, &err) < 0)
     {
       fprintf (stderr, "warren-gateway: %s\n", err.msg);
       return 2;
@@ -160,5 +161,6 @@ main (int argc, char **argv)
   event_free (sweep);
   event_base_free (g.base);
   wr_etcd_free (g.etcd);
+  wr_etcd_free (g.probe_etcd);
   return 0;
 }

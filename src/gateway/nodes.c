@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdatomic.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -208,11 +209,41 @@ watch_main (void *arg)
   return NULL;
 }
 
+/* A watch stream stays open on a member that lost quorum, so the watch
+ * cannot tell: a linearizable read every 500 ms can (it needs a leader). */
+#define CP_STALE_MS 3000
+
+static void *
+probe_main (void *arg)
+{
+  struct gw *g = arg;
+  json_t *body = json_pack ("{s:o}", "key", wr_etcd_b64 ("/warren/", 8));
+  while (!g->stop)
+    {
+      json_t *resp = NULL;
+      if (wr_etcd_call (g->probe_etcd, "/v3/kv/range", body, &resp, NULL) == 0)
+        atomic_store (&g->cp_ok_ms, wr_now_ms ());
+      json_decref (resp);
+      usleep (500 * 1000);
+    }
+  json_decref (body);
+  return NULL;
+}
+
+bool
+gw_control_plane_ok (struct gw *g)
+{
+  uint64_t ok = atomic_load (&g->cp_ok_ms);
+  return ok && wr_now_ms () - ok < CP_STALE_MS;
+}
+
 int
 gw_watch_start (struct gw *g, wr_err_t *err)
 {
   if (pthread_create (&g->watch_thread, NULL, watch_main, g) != 0)
     return wr_error (err, errno, WR_E_INTERNAL, "watch thread");
+  if (pthread_create (&g->probe_thread, NULL, probe_main, g) != 0)
+    return wr_error (err, errno, WR_E_INTERNAL, "probe thread");
   return 0;
 }
 
@@ -221,6 +252,7 @@ gw_watch_stop (struct gw *g)
 {
   g->stop = true;
   pthread_join (g->watch_thread, NULL);
+  pthread_join (g->probe_thread, NULL);
 }
 
 static bool

@@ -195,6 +195,14 @@ create_quota (struct gw *g, bool ok, const char *why, void *ud)
 static void
 handle_create (struct gw *g, struct evhttp_request *req, struct gw_project *proj)
 {
+  if (!gw_control_plane_ok (g))
+    {
+      /* placement and quotas need the cluster's current state: refuse at once */
+      gw_reply_error (req, 503, "control_plane_unavailable",
+                      "etcd has not answered a quorum read for over 3 s; running sandboxes keep "
+                      "working, creates are refused");
+      return;
+    }
   json_t *body = body_json (evhttp_request_get_input_buffer (req));
   if (body == NULL)
     body = json_object ();
@@ -482,8 +490,9 @@ route (struct evhttp_request *req, void *arg)
       bool synced = g->synced;
       pthread_mutex_unlock (&g->mu);
       gw_reply_json (req, 200,
-                     json_pack ("{s:s,s:s,s:I,s:b,s:s}", "status", "ok", "role", "gateway",
-                                "nodes_ready", (json_int_t)ready, "synced", synced, "version",
+                     json_pack ("{s:s,s:s,s:I,s:b,s:s,s:s}", "status", "ok", "role", "gateway",
+                                "nodes_ready", (json_int_t)ready, "synced", synced, "control_plane",
+                                gw_control_plane_ok (g) ? "ok" : "unavailable", "version",
                                 "0.1.0"));
     }
   else if (strcmp (path, "/v1/sandboxes") == 0 && m == EVHTTP_REQ_POST)

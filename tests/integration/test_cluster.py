@@ -79,6 +79,7 @@ class Etcd:
             self.members.append({"name": f"e{i}", "client": free_port(), "peer": free_port()})
         self.procs = {}
         cluster = ",".join(f"{m['name']}=http://127.0.0.1:{m['peer']}" for m in self.members)
+        self.cluster = cluster
         for m in self.members:
             self.start(m, cluster)
         self.urls = ",".join(f"http://127.0.0.1:{m['client']}" for m in self.members)
@@ -95,6 +96,16 @@ class Etcd:
             "--initial-advertise-peer-urls", f"http://127.0.0.1:{m['peer']}",
             "--initial-cluster", cluster, "--initial-cluster-state", "new",
             "--initial-cluster-token", "warren-test"], stdout=log, stderr=log)
+
+    def stop_member(self, i):
+        p = self.procs[self.members[i]["name"]]
+        p.terminate()
+        p.wait(timeout=30)
+
+    def start_member(self, i):
+        m = self.members[i]
+        self.start(m, self.cluster)  # an existing data dir: the initial-* flags are ignored
+        wait_for(f"etcd {m['name']} healthy again", lambda: self.healthy(m), timeout=60)
 
     def healthy(self, m):
         c = http.client.HTTPConnection("127.0.0.1", m["client"], timeout=5)
@@ -148,7 +159,7 @@ class Gateway:
         if self.proc.poll() is not None:
             raise AssertionError("warren-gateway exited: " + open(self.log_path).read()[-2000:])
         st, j = self.api.raw("GET", "/healthz", timeout=5)
-        return st == 200 and j["synced"]
+        return st == 200 and j["synced"] and j["control_plane"] == "ok"
 
     def nodes(self):
         st, j = self.api.raw("GET", "/v1/nodes")
@@ -416,6 +427,73 @@ def test_quota_chunks_spare_etcd(cluster):
     finally:
         for sid in made:
             g1.api.raw("DELETE", f"/v1/sandboxes/{sid}", token=token)
+
+
+def test_one_etcd_member_down(cluster):
+    """Every client fails over: registration, watches, drains, quotas."""
+    g1, g2 = cluster["gws"]
+    etcd = cluster["etcd"]
+    etcd.stop_member(0)
+    ids = []
+    try:
+        for i in range(4):
+            st, j = cluster["gws"][i % 2].api.raw("POST", "/v1/sandboxes", {"memory_mb": 128})
+            assert st == 201, j
+            ids.append(j["id"])
+        for sid in ids:
+            st, r = g2.api.raw("POST", f"/v1/sandboxes/{sid}/exec", {"cmd": ["true"]})
+            assert st == 200 and r["exit_code"] == 0, r
+        # a drain reaches every gateway through the watches that moved members
+        g1.cli("node", "drain", "node-a")
+        for g in (g1, g2):
+            wait_for("drain seen", lambda g=g: g.nodes()["node-a"]["state"] == "drained")
+        g2.cli("node", "undrain", "node-a")
+        for g in (g1, g2):
+            wait_for("undrain seen", lambda g=g: g.nodes()["node-a"]["state"] == "ready")
+        token = g2.cli("project", "create", "onedown", "--max-sandboxes", "2").stdout.decode().strip()
+        wait_for("token known", lambda: g1.api.raw("GET", "/healthz", token=token)[0] == 200)
+        st, j = g1.api.raw("POST", "/v1/sandboxes", {"memory_mb": 64}, token=token)
+        assert st == 201, j
+        ids.append(j["id"])
+        # the nodes keep their leases alive through the other members
+        assert all(n["state"] == "ready" for n in g1.nodes().values())
+    finally:
+        for sid in ids:
+            g1.api.raw("DELETE", f"/v1/sandboxes/{sid}")
+        etcd.start_member(0)
+
+
+def test_quorum_lost_creates_fail_fast(cluster):
+    """Two of three members down: running sandboxes work through either
+    gateway, creates are refused at once; all is back when quorum is."""
+    g1, g2 = cluster["gws"]
+    etcd = cluster["etcd"]
+    st, j = g1.api.raw("POST", "/v1/sandboxes", {"memory_mb": 128})
+    assert st == 201, j
+    sid = j["id"]
+    etcd.stop_member(1)
+    etcd.stop_member(2)
+    try:
+        for g in (g1, g2):
+            wait_for("the gateway notices", lambda g=g: g.api.raw("GET", "/healthz")[1][
+                "control_plane"] == "unavailable", timeout=30)
+        t0 = time.time()
+        st, j = g2.api.raw("POST", "/v1/sandboxes", {"memory_mb": 128})
+        assert st == 503 and j["error"]["code"] == "control_plane_unavailable", j
+        assert j["infra_failure"] is True
+        assert time.time() - t0 < 2
+        for g in (g1, g2):
+            st, r = g.api.raw("POST", f"/v1/sandboxes/{sid}/exec", {"shell": "echo ok"})
+            assert st == 200 and r["stdout"] == "ok\n", r
+    finally:
+        etcd.start_member(1)
+        etcd.start_member(2)
+    for g in (g1, g2):
+        wait_for("control plane back", g.synced, timeout=60)
+    st, j = g2.api.raw("POST", "/v1/sandboxes", {"memory_mb": 128})
+    assert st == 201, j
+    for x in (sid, j["id"]):
+        g1.api.raw("DELETE", f"/v1/sandboxes/{x}")
 
 
 def test_killed_node_leaves_placement(cluster):
