@@ -1047,8 +1047,8 @@ handle_files (struct wrd *d, struct evhttp_request *req, struct sandbox *sb, str
  * bytes of its first request until the header block is complete (at most
  * TCP_HEADER_MAX), checks the bearer token there, and only then lets evhttp
  * see anything. A refused connection never reaches evhttp's parser with its
- * own bytes: the filter discards them and feeds evhttp a one-line internal
- * request that route_tcp answers with the error (401, 503, 413), then the
+ * own bytes: the filter discards them and feeds evhttp a minimal request of
+ * its own that route_tcp answers with the error (401, 503, 413), then the
  * connection closes. The filter also owns the connection's timers (headers
  * within header_timeout_s, closed after idle_timeout_s without a request)
  * and counts connections against max_connections. */
@@ -1074,9 +1074,6 @@ struct wrd_tcp_conn
   uint64_t last_rx;   /* ns */
   struct wrd_tcp_conn *prev, *next;
 };
-
-/* the internal request's path: random, so no client can name it */
-static char refuse_prefix[48];
 
 static bool
 token_matches (struct wrd *d, const char *h, size_t n)
@@ -1144,8 +1141,9 @@ tcp_refuse (struct wrd_tcp_conn *t, struct evbuffer *dst, const char *why)
   t->refuse = why;
   if (strcmp (why, "401") == 0)
     t->d->m.http_unauthorized++;
-  evbuffer_add_printf (dst, "GET %s%s HTTP/1.1\r\nHost: warrend\r\nConnection: close\r\n\r\n",
-                       refuse_prefix, why);
+  /* route_tcp answers it from t->refuse; the client's bytes never reach evhttp */
+  static const char req[] = "GET / HTTP/1.1\r\nHost: warrend\r\nConnection: close\r\n\r\n";
+  evbuffer_add (dst, req, sizeof req - 1);
 }
 
 static enum bufferevent_filter_result
@@ -1678,9 +1676,6 @@ http_new (struct wrd *d, bool tcp)
         d->http.header_timeout_s = TCP_HEADER_TIMEOUT_S;
       if (d->http.idle_timeout_s == 0)
         d->http.idle_timeout_s = TCP_IDLE_TIMEOUT_S;
-      char rnd[33];
-      wr_random_hex (rnd, 32);
-      snprintf (refuse_prefix, sizeof refuse_prefix, "/.warren-refused-%s/", rnd);
       evhttp_set_bevcb (h, tcp_bevcb, d);
     }
   return h;
