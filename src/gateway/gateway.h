@@ -35,6 +35,7 @@ struct gw_node
   int conn_port;
   struct evhttp_connection *idle[GW_IDLE_MAX];
   size_t n_idle;
+  struct fwd *inflight; /* requests waiting on this node (gw_fail_lost) */
 };
 
 struct gw_project
@@ -100,6 +101,9 @@ void gw_forward (struct gw *g, struct gw_node *n, struct evhttp_request *client,
                  enum evhttp_cmd_type method, const char *uri, struct evbuffer *body,
                  gw_fwd_hook hook, void *ud);
 void gw_nodes_free_conns (struct gw *g);
+/* Fail every request in flight to a node whose lease expired (node_lost):
+ * no request waits on a dead or partitioned node longer than its lease. */
+void gw_fail_lost (struct gw *g);
 
 /* http.c (routes) */
 int gw_http_listen (struct gw *g, const char *spec, wr_err_t *err);

@@ -54,6 +54,12 @@ sweep_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
 }
 
 static void
+lost_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
+{
+  gw_fail_lost (arg);
+}
+
+static void
 on_signal (evutil_socket_t sig, short what WR_UNUSED, void *arg)
 {
   struct gw *g = arg;
@@ -150,6 +156,8 @@ main (int argc, char **argv)
   evsignal_add (sigterm, NULL);
   struct event *sweep = event_new (g.base, -1, EV_PERSIST, sweep_cb, &g);
   event_add (sweep, &(struct timeval){ 1, 0 });
+  struct event *lost = event_new (g.base, -1, EV_PERSIST, lost_cb, &g);
+  event_add (lost, &(struct timeval){ 0, 250 * 1000 });
   fprintf (stderr, "warren-gateway: serving %s (cluster %s)\n", listens[0], urls);
   event_base_dispatch (g.base);
   evhttp_free (g.http);
@@ -159,6 +167,7 @@ main (int argc, char **argv)
   event_free (sigint);
   event_free (sigterm);
   event_free (sweep);
+  event_free (lost);
   event_base_free (g.base);
   wr_etcd_free (g.etcd);
   wr_etcd_free (g.probe_etcd);

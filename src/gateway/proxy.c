@@ -32,6 +32,8 @@ struct fwd
   bool streaming;
   bool client_gone;
   bool out_done;
+  bool lost; /* cancelled because the node's lease expired */
+  struct fwd *inflight_prev, *inflight_next;
 };
 
 static void forward (struct gw *g, struct gw_node *n, struct evhttp_request *client,
@@ -97,6 +99,12 @@ gw_nodes_free_conns (struct gw *g)
 static void
 fwd_free (struct fwd *f)
 {
+  if (f->inflight_prev)
+    f->inflight_prev->inflight_next = f->inflight_next;
+  else if (f->node->inflight == f)
+    f->node->inflight = f->inflight_next;
+  if (f->inflight_next)
+    f->inflight_next->inflight_prev = f->inflight_prev;
   if (f->client_conn && !f->client_gone)
     evhttp_connection_set_closecb (f->client_conn, NULL, NULL);
   if (f->body)
@@ -116,6 +124,13 @@ copy_header (struct evhttp_request *from, struct evhttp_request *to, const char 
 static void
 unreachable (struct fwd *f)
 {
+  if (f->lost && !f->streaming && !f->hook)
+    {
+      gw_reply_error (f->client, 503, "node_lost",
+                      "node %s left the cluster (its lease expired) while this request waited",
+                      f->node->name);
+      return;
+    }
   if (f->hook)
     {
       f->hook (f->g, f->client, 0, NULL, f->ud);
@@ -126,9 +141,9 @@ unreachable (struct fwd *f)
       /* the status line is gone already: end the stream with an error line */
       struct evbuffer *b = evbuffer_new ();
       evbuffer_add_printf (b,
-                           "{\"error\":{\"code\":\"unavailable\",\"message\":\"node %s: connection "
+                           "{\"error\":{\"code\":\"%s\",\"message\":\"node %s: connection "
                            "lost\"},\"infra_failure\":true}\n",
-                           f->node->name);
+                           f->lost ? "node_lost" : "unavailable", f->node->name);
       evhttp_send_reply_chunk (f->client, b);
       evbuffer_free (b);
       evhttp_send_reply_end (f->client);
@@ -146,7 +161,7 @@ out_done (struct evhttp_request *out, void *arg)
   if (f->client_gone)
     return; /* client_closed_cb cancelled us and finishes */
   int status = out ? evhttp_request_get_response_code (out) : 0;
-  if (status == 0 && f->reused && !f->streaming
+  if (status == 0 && f->reused && !f->streaming && !f->lost
       && (f->method == EVHTTP_REQ_GET || f->method == EVHTTP_REQ_HEAD
           || f->method == EVHTTP_REQ_DELETE))
     {
@@ -306,6 +321,10 @@ forward (struct gw *g, struct gw_node *n, struct evhttp_request *client,
       if (f->client_conn)
         evhttp_connection_set_closecb (f->client_conn, client_closed, f);
     }
+  f->inflight_next = n->inflight;
+  if (n->inflight)
+    n->inflight->inflight_prev = f;
+  n->inflight = f;
   if (evhttp_make_request (conn, out, method, uri) < 0)
     {
       /* libevent freed out */
@@ -313,5 +332,43 @@ forward (struct gw *g, struct gw_node *n, struct evhttp_request *client,
       conn_release (g, n, conn);
       unreachable (f);
       fwd_free (f);
+    }
+}
+
+void
+gw_fail_lost (struct gw *g)
+{
+  pthread_mutex_lock (&g->mu);
+  size_t n_nodes = g->n_nodes;
+  pthread_mutex_unlock (&g->mu);
+  for (size_t i = 0; i < n_nodes; i++)
+    {
+      struct gw_node *n = g->nodes[i];
+      if (n->inflight == NULL)
+        continue;
+      pthread_mutex_lock (&g->mu);
+      bool present = n->present;
+      pthread_mutex_unlock (&g->mu);
+      if (present)
+        continue;
+      /* each cancel finishes its request at once (out_done with NULL) and unlinks it */
+      struct fwd *next;
+      for (struct fwd *f = n->inflight; f; f = next)
+        {
+          next = f->inflight_next;
+          if (f->lost || f->client_gone || f->out_done)
+            continue;
+          f->lost = true;
+          evhttp_cancel_request (f->out);
+          if (!f->out_done)
+            {
+              /* libevent dropped it without a callback: finish it here */
+              f->out_done = true;
+              event_base_once (g->base, -1, EV_TIMEOUT, conn_free_cb, f->conn,
+                               &(struct timeval){ 0, 0 });
+              unreachable (f);
+              fwd_free (f);
+            }
+        }
     }
 }

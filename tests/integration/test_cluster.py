@@ -496,6 +496,44 @@ def test_quorum_lost_creates_fail_fast(cluster):
         g1.api.raw("DELETE", f"/v1/sandboxes/{x}")
 
 
+def test_stopped_node_fails_waiting_requests(cluster):
+    """A node that stops answering (SIGSTOP: its connections stay open, like a
+    partition) loses its lease; requests waiting on it fail with node_lost
+    instead of hanging, and it comes back when it runs again."""
+    g1, g2 = cluster["gws"]
+    node = cluster["nodes"]["node-b"]
+    st, j = g1.api.raw("POST", "/v1/sandboxes", {"node_labels": {"zone": "b"}})
+    assert st == 201, j
+    sid = j["id"]
+    out = {}
+
+    def long_exec():
+        t0 = time.time()
+        out["resp"] = g2.api.raw("POST", f"/v1/sandboxes/{sid}/exec",
+                                 {"shell": "sleep 120", "timeout_s": 200}, timeout=180)
+        out["secs"] = time.time() - t0
+
+    t = threading.Thread(target=long_exec)
+    t.start()
+    time.sleep(0.5)  # lets the exec reach the node; the assertion below does not depend on it
+    node.proc.send_signal(signal.SIGSTOP)
+    try:
+        t.join(LEASE_TTL + 60)
+        assert not t.is_alive(), "the exec still waits on a stopped node"
+        st, j = out["resp"]
+        assert st == 503 and j["error"]["code"] == "node_lost" and j["infra_failure"], j
+        assert out["secs"] < LEASE_TTL + 15, out["secs"]
+        print(f"stopped node: waiting exec failed with node_lost after {out['secs']:.1f}s")
+    finally:
+        node.proc.send_signal(signal.SIGCONT)
+    for g in (g1, g2):
+        wait_for("node-b ready again", lambda g=g: g.nodes()["node-b"]["state"] == "ready",
+                 timeout=60)
+    st, r = g1.api.raw("POST", f"/v1/sandboxes/{sid}/exec", {"cmd": ["true"]})
+    assert st == 200 and r["exit_code"] == 0, r
+    g1.api.raw("DELETE", f"/v1/sandboxes/{sid}")
+
+
 def test_killed_node_leaves_placement(cluster):
     """Last: kills node-b. Its lease expires, gateways stop placing there,
     requests for its sandboxes fail fast with node_lost."""
