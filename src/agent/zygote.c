@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 
 static const struct
 {
@@ -28,6 +29,8 @@ static const struct
   { "cpu_s", RLIMIT_CPU },         { "as_bytes", RLIMIT_AS },   { "nproc", RLIMIT_NPROC },
   { "fsize_bytes", RLIMIT_FSIZE }, { "nofile", RLIMIT_NOFILE }, { "core_bytes", RLIMIT_CORE },
 };
+
+#define CLEANUP_WAIT_NS (5ull * 1000000000ull)
 
 /* World-writable places a call uid can leave files in besides its scratch. */
 static const char *const tmp_dirs[] = { "/tmp", "/var/tmp", "/dev/shm", "/run/lock" };
@@ -323,9 +326,19 @@ void
 ag_call_cleanup (const struct ag_call *c)
 {
   /* Repeat until a pass finds no living process: catches forks that raced
-   * the previous pass (a killed process cannot fork again). */
-  for (int pass = 0; pass < 64 && kill_uid (c->uid) > 0; pass++)
-    ;
+   * the previous pass (a killed process cannot fork again), and waits for
+   * the killed ones to die: a process SIGKILLed but not yet scheduled is
+   * still running, and the next call on this sandbox would see it. Bounded,
+   * so that a process stuck in the kernel cannot hold the agent forever. */
+  uint64_t deadline = wr_now_ns () + CLEANUP_WAIT_NS;
+  long wait_ns = 20000;
+  while (kill_uid (c->uid) > 0 && wr_now_ns () < deadline)
+    {
+      struct timespec ts = { 0, wait_ns };
+      nanosleep (&ts, NULL);
+      if (wait_ns < 5000000)
+        wait_ns *= 2;
+    }
   wr_rm_rf_at (AT_FDCWD, c->scratch);
   for (size_t i = 0; i < WR_ARRAY_SIZE (tmp_dirs); i++)
     rm_owned (tmp_dirs[i], c->uid);

@@ -193,6 +193,22 @@ def test_background_processes_killed(fn, one):
     assert b["stdout"] == "1\n", b  # only the call itself
 
 
+def test_background_processes_dead_before_the_next_call(fn, one):
+    # SIGKILLed is not dead: a killed process the scheduler has not run yet
+    # is still there (state R). The agent waits for it before answering, or
+    # the next call sees it (1-5% of these pairs on a loaded host before).
+    others = ("me=$$; u=$(id -u); for p in /proc/[0-9]*; do "
+              "[ \"$(stat -c %u $p 2>/dev/null)\" = \"$u\" ] || continue; "
+              "s=$(cut -d' ' -f6 $p/stat 2>/dev/null) || continue; "
+              "[ -z \"$s\" ] || [ \"$s\" = \"$me\" ] || cat $p/stat; done; true")
+    for i in range(40):
+        a = ok(fn.api, image="python:latest", memory_mb=201,
+               shell="sleep 300 & (setsid sleep 301 &) ; echo started")
+        b = ok(fn.api, image="python:latest", memory_mb=201, shell=others)
+        same_member([a, b])
+        assert b["stdout"] == "", (i, b["stdout"])  # only this call's own session
+
+
 def test_reuse_cannot_spawn(fn, one):
     j = ok(fn.api, image="python:latest", lang="python", memory_mb=206, mode="reuse",
            code="import os\ntry:\n    os.fork()\nexcept OSError as e:\n    print('refused', e.errno)")
@@ -299,6 +315,20 @@ def test_reuse_worker_broken_after_its_result(fn, one):
     b = ok(fn.api, image="python:latest", lang="python", memory_mb=206, code="print('b')")
     same_member([a, b])
     assert b["stdout"] == "b\n" and b["exit_code"] == 0 and b["fncall"]["attempts"] == 1, b
+
+
+def test_reuse_call_timers_do_not_fire_in_the_next(fn, one):
+    # a judge that arms an alarm for its own timeout and returns without
+    # cancelling it must not kill the next call on the worker
+    a = ok(fn.api, image="python:latest", lang="python", memory_mb=206,
+           code="import signal\nsignal.signal(signal.SIGALRM, signal.SIG_DFL)\n"
+                "signal.alarm(1)\nsignal.setitimer(signal.ITIMER_PROF, 0.5)\nprint('a')")
+    assert a["stdout"] == "a\n", a
+    b = ok(fn.api, image="python:latest", lang="python", memory_mb=206,
+           code="import time\nt = time.monotonic()\nwhile time.monotonic() - t < 2: pass\n"
+                "print('b')")
+    same_member([a, b])
+    assert b["stdout"] == "b\n" and b["exit_code"] == 0 and b["signal"] == 0, b
 
 
 def test_mode_is_set_by_the_pool_owner(fn, one):
