@@ -529,11 +529,17 @@ class CapText:
     errors = "backslashreplace"
 
 
+TIMER_SIGNALS = (signal.SIGALRM, signal.SIGVTALRM, signal.SIGPROF)
+
+
 def worker_main(ctl):
     import io
 
     base_limits = {"nproc": 1}  # no subprocesses or threads: nothing can outlive a call
     confine(base_limits)
+    # what a call may leave armed that would fire inside the next one (an
+    # alarm its own timeout code did not cancel): reset after every call
+    handlers = {s: signal.getsignal(s) for s in TIMER_SIGNALS}
     while True:
         # one message per call: a request memfd and the write end of a pipe
         # made for this call's result alone (the zygote closes the read end
@@ -578,6 +584,11 @@ def worker_main(ctl):
         glb = {"__name__": "__main__", "__builtins__": __builtins__}
         code = run_code(req.get("code", ""), glb)
         dur = time.monotonic() - t0
+        for t in (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF):
+            signal.setitimer(t, 0)
+        for s, h in handlers.items():
+            if signal.getsignal(s) is not h:
+                signal.signal(s, h)
         glb.clear()  # functions and their globals form cycles: break them now
         if code:
             gc.collect()  # a failed call's frames may sit in cycles
