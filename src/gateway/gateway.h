@@ -101,6 +101,11 @@ void gw_forward (struct gw *g, struct gw_node *n, struct evhttp_request *client,
                  enum evhttp_cmd_type method, const char *uri, struct evbuffer *body,
                  gw_fwd_hook hook, void *ud);
 void gw_nodes_free_conns (struct gw *g);
+/* gw_forward relaying the answer, except a 409 "sandbox is paused", which
+ * goes to on_paused (that then owns the reply and ud); ud_free(ud) otherwise. */
+void gw_forward_resuming (struct gw *g, struct gw_node *n, struct evhttp_request *client,
+                          enum evhttp_cmd_type method, const char *uri, gw_fwd_hook on_paused,
+                          void *ud, void (*ud_free) (void *));
 /* Fail every request in flight to a node whose lease expired (node_lost):
  * no request waits on a dead or partitioned node longer than its lease. */
 void gw_fail_lost (struct gw *g);
@@ -110,6 +115,13 @@ int gw_http_listen (struct gw *g, const char *spec, wr_err_t *err);
 void gw_reply_json (struct evhttp_request *req, int status, json_t *j);
 void gw_reply_error (struct evhttp_request *req, int status, const char *code, const char *fmt, ...)
     __attribute__ ((format (printf, 4, 5)));
+
+/* jobs.c */
+/* Exec and file requests: a paused sandbox is resumed first, then the request runs. */
+void gw_route_resuming (struct gw *g, struct gw_node *n, struct evhttp_request *req,
+                        enum evhttp_cmd_type method, const char *uri, const char *id);
+/* POST /v1/jobs/{job}/pause|resume: every sandbox of the job on every node. */
+void gw_jobs (struct gw *g, struct evhttp_request *req, const char *rest, const char *project);
 
 /* quota.c */
 struct create_ctx;

@@ -32,13 +32,16 @@ struct fwd
   bool streaming;
   bool client_gone;
   bool out_done;
-  bool lost; /* cancelled because the node's lease expired */
+  bool lost;             /* cancelled because the node's lease expired */
+  gw_fwd_hook on_paused; /* a 409 "is paused" goes here instead of to the client */
+  void *paused_ud;
+  void (*paused_free) (void *);
   struct fwd *inflight_prev, *inflight_next;
 };
 
-static void forward (struct gw *g, struct gw_node *n, struct evhttp_request *client,
-                     enum evhttp_cmd_type method, const char *uri, struct evbuffer *body,
-                     gw_fwd_hook hook, void *ud, bool fresh);
+static struct fwd *forward (struct gw *g, struct gw_node *n, struct evhttp_request *client,
+                            enum evhttp_cmd_type method, const char *uri, struct evbuffer *body,
+                            gw_fwd_hook hook, void *ud, bool fresh);
 
 static void
 conn_free_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
@@ -110,6 +113,8 @@ fwd_free (struct fwd *f)
   if (f->body)
     evbuffer_free (f->body);
   free (f->uri);
+  if (f->paused_free)
+    f->paused_free (f->paused_ud);
   free (f);
 }
 
@@ -186,6 +191,12 @@ out_done (struct evhttp_request *out, void *arg)
       evbuffer_add_buffer (f->body, in);
       if (f->hook)
         f->hook (f->g, f->client, status, f->body, f->ud);
+      else if (f->on_paused && status == 409
+               && evbuffer_search (f->body, "is paused", 9, NULL).pos >= 0)
+        {
+          f->paused_free = NULL; /* the hook owns paused_ud now */
+          f->on_paused (f->g, f->client, status, f->body, f->paused_ud);
+        }
       else
         {
           copy_header (out, f->client, "Content-Type");
@@ -202,6 +213,8 @@ out_header (struct evhttp_request *out, void *arg)
   struct fwd *f = arg;
   if (f->client_gone || f->hook)
     return 0;
+  if (f->on_paused && evhttp_request_get_response_code (out) == 409)
+    return 0; /* buffered: out_done decides */
   const char *te = evhttp_find_header (evhttp_request_get_input_headers (out), "Transfer-Encoding");
   if (te && strcasestr (te, "chunked"))
     {
@@ -265,7 +278,7 @@ gw_forward (struct gw *g, struct gw_node *n, struct evhttp_request *client,
   forward (g, n, client, method, uri, body, hook, ud, false);
 }
 
-static void
+static struct fwd *
 forward (struct gw *g, struct gw_node *n, struct evhttp_request *client,
          enum evhttp_cmd_type method, const char *uri, struct evbuffer *body, gw_fwd_hook hook,
          void *ud, bool fresh)
@@ -282,7 +295,7 @@ forward (struct gw *g, struct gw_node *n, struct evhttp_request *client,
         hook (g, client, 0, NULL, ud);
       else
         gw_reply_error (client, 503, "unavailable", "node %s has no usable address", n->name);
-      return;
+      return NULL;
     }
   *f = (struct fwd){ .g = g,
                      .node = n,
@@ -332,7 +345,25 @@ forward (struct gw *g, struct gw_node *n, struct evhttp_request *client,
       conn_release (g, n, conn);
       unreachable (f);
       fwd_free (f);
+      return NULL;
     }
+  return f;
+}
+
+void
+gw_forward_resuming (struct gw *g, struct gw_node *n, struct evhttp_request *client,
+                     enum evhttp_cmd_type method, const char *uri, gw_fwd_hook on_paused, void *ud,
+                     void (*ud_free) (void *))
+{
+  struct fwd *f = forward (g, n, client, method, uri, NULL, NULL, NULL, false);
+  if (f == NULL)
+    {
+      ud_free (ud);
+      return;
+    }
+  f->on_paused = on_paused;
+  f->paused_ud = ud;
+  f->paused_free = ud_free;
 }
 
 void

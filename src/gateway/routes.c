@@ -236,6 +236,27 @@ handle_create (struct gw *g, struct evhttp_request *req, struct gw_project *proj
     }
   c->want_labels = json_incref (v);
   json_object_del (body, "node_labels");
+  v = json_object_get (body, "job");
+  if (v)
+    {
+      const char *job = json_string_value (v);
+      size_t jl = job ? strlen (job) : 0;
+      bool ok = jl > 0 && jl <= 64;
+      for (size_t i = 0; ok && i < jl; i++)
+        ok = (job[i] >= 'a' && job[i] <= 'z') || (job[i] >= 'A' && job[i] <= 'Z')
+             || (job[i] >= '0' && job[i] <= '9') || strchr ("._-", job[i]);
+      if (!ok)
+        {
+          create_free (c);
+          gw_reply_error (req, 400, WR_E_INVALID, "field \"job\" must be [A-Za-z0-9._-]{1,64}");
+          return;
+        }
+      /* the node keeps it as a label: pause/resume find the job's sandboxes by it */
+      json_t *labels = json_object_get (body, "labels");
+      if (!json_is_object (labels))
+        json_object_set_new (body, "labels", labels = json_object ());
+      json_object_set_new (labels, "warren.job", json_string (job));
+    }
   json_object_del (body, "__node");
   if (proj)
     {
@@ -412,7 +433,11 @@ handle_sandbox (struct gw *g, struct evhttp_request *req, const char *rest,
       gw_forward (g, n, req, EVHTTP_REQ_GET, dr->uri, evbuffer_new (), delete_looked_up, dr);
       return;
     }
-  gw_forward (g, n, req, m, uri, NULL, NULL, NULL);
+  const char *sub = slash ? slash + 1 : "";
+  if (strcmp (sub, "exec") == 0 || strcmp (sub, "files") == 0)
+    gw_route_resuming (g, n, req, m, uri, id);
+  else
+    gw_forward (g, n, req, m, uri, NULL, NULL, NULL);
 }
 
 static void
@@ -501,6 +526,8 @@ route (struct evhttp_request *req, void *arg)
     handle_list (g, req, proj);
   else if (strncmp (path, "/v1/sandboxes/", 14) == 0)
     handle_sandbox (g, req, path + 14, proj);
+  else if (strncmp (path, "/v1/jobs/", 9) == 0)
+    gw_jobs (g, req, path + 9, proj ? proj->name : NULL);
   else if (who != WHO_ADMIN
            && (strncmp (path, "/v1/nodes", 9) == 0 || strncmp (path, "/v1/projects", 12) == 0))
     gw_reply_error (req, 401, WR_E_UNAUTHORIZED, "this route needs the gateway's admin token");

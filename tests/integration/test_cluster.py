@@ -429,6 +429,46 @@ def test_quota_chunks_spare_etcd(cluster):
             g1.api.raw("DELETE", f"/v1/sandboxes/{sid}", token=token)
 
 
+def test_job_pause_resume_across_nodes(cluster):
+    g1, g2 = cluster["gws"]
+    ids = []
+    for i in range(4):
+        st, j = cluster["gws"][i % 2].api.raw("POST", "/v1/sandboxes",
+                                              {"memory_mb": 128, "job": "train-1"})
+        assert st == 201, j
+        ids.append(j["id"])
+    st, j = g1.api.raw("POST", "/v1/sandboxes", {"memory_mb": 128})
+    other = j["id"]
+    try:
+        assert {node_of(i) for i in ids} == {"node-a", "node-b"}, ids
+        st, r = g2.api.raw("POST", "/v1/jobs/train-1/pause")
+        assert st == 200 and r["sandboxes"] == 4 and r["failed"] == 0, r
+        for sid in ids:
+            assert g1.api.raw("GET", f"/v1/sandboxes/{sid}")[1]["state"] == "paused"
+        assert g1.api.raw("GET", f"/v1/sandboxes/{other}")[1]["state"] == "running"
+        # the job's state lives on the nodes: it survives a node daemon restart
+        node = cluster["nodes"][node_of(ids[0])]
+        node.kill9()
+        node.start()
+        for g in (g1, g2):
+            wait_for("node back", lambda g=g: g.nodes()[node_of(ids[0])]["state"] == "ready"
+                     and g.api.raw("GET", f"/v1/sandboxes/{ids[0]}")[0] == 200, timeout=60)
+        assert g2.api.raw("GET", f"/v1/sandboxes/{ids[0]}")[1]["state"] == "paused"
+        # any exec or file request resumes a paused sandbox first
+        st, r = g2.api.raw("POST", f"/v1/sandboxes/{ids[0]}/exec", {"shell": "echo back"})
+        assert st == 200 and r["stdout"] == "back\n", r
+        assert g1.api.raw("GET", f"/v1/sandboxes/{ids[0]}")[1]["state"] == "running"
+        st, data = g1.api.raw("GET", f"/v1/sandboxes/{ids[1]}/files?path=/etc/hostname")
+        assert st == 200, data
+        st, r = g1.api.raw("POST", "/v1/jobs/train-1/resume")
+        assert st == 200 and r["sandboxes"] == 4 and r["failed"] == 0, r
+        for sid in ids:
+            assert g2.api.raw("GET", f"/v1/sandboxes/{sid}")[1]["state"] == "running"
+    finally:
+        for sid in ids + [other]:
+            g1.api.raw("DELETE", f"/v1/sandboxes/{sid}")
+
+
 def test_one_etcd_member_down(cluster):
     """Every client fails over: registration, watches, drains, quotas."""
     g1, g2 = cluster["gws"]
