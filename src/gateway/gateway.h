@@ -87,6 +87,8 @@ struct gw_project *gw_project_by_token (struct gw *g, const char *token);
 struct gw_node *gw_place (struct gw *g, const char *backend, long long memory_mb,
                           const json_t *want_labels, const struct gw_node *exclude);
 json_t *gw_nodes_json (struct gw *g);
+/* The registered nodes (out has room for GW_MAX_NODES); their count. */
+size_t gw_present_nodes (struct gw *g, struct gw_node **out);
 
 /* proxy.c */
 /* A buffered answer from a node: status 0 when the node could not be

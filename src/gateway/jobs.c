@@ -185,12 +185,7 @@ gw_jobs (struct gw *g, struct evhttp_request *req, const char *rest, const char 
       return;
     }
   struct gw_node *targets[GW_MAX_NODES];
-  size_t n = 0;
-  pthread_mutex_lock (&g->mu);
-  for (size_t i = 0; i < g->n_nodes; i++)
-    if (g->nodes[i]->present)
-      targets[n++] = g->nodes[i];
-  pthread_mutex_unlock (&g->mu);
+  size_t n = gw_present_nodes (g, targets);
   struct job_req *j = calloc (1, sizeof *j);
   j->g = g;
   j->req = req;

@@ -354,3 +354,15 @@ gw_nodes_json (struct gw *g)
   pthread_mutex_unlock (&g->mu);
   return json_pack ("{s:o}", "nodes", a);
 }
+
+size_t
+gw_present_nodes (struct gw *g, struct gw_node **out)
+{
+  size_t n = 0;
+  pthread_mutex_lock (&g->mu);
+  for (size_t i = 0; i < g->n_nodes; i++)
+    if (g->nodes[i]->present)
+      out[n++] = g->nodes[i];
+  pthread_mutex_unlock (&g->mu);
+  return n;
+}

@@ -308,12 +308,7 @@ static void
 handle_list (struct gw *g, struct evhttp_request *req, struct gw_project *proj)
 {
   struct gw_node *targets[GW_MAX_NODES];
-  size_t n = 0;
-  pthread_mutex_lock (&g->mu);
-  for (size_t i = 0; i < g->n_nodes; i++)
-    if (g->nodes[i]->present)
-      targets[n++] = g->nodes[i];
-  pthread_mutex_unlock (&g->mu);
+  size_t n = gw_present_nodes (g, targets);
   if (n == 0)
     {
       gw_reply_json (req, 200, json_pack ("{s:[]}", "sandboxes"));
