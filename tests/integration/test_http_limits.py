@@ -232,6 +232,15 @@ def test_idle_connection_closed(fast):
     s.close()
 
 
+def test_stalled_body_closed(fast):
+    # authenticated, but the promised body stops coming: the idle timeout ends it
+    s = connect(fast)
+    s.sendall(b"PUT /v1/sandboxes/x/files?path=/a HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+              + TOKEN.encode() + b"\r\nContent-Length: 1000000\r\n\r\n" + b"y" * 1000)
+    assert closed_by_peer(s, time.time() + 30)
+    s.close()
+
+
 def test_connection_limit_503(fast):
     held = []
     for _ in range(4):
