@@ -103,6 +103,7 @@ void gw_forward (struct gw *g, struct gw_node *n, struct evhttp_request *client,
                  enum evhttp_cmd_type method, const char *uri, struct evbuffer *body,
                  gw_fwd_hook hook, void *ud);
 void gw_nodes_free_conns (struct gw *g);
+void gw_nodelay (struct evhttp_connection *c);
 /* gw_forward relaying the answer, except a 409 "sandbox is paused", which
  * goes to on_paused (that then owns the reply and ud); ud_free(ud) otherwise. */
 void gw_forward_resuming (struct gw *g, struct gw_node *n, struct evhttp_request *client,

@@ -491,6 +491,7 @@ route (struct evhttp_request *req, void *arg)
 {
   struct gw *g = arg;
   struct gw_project *proj = NULL;
+  gw_nodelay (evhttp_request_get_connection (req));
   enum who who = authenticate (g, req, &proj);
   if (who == WHO_NONE)
     {

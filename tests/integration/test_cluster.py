@@ -469,6 +469,46 @@ def test_job_pause_resume_across_nodes(cluster):
             g1.api.raw("DELETE", f"/v1/sandboxes/{sid}")
 
 
+def test_gateway_overhead(cluster):
+    """Figures for docs/cluster.md: the same work direct to node-a and through
+    a gateway (placed on node-a by label). Loose bounds: this is a shared,
+    noisy machine; the printed ratios are the point."""
+    g1 = cluster["gws"][0]
+    node = cluster["nodes"]["node-a"]
+    direct = Http(int(node.extra[node.extra.index("--listen") + 1].rsplit(":", 1)[1]), NODE_TOKEN)
+
+    def create_destroy(api, body, n=15):
+        t0 = time.time()
+        for _ in range(n):
+            st, j = api.raw("POST", "/v1/sandboxes", body)
+            assert st == 201, j
+            assert api.raw("DELETE", f"/v1/sandboxes/{j['id']}")[0] == 204
+        return n / (time.time() - t0)
+
+    def exec_p50(api, sid, n=40):
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            st, r = api.raw("POST", f"/v1/sandboxes/{sid}/exec", {"cmd": ["true"]})
+            times.append(time.perf_counter() - t0)
+            assert st == 200 and r["exit_code"] == 0
+        return sorted(times)[n // 2]
+
+    rate_direct = create_destroy(direct, {"memory_mb": 128})
+    rate_gw = create_destroy(g1.api, {"memory_mb": 128, "node_labels": {"zone": "a"}})
+    st, j = direct.raw("POST", "/v1/sandboxes", {"memory_mb": 128})
+    sid = j["id"]
+    try:
+        p50_direct = exec_p50(direct, sid)
+        p50_gw = exec_p50(g1.api, sid)
+    finally:
+        direct.raw("DELETE", f"/v1/sandboxes/{sid}")
+    print(f"gateway overhead: create+destroy {rate_direct:.1f}/s direct, {rate_gw:.1f}/s through "
+          f"a gateway ({rate_gw / rate_direct:.2f}x); exec p50 {p50_direct * 1000:.2f} ms direct, "
+          f"{p50_gw * 1000:.2f} ms through a gateway ({p50_gw / p50_direct:.2f}x)")
+    assert rate_gw > 0.3 * rate_direct and p50_gw < 5 * p50_direct + 0.05
+
+
 def test_one_etcd_member_down(cluster):
     """Every client fails over: registration, watches, drains, quotas."""
     g1, g2 = cluster["gws"]
