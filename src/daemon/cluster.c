@@ -21,6 +21,8 @@
 #include "daemon/backends.h"
 
 #define PUBLISH_MIN_MS 1000
+#define IMAGES_EVERY 5
+#define IMAGES_MAX 256
 
 static struct
 {
@@ -39,6 +41,8 @@ static struct
   unsigned long status_gen;
   struct event *tick;
   double started_at;
+  json_t *images;       /* image names on this node, refreshed every IMAGES_EVERY ticks */
+  unsigned image_ticks; /* the store lock is shared with imports: not every tick */
 } g = { .ttl_s = 10, .mu = PTHREAD_MUTEX_INITIALIZER };
 
 int
@@ -99,6 +103,29 @@ meminfo (long long *total_mb, long long *avail_mb)
     }
 }
 
+/* Names of the node's images (bounded): gateways prefer nodes holding the
+ * image a create asks for. */
+static json_t *
+image_names (struct wrd *d)
+{
+  if (g.images == NULL || g.image_ticks++ % IMAGES_EVERY == 0)
+    {
+      json_t *list = NULL;
+      if (wr_image_list (d->store, &list, NULL) == 0)
+        {
+          json_t *names = json_array ();
+          size_t i;
+          json_t *img;
+          json_array_foreach (list, i, img) if (i < IMAGES_MAX)
+              json_array_append (names, json_object_get (img, "name"));
+          json_decref (g.images);
+          g.images = names;
+        }
+      json_decref (list);
+    }
+  return g.images ? json_incref (g.images) : json_array ();
+}
+
 static json_t *
 status_json (struct wrd *d)
 {
@@ -143,10 +170,18 @@ status_json (struct wrd *d)
                     g.started_at, "version", "0.1.0");
 }
 
+static json_t *
+status_with_images (struct wrd *d)
+{
+  json_t *j = status_json (d);
+  json_object_set_new (j, "images", image_names (d));
+  return j;
+}
+
 static void
 snapshot (struct wrd *d)
 {
-  json_t *j = status_json (d);
+  json_t *j = status_with_images (d);
   char *text = json_dumps (j, JSON_COMPACT | JSON_SORT_KEYS);
   json_decref (j);
   if (text == NULL)
@@ -308,6 +343,7 @@ wrd_cluster_stop (struct wrd *d WR_UNUSED)
     event_free (g.tick);
   wr_etcd_free (g.etcd);
   json_decref (g.labels);
+  json_decref (g.images);
   free (g.status);
   g.enabled = false;
 }

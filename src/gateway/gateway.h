@@ -85,7 +85,8 @@ struct gw_project *gw_project_by_token (struct gw *g, const char *token);
 /* Placement: a node for a create (backend, memory, labels), NULL when none
  * fits; exclude is a node that just failed (may be NULL). Loop only. */
 struct gw_node *gw_place (struct gw *g, const char *backend, long long memory_mb,
-                          const json_t *want_labels, const struct gw_node *exclude);
+                          const json_t *want_labels, const char *image,
+                          const struct gw_node *exclude);
 json_t *gw_nodes_json (struct gw *g);
 /* The registered nodes (out has room for GW_MAX_NODES); their count. */
 size_t gw_present_nodes (struct gw *g, struct gw_node **out);

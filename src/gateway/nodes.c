@@ -294,9 +294,20 @@ load (struct gw_node *n)
   return json_integer_value (json_object_get (n->status, "sandboxes")) + n->pending;
 }
 
+static bool
+has_image (const json_t *status, const char *ref)
+{
+  size_t i;
+  json_t *b;
+  json_array_foreach (json_object_get (status, "images"), i,
+                      b) if (json_is_string (b)
+                             && strcmp (json_string_value (b), ref) == 0) return true;
+  return false;
+}
+
 struct gw_node *
 gw_place (struct gw *g, const char *backend, long long memory_mb, const json_t *want_labels,
-          const struct gw_node *exclude)
+          const char *image, const struct gw_node *exclude)
 {
   static struct gw_node *cands[GW_MAX_NODES];
   size_t nc = 0;
@@ -312,6 +323,16 @@ gw_place (struct gw *g, const char *backend, long long memory_mb, const json_t *
       if (free_mb - (long long)n->pending * memory_mb < memory_mb)
         continue;
       cands[nc++] = n;
+    }
+  if (image && nc > 1)
+    {
+      /* nodes that hold the image first: the others would have to fetch it */
+      size_t k = 0;
+      for (size_t i = 0; i < nc; i++)
+        if (has_image (cands[i]->status, image))
+          cands[k++] = cands[i];
+      if (k > 0)
+        nc = k; /* else none has it: cands[] is untouched, all stay */
     }
   struct gw_node *pick = NULL;
   if (nc == 1)

@@ -103,6 +103,7 @@ struct create_req
   struct evhttp_request *req;
   json_t *body;
   char backend[16];
+  char image[300]; /* normalised NAME:TAG, "" when none or by digest */
   long long mem;
   json_t *want_labels;
   struct gw_project *proj;
@@ -148,7 +149,8 @@ create_place (struct create_req *c)
 {
   struct gw *g = c->g;
   c->attempts++;
-  struct gw_node *n = gw_place (g, c->backend, c->mem, c->want_labels, c->failed);
+  struct gw_node *n
+      = gw_place (g, c->backend, c->mem, c->want_labels, c->image[0] ? c->image : NULL, c->failed);
   if (n == NULL)
     {
       if (c->proj)
@@ -219,6 +221,15 @@ handle_create (struct gw *g, struct evhttp_request *req, struct gw_project *proj
   json_t *v = json_object_get (body, "backend");
   snprintf (c->backend, sizeof c->backend, "%s",
             json_is_string (v) ? json_string_value (v) : "container");
+  v = json_object_get (body, "image");
+  const char *img = json_string_value (v);
+  if (img && strlen (img) < 256 && strchr (img, '@') == NULL)
+    {
+      /* the nodes publish NAME:TAG */
+      const char *slash = strrchr (img, '/');
+      bool tagged = strchr (slash ? slash : img, ':') != NULL;
+      snprintf (c->image, sizeof c->image, "%s%s", img, tagged ? "" : ":latest");
+    }
   v = json_object_get (body, "memory_mb");
   c->mem = json_is_integer (v) ? json_integer_value (v) : 1024;
   if (c->mem <= 0)

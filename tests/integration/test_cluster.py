@@ -337,6 +337,26 @@ def test_drain(cluster):
         wait_for("node-b ready again", lambda g=g: g.nodes()["node-b"]["state"] == "ready")
 
 
+def test_placement_prefers_nodes_with_the_image(cluster, rootfs):
+    g1, g2 = cluster["gws"]
+    a = cluster["nodes"]["node-a"]
+    r = a.api.raw("POST", "/v1/images/import", {"name": "only-a:1", "path": rootfs}, timeout=300)
+    assert r.status == 201, r
+    for g in (g1, g2):
+        wait_for("node-a publishes its new image",
+                 lambda g=g: "only-a:1" in g.nodes()["node-a"].get("images", []), timeout=30)
+    ids = []
+    try:
+        for i in range(6):
+            st, j = cluster["gws"][i % 2].api.raw("POST", "/v1/sandboxes", {"image": "only-a:1"})
+            assert st == 201, j
+            ids.append(j["id"])
+        assert {node_of(i) for i in ids} == {"node-a"}, ids
+    finally:
+        for sid in ids:
+            g1.api.raw("DELETE", f"/v1/sandboxes/{sid}")
+
+
 def test_labels_select_nodes(cluster):
     g1 = cluster["gws"][0]
     st, j = g1.api.raw("POST", "/v1/sandboxes", {"node_labels": {"zone": "b"}})
