@@ -255,14 +255,15 @@ gw_watch_stop (struct gw *g)
   pthread_join (g->probe_thread, NULL);
 }
 
+/* Does the status's array field hold the string s? */
 static bool
-has_backend (const json_t *status, const char *backend)
+status_lists (const json_t *status, const char *field, const char *s)
 {
   size_t i;
   json_t *b;
-  json_array_foreach (json_object_get (status, "backends"), i,
+  json_array_foreach (json_object_get (status, field), i,
                       b) if (json_is_string (b)
-                             && strcmp (json_string_value (b), backend) == 0) return true;
+                             && strcmp (json_string_value (b), s) == 0) return true;
   return false;
 }
 
@@ -294,17 +295,6 @@ load (struct gw_node *n)
   return json_integer_value (json_object_get (n->status, "sandboxes")) + n->pending;
 }
 
-static bool
-has_image (const json_t *status, const char *ref)
-{
-  size_t i;
-  json_t *b;
-  json_array_foreach (json_object_get (status, "images"), i,
-                      b) if (json_is_string (b)
-                             && strcmp (json_string_value (b), ref) == 0) return true;
-  return false;
-}
-
 struct gw_node *
 gw_place (struct gw *g, const char *backend, long long memory_mb, const json_t *want_labels,
           const char *image, const struct gw_node *exclude)
@@ -316,7 +306,7 @@ gw_place (struct gw *g, const char *backend, long long memory_mb, const json_t *
     {
       struct gw_node *n = g->nodes[i];
       if (!n->present || n->drained || n == exclude || n->port == 0
-          || !has_backend (n->status, backend)
+          || !status_lists (n->status, "backends", backend)
           || (want_labels && !labels_match (n->status, want_labels)))
         continue;
       long long free_mb = json_integer_value (json_object_get (n->status, "memory_free_mb"));
@@ -329,7 +319,7 @@ gw_place (struct gw *g, const char *backend, long long memory_mb, const json_t *
       /* nodes that hold the image first: the others would have to fetch it */
       size_t k = 0;
       for (size_t i = 0; i < nc; i++)
-        if (has_image (cands[i]->status, image))
+        if (status_lists (cands[i]->status, "images", image))
           cands[k++] = cands[i];
       if (k > 0)
         nc = k; /* else none has it: cands[] is untouched, all stay */
