@@ -109,6 +109,7 @@ struct create_req
   struct gw_project *proj;
   struct gw_node *failed;
   int attempts;
+  char idem[129]; /* idempotency key, "" when none */
 };
 
 static void
@@ -120,6 +121,166 @@ create_free (struct create_req *c)
 }
 
 static void create_place (struct create_req *c);
+static void create_start (struct create_req *c);
+
+/* ---- idempotency keys: a retried create (another gateway, a timeout) never
+ * makes two sandboxes. The first create with a key claims
+ * /warren/idem/KEY in etcd (create-if-absent) and labels its sandbox
+ * warren.idem=KEY; a later one finds the sandbox by that label. Keys live
+ * one to two hours (a lease renewed hourly). Only creates that carry a key
+ * pay this etcd round trip. ---- */
+
+#define LABEL_IDEM "warren.idem"
+#define KEY_IDEM "/warren-idem/"
+
+static pthread_mutex_t idem_mu = PTHREAD_MUTEX_INITIALIZER;
+static int64_t idem_lease;
+static uint64_t idem_lease_ms;
+
+struct claim
+{
+  struct gw *g;
+  struct create_req *c;
+  char key[129];
+  int result; /* 1 claimed, 0 taken, < 0 etcd failed */
+  bool forget;
+  struct event *done;
+};
+
+static void *
+claim_main (void *arg)
+{
+  struct claim *cl = arg;
+  char k[160];
+  snprintf (k, sizeof k, "%s%s", KEY_IDEM, cl->key);
+  if (cl->forget)
+    {
+      wr_etcd_delete (cl->g->etcd, k, NULL);
+      free (cl);
+      return NULL;
+    }
+  pthread_mutex_lock (&idem_mu);
+  if (idem_lease == 0 || wr_now_ms () - idem_lease_ms > 3600 * 1000)
+    {
+      int64_t id = 0;
+      if (wr_etcd_lease_grant (cl->g->etcd, 7200, &id, NULL) == 0)
+        {
+          idem_lease = id;
+          idem_lease_ms = wr_now_ms ();
+        }
+    }
+  int64_t lease = idem_lease;
+  pthread_mutex_unlock (&idem_mu);
+  cl->result = lease ? wr_etcd_cas (cl->g->etcd, k, 0, "{}", lease, NULL) : -1;
+  event_active (cl->done, EV_TIMEOUT, 0);
+  return NULL;
+}
+
+static void
+idem_forget (struct gw *g, const char *key)
+{
+  struct claim *cl = calloc (1, sizeof *cl);
+  pthread_t t;
+  if (cl == NULL)
+    return;
+  cl->g = g;
+  cl->forget = true;
+  snprintf (cl->key, sizeof cl->key, "%s", key);
+  if (pthread_create (&t, NULL, claim_main, cl) != 0)
+    free (cl);
+  else
+    pthread_detach (t);
+}
+
+struct idem_find
+{
+  struct create_req *c;
+  size_t pending;
+  json_t *found;
+};
+
+static void
+idem_found_part (struct gw *g, struct evhttp_request *req, int status, struct evbuffer *body,
+                 void *ud)
+{
+  struct idem_find *f = ud;
+  size_t n = status == 200 && body ? evbuffer_get_length (body) : 0;
+  json_t *l = n ? json_loadb ((const char *)evbuffer_pullup (body, -1), n, 0, NULL) : NULL;
+  size_t i;
+  json_t *s;
+  json_array_foreach (json_object_get (l, "sandboxes"), i, s)
+  {
+    const char *k = json_string_value (json_object_get (json_object_get (s, "labels"), LABEL_IDEM));
+    if (k && strcmp (k, f->c->idem) == 0 && f->found == NULL)
+      f->found = json_incref (s);
+  }
+  json_decref (l);
+  if (--f->pending)
+    return;
+  if (f->found)
+    gw_reply_json (req, 200, f->found); /* the sandbox the first create made */
+  else
+    gw_reply_error (req, 409, WR_E_CONFLICT,
+                    "a create with idempotency key %s is still in progress; retry", f->c->idem);
+  create_free (f->c);
+  free (f);
+}
+
+static void
+claim_done (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
+{
+  struct claim *cl = arg;
+  struct gw *g = cl->g;
+  struct create_req *c = cl->c;
+  int result = cl->result;
+  event_free (cl->done);
+  free (cl);
+  if (result < 0)
+    {
+      gw_reply_error (c->req, 503, "control_plane_unavailable",
+                      "cannot record idempotency key %s in etcd", c->idem);
+      create_free (c);
+      return;
+    }
+  if (result == 1)
+    {
+      create_start (c);
+      return;
+    }
+  /* taken: the sandbox of the first create, wherever it is */
+  struct gw_node *targets[GW_MAX_NODES];
+  size_t n = gw_present_nodes (g, targets);
+  struct idem_find *f = calloc (1, sizeof *f);
+  f->c = c;
+  f->pending = n;
+  if (n == 0)
+    {
+      f->pending = 1;
+      idem_found_part (g, c->req, 0, NULL, f);
+      return;
+    }
+  for (size_t i = 0; i < n; i++)
+    gw_forward (g, targets[i], c->req, EVHTTP_REQ_GET, "/v1/sandboxes", evbuffer_new (),
+                idem_found_part, f);
+}
+
+static void
+idem_claim (struct gw *g, struct create_req *c)
+{
+  struct claim *cl = calloc (1, sizeof *cl);
+  pthread_t t;
+  cl->g = g;
+  cl->c = c;
+  snprintf (cl->key, sizeof cl->key, "%s", c->idem);
+  cl->done = event_new (g->base, -1, 0, claim_done, cl);
+  if (pthread_create (&t, NULL, claim_main, cl) != 0)
+    {
+      cl->result = -1;
+      event_active (cl->done, EV_TIMEOUT, 0);
+      return;
+    }
+  pthread_detach (t);
+}
 
 static void
 create_answered (struct gw *g, struct evhttp_request *req, int status, struct evbuffer *body,
@@ -137,6 +298,8 @@ create_answered (struct gw *g, struct evhttp_request *req, int status, struct ev
     }
   if (status != 201 && c->proj)
     gw_quota_put (g, c->proj, c->mem);
+  if (status != 201 && c->idem[0])
+    idem_forget (g, c->idem);
   if (status == 0)
     gw_reply_error (req, 503, "unavailable", "no node answered the create");
   else
@@ -155,6 +318,8 @@ create_place (struct create_req *c)
     {
       if (c->proj)
         gw_quota_put (g, c->proj, c->mem);
+      if (c->idem[0])
+        idem_forget (g, c->idem);
       pthread_mutex_lock (&g->mu);
       bool synced = g->synced;
       pthread_mutex_unlock (&g->mu);
@@ -185,6 +350,8 @@ create_quota (struct gw *g, bool ok, const char *why, void *ud)
   struct create_req *c = ud;
   if (!ok)
     {
+      if (c->idem[0])
+        idem_forget (g, c->idem);
       bool cp = why && strstr (why, "control plane unavailable");
       gw_reply_error (c->req, cp ? 503 : 429, cp ? "control_plane_unavailable" : WR_E_EXHAUSTED,
                       "%s", why ? why : "quota exhausted");
@@ -277,10 +444,42 @@ handle_create (struct gw *g, struct evhttp_request *req, struct gw_project *proj
       json_object_set_new (labels, WR_LABEL_PROJECT, json_string (proj->name));
       json_object_set_new (body, "memory_mb", json_integer (c->mem));
       c->proj = proj;
-      gw_quota_take (g, proj, c->mem, create_quota, c);
+    }
+  const char *key = json_string_value (json_object_get (body, "idempotency_key"));
+  if (key == NULL)
+    key = evhttp_find_header (evhttp_request_get_input_headers (req), "Idempotency-Key");
+  if (key)
+    {
+      size_t kl = strlen (key);
+      bool ok = kl > 0 && kl < sizeof c->idem;
+      for (size_t i = 0; ok && i < kl; i++)
+        ok = (key[i] >= 'a' && key[i] <= 'z') || (key[i] >= 'A' && key[i] <= 'Z')
+             || (key[i] >= '0' && key[i] <= '9') || strchr ("._:-", key[i]);
+      if (!ok)
+        {
+          create_free (c);
+          gw_reply_error (req, 400, WR_E_INVALID, "idempotency key must be [A-Za-z0-9._:-]{1,128}");
+          return;
+        }
+      snprintf (c->idem, sizeof c->idem, "%s", key);
+      json_object_del (body, "idempotency_key"); /* frees key */
+      json_t *labels = json_object_get (body, "labels");
+      if (!json_is_object (labels))
+        json_object_set_new (body, "labels", labels = json_object ());
+      json_object_set_new (labels, LABEL_IDEM, json_string (c->idem)); /* key died with the field */
+      idem_claim (g, c);
       return;
     }
-  create_place (c);
+  create_start (c);
+}
+
+static void
+create_start (struct create_req *c)
+{
+  if (c->proj)
+    gw_quota_take (c->g, c->proj, c->mem, create_quota, c);
+  else
+    create_place (c);
 }
 
 /* ---- GET /v1/sandboxes: every node's list, merged ---- */

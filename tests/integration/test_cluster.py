@@ -357,6 +357,39 @@ def test_placement_prefers_nodes_with_the_image(cluster, rootfs):
             g1.api.raw("DELETE", f"/v1/sandboxes/{sid}")
 
 
+def test_idempotency_key_never_makes_two(cluster):
+    g1, g2 = cluster["gws"]
+    st, first = g1.api.raw("POST", "/v1/sandboxes", {"memory_mb": 64, "idempotency_key": "k-1"})
+    assert st == 201, first
+    try:
+        # a retry through the other gateway gets the same sandbox back
+        st, again = g2.api.raw("POST", "/v1/sandboxes", {"memory_mb": 64, "idempotency_key": "k-1"})
+        assert st == 200 and again["id"] == first["id"], again
+        # racing retries: one sandbox whatever the interleaving
+        results = []
+        lock = threading.Lock()
+
+        def create(g):
+            r = g.api.raw("POST", "/v1/sandboxes", {"memory_mb": 64, "idempotency_key": "k-2"})
+            with lock:
+                results.append(r)
+
+        threads = [threading.Thread(target=create, args=(cluster["gws"][i % 2],)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        ids = {j["id"] for st, j in results if st in (200, 201)}
+        assert len(ids) == 1, results
+        assert all(st in (200, 201, 409) for st, _ in results), results
+        st, lst = g1.api.raw("GET", "/v1/sandboxes")
+        made = [x for x in lst["sandboxes"] if x["labels"].get("warren.idem") == "k-2"]
+        assert len(made) == 1, made
+        g2.api.raw("DELETE", f"/v1/sandboxes/{made[0]['id']}")
+    finally:
+        g1.api.raw("DELETE", f"/v1/sandboxes/{first['id']}")
+
+
 def test_labels_select_nodes(cluster):
     g1 = cluster["gws"][0]
     st, j = g1.api.raw("POST", "/v1/sandboxes", {"node_labels": {"zone": "b"}})
