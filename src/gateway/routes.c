@@ -361,6 +361,28 @@ create_quota (struct gw *g, bool ok, const char *why, void *ud)
   create_place (c);
 }
 
+/* [A-Za-z0-9] plus the characters in extra, 1..max long. */
+static bool
+name_chars_ok (const char *s, size_t max, const char *extra)
+{
+  size_t n = s ? strlen (s) : 0;
+  bool ok = n > 0 && n <= max;
+  for (size_t i = 0; ok && i < n; i++)
+    ok = (s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z')
+         || (s[i] >= '0' && s[i] <= '9') || strchr (extra, s[i]);
+  return ok;
+}
+
+/* labels[k] = v on a create body (labels created when absent). */
+static void
+set_label (json_t *body, const char *k, const char *v)
+{
+  json_t *labels = json_object_get (body, "labels");
+  if (!json_is_object (labels))
+    json_object_set_new (body, "labels", labels = json_object ());
+  json_object_set_new (labels, k, json_string (v));
+}
+
 static void
 handle_create (struct gw *g, struct evhttp_request *req, struct gw_project *proj)
 {
@@ -418,30 +440,19 @@ handle_create (struct gw *g, struct evhttp_request *req, struct gw_project *proj
   if (v)
     {
       const char *job = json_string_value (v);
-      size_t jl = job ? strlen (job) : 0;
-      bool ok = jl > 0 && jl <= 64;
-      for (size_t i = 0; ok && i < jl; i++)
-        ok = (job[i] >= 'a' && job[i] <= 'z') || (job[i] >= 'A' && job[i] <= 'Z')
-             || (job[i] >= '0' && job[i] <= '9') || strchr ("._-", job[i]);
-      if (!ok)
+      if (!name_chars_ok (job, 64, "._-"))
         {
           create_free (c);
           gw_reply_error (req, 400, WR_E_INVALID, "field \"job\" must be [A-Za-z0-9._-]{1,64}");
           return;
         }
       /* the node keeps it as a label: pause/resume find the job's sandboxes by it */
-      json_t *labels = json_object_get (body, "labels");
-      if (!json_is_object (labels))
-        json_object_set_new (body, "labels", labels = json_object ());
-      json_object_set_new (labels, "warren.job", json_string (job));
+      set_label (body, "warren.job", job);
     }
   json_object_del (body, "__node");
   if (proj)
     {
-      json_t *labels = json_object_get (body, "labels");
-      if (!json_is_object (labels))
-        json_object_set_new (body, "labels", labels = json_object ());
-      json_object_set_new (labels, WR_LABEL_PROJECT, json_string (proj->name));
+      set_label (body, WR_LABEL_PROJECT, proj->name);
       json_object_set_new (body, "memory_mb", json_integer (c->mem));
       c->proj = proj;
     }
@@ -450,12 +461,7 @@ handle_create (struct gw *g, struct evhttp_request *req, struct gw_project *proj
     key = evhttp_find_header (evhttp_request_get_input_headers (req), "Idempotency-Key");
   if (key)
     {
-      size_t kl = strlen (key);
-      bool ok = kl > 0 && kl < sizeof c->idem;
-      for (size_t i = 0; ok && i < kl; i++)
-        ok = (key[i] >= 'a' && key[i] <= 'z') || (key[i] >= 'A' && key[i] <= 'Z')
-             || (key[i] >= '0' && key[i] <= '9') || strchr ("._:-", key[i]);
-      if (!ok)
+      if (!name_chars_ok (key, sizeof c->idem - 1, "._:-"))
         {
           create_free (c);
           gw_reply_error (req, 400, WR_E_INVALID, "idempotency key must be [A-Za-z0-9._:-]{1,128}");
@@ -463,10 +469,7 @@ handle_create (struct gw *g, struct evhttp_request *req, struct gw_project *proj
         }
       snprintf (c->idem, sizeof c->idem, "%s", key);
       json_object_del (body, "idempotency_key"); /* frees key */
-      json_t *labels = json_object_get (body, "labels");
-      if (!json_is_object (labels))
-        json_object_set_new (body, "labels", labels = json_object ());
-      json_object_set_new (labels, LABEL_IDEM, json_string (c->idem)); /* key died with the field */
+      set_label (body, LABEL_IDEM, c->idem);     /* key died with the field */
       idem_claim (g, c);
       return;
     }
