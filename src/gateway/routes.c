@@ -648,6 +648,31 @@ handle_sandbox (struct gw *g, struct evhttp_request *req, const char *rest,
     gw_forward (g, n, req, m, uri, NULL, NULL, NULL);
 }
 
+/* POST /v1/calls: stateless, so any node with fncall pools will do; the
+ * nodes holding the image first, power of two among them. */
+static void
+handle_call (struct gw *g, struct evhttp_request *req)
+{
+  struct evbuffer *in = evhttp_request_get_input_buffer (req);
+  json_t *body = body_json (in);
+  const char *img = json_string_value (json_object_get (body, "image"));
+  char image[300] = "";
+  if (img && strlen (img) < 256 && strchr (img, '@') == NULL)
+    {
+      const char *slash = strrchr (img, '/');
+      snprintf (image, sizeof image, "%s%s", img,
+                strchr (slash ? slash : img, ':') ? "" : ":latest");
+    }
+  json_decref (body);
+  struct gw_node *n = gw_place (g, "fncall", 0, NULL, image[0] ? image : NULL, NULL);
+  if (n == NULL)
+    {
+      gw_reply_error (req, 503, "unavailable", "no ready node offers fncall");
+      return;
+    }
+  gw_forward (g, n, req, EVHTTP_REQ_POST, "/v1/calls", NULL, NULL, NULL);
+}
+
 static void
 handle_nodes (struct gw *g, struct evhttp_request *req, const char *rest)
 {
@@ -735,6 +760,8 @@ route (struct evhttp_request *req, void *arg)
     handle_list (g, req, proj);
   else if (strncmp (path, "/v1/sandboxes/", 14) == 0)
     handle_sandbox (g, req, path + 14, proj);
+  else if (strcmp (path, "/v1/calls") == 0 && m == EVHTTP_REQ_POST)
+    handle_call (g, req);
   else if (strncmp (path, "/v1/jobs/", 9) == 0)
     gw_jobs (g, req, path + 9, proj ? proj->name : NULL);
   else if (who != WHO_ADMIN
