@@ -9,6 +9,7 @@
 
 #include <getopt.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +31,11 @@ static struct
   json_t *labels;
   long ttl_s;
   struct wrd *d;
-  struct wr_etcd *etcd;
+  struct wr_etcd *etcd;            /* status writes */
+  struct wr_etcd *lease_etcd;      /* registration and keepalives: short deadlines */
+  _Atomic int64_t lease;           /* 0: not registered */
+  _Atomic unsigned long published; /* status_gen last written */
+  pthread_t status_thread;
   char prefix[WR_NODE_NAME_MAX + 2];
   bool enabled;
   volatile bool stop;
@@ -223,22 +228,23 @@ register_node (int64_t *lease, unsigned long *gen, wr_err_t *err)
   return r;
 }
 
+/* The lease thread: registers, then refreshes the lease every TTL/4 with a
+ * deadline of TTL/4 per member, so a slow status write (a Raft proposal that
+ * waits on a busy disk) never delays a keepalive past the TTL. */
 static void *
-membership_main (void *arg WR_UNUSED)
+lease_main (void *arg WR_UNUSED)
 {
-  int64_t lease = 0;
-  unsigned long published = 0;
-  uint64_t next_keepalive = 0, last_put = 0;
+  uint64_t next_keepalive = 0;
   bool complained = false;
-  char key[128];
-  snprintf (key, sizeof key, "%s%s", WR_KEY_NODES, g.name);
   while (!g.stop)
     {
       wr_err_t err;
       uint64_t now = wr_now_ms ();
+      int64_t lease = atomic_load (&g.lease);
       if (lease == 0)
         {
-          if (register_node (&lease, &published, &err) < 0)
+          unsigned long gen;
+          if (register_node (&lease, &gen, &err) < 0)
             {
               if (!complained)
                 fprintf (stderr, "warrend: cluster: registering %s: %s (retrying)\n", g.name,
@@ -250,49 +256,69 @@ membership_main (void *arg WR_UNUSED)
           fprintf (stderr, "warrend: cluster: registered as %s (lease %llx, ttl %lds)\n", g.name,
                    (unsigned long long)lease, g.ttl_s);
           complained = false;
-          last_put = now;
-          next_keepalive = now + (uint64_t)g.ttl_s * 1000 / 3;
+          atomic_store (&g.published, gen);
+          atomic_store (&g.lease, lease);
+          next_keepalive = now + (uint64_t)g.ttl_s * 1000 / 4;
         }
-      if (now >= next_keepalive)
+      else if (now >= next_keepalive)
         {
           int64_t ttl = 0;
-          if (wr_etcd_lease_keepalive (g.etcd, lease, &ttl, &err) < 0)
+          if (wr_etcd_lease_keepalive (g.lease_etcd, lease, &ttl, &err) < 0)
             {
               /* etcd unreachable: keep trying until the lease would be gone */
               if (!complained)
                 fprintf (stderr, "warrend: cluster: keepalive: %s\n", err.msg);
               complained = true;
-              next_keepalive = now + 500;
+              next_keepalive = now + 200;
             }
           else if (ttl <= 0)
             {
               fprintf (stderr, "warrend: cluster: lease expired, registering again\n");
-              lease = 0;
+              atomic_store (&g.lease, 0);
               continue;
             }
           else
             {
               complained = false;
-              next_keepalive = now + (uint64_t)g.ttl_s * 1000 / 3;
+              next_keepalive = now + (uint64_t)g.ttl_s * 1000 / 4;
             }
         }
-      pthread_mutex_lock (&g.mu);
-      bool changed = g.status_gen != published;
-      unsigned long gen = g.status_gen;
-      _cleanup_free_ char *text = changed ? strdup (g.status) : NULL;
-      pthread_mutex_unlock (&g.mu);
-      if (changed && text && now - last_put >= PUBLISH_MIN_MS)
-        {
-          if (wr_etcd_put (g.etcd, key, text, lease, &err) == 0)
-            published = gen;
-          else if (strcmp (err.code, WR_E_NOT_FOUND) == 0)
-            lease = 0; /* "lease not found": it expired while we could not reach etcd */
-          last_put = now;
-        }
-      usleep (100 * 1000);
+      usleep (50 * 1000);
     }
+  int64_t lease = atomic_exchange (&g.lease, 0);
   if (lease)
-    wr_etcd_lease_revoke (g.etcd, lease, NULL);
+    wr_etcd_lease_revoke (g.lease_etcd, lease, NULL);
+  return NULL;
+}
+
+/* The status thread: writes the node key when the status changed, at most
+ * once a second, under the current lease. */
+static void *
+status_main (void *arg WR_UNUSED)
+{
+  uint64_t last_put = 0;
+  char key[128];
+  snprintf (key, sizeof key, "%s%s", WR_KEY_NODES, g.name);
+  while (!g.stop)
+    {
+      usleep (100 * 1000);
+      int64_t lease = atomic_load (&g.lease);
+      uint64_t now = wr_now_ms ();
+      if (lease == 0 || now - last_put < PUBLISH_MIN_MS)
+        continue;
+      pthread_mutex_lock (&g.mu);
+      unsigned long gen = g.status_gen;
+      _cleanup_free_ char *text = gen != atomic_load (&g.published) ? strdup (g.status) : NULL;
+      pthread_mutex_unlock (&g.mu);
+      if (text == NULL)
+        continue;
+      wr_err_t err;
+      last_put = now;
+      if (wr_etcd_put (g.etcd, key, text, lease, &err) == 0)
+        atomic_store (&g.published, gen);
+      else if (strcmp (err.code, WR_E_NOT_FOUND) == 0)
+        atomic_compare_exchange_strong (&g.lease, &lease, 0); /* expired meanwhile */
+    }
   return NULL;
 }
 
@@ -325,8 +351,13 @@ wrd_cluster_start (struct wrd *d, wr_err_t *err)
   g.tick = event_new (d->base, -1, EV_PERSIST, tick_cb, d);
   struct timeval tv = { 1, 0 };
   event_add (g.tick, &tv);
-  if (pthread_create (&g.thread, NULL, membership_main, NULL) != 0)
-    return wr_error (err, errno, WR_E_INTERNAL, "cluster thread");
+  int ka_ms = (int)(g.ttl_s * 1000 / 4);
+  r = wr_etcd_new (g.urls, ka_ms < 3000 ? ka_ms : 3000, &g.lease_etcd, err);
+  if (r < 0)
+    return r;
+  if (pthread_create (&g.thread, NULL, lease_main, NULL) != 0
+      || pthread_create (&g.status_thread, NULL, status_main, NULL) != 0)
+    return wr_error (err, errno, WR_E_INTERNAL, "cluster threads");
   g.thread_started = true;
   return 0;
 }
@@ -338,10 +369,14 @@ wrd_cluster_stop (struct wrd *d WR_UNUSED)
     return;
   g.stop = true;
   if (g.thread_started)
-    pthread_join (g.thread, NULL);
+    {
+      pthread_join (g.status_thread, NULL);
+      pthread_join (g.thread, NULL);
+    }
   if (g.tick)
     event_free (g.tick);
   wr_etcd_free (g.etcd);
+  wr_etcd_free (g.lease_etcd);
   json_decref (g.labels);
   json_decref (g.images);
   free (g.status);

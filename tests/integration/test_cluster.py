@@ -213,9 +213,13 @@ def cluster(rootfs):
     finally:
         for g in gws:
             g.stop()
-        for d in nodes.values():
+        keep = os.environ.get("WARREN_CLUSTER_LOGS")  # a directory to keep the logs in
+        for name, d in nodes.items():
             if d.proc and d.proc.poll() is None:
                 d.stop()
+            if keep:
+                os.makedirs(keep, exist_ok=True)
+                shutil.copy(os.path.join(d.root, "warrend.log"), os.path.join(keep, name + ".log"))
             shutil.rmtree(d.root, ignore_errors=True)
         etcd.stop()
         shutil.rmtree(tokdir, ignore_errors=True)
@@ -223,6 +227,13 @@ def cluster(rootfs):
 
 def node_of(sid):
     return sid[:-13]
+
+
+def all_ready(cluster):
+    """Both nodes registered on both gateways (a test about placement starts here)."""
+    for g in cluster["gws"]:
+        wait_for("both nodes ready", lambda g=g: [n["state"] for n in g.nodes().values()]
+                 == ["ready", "ready"], timeout=60)
 
 
 def test_node_ls(cluster):
@@ -243,6 +254,7 @@ def test_node_ls(cluster):
 
 
 def test_placement_spreads_and_any_gateway_routes(cluster):
+    all_ready(cluster)
     g1, g2 = cluster["gws"]
     ids = []
     for _ in range(10):
@@ -358,6 +370,7 @@ def test_cli_create_exec_rm_through_gateway(cluster):
 
 
 def test_drain(cluster):
+    all_ready(cluster)
     g1, g2 = cluster["gws"]
     g1.cli("node", "drain", "node-b")
     try:
@@ -379,6 +392,7 @@ def test_drain(cluster):
 
 
 def test_placement_prefers_nodes_with_the_image(cluster, rootfs):
+    all_ready(cluster)
     g1, g2 = cluster["gws"]
     a = cluster["nodes"]["node-a"]
     r = a.api.raw("POST", "/v1/images/import", {"name": "only-a:1", "path": rootfs}, timeout=300)
@@ -442,6 +456,7 @@ def test_calls_through_gateway(cluster):
 
 
 def test_labels_select_nodes(cluster):
+    all_ready(cluster)
     g1 = cluster["gws"][0]
     st, j = g1.api.raw("POST", "/v1/sandboxes", {"node_labels": {"zone": "b"}})
     assert st == 201 and node_of(j["id"]) == "node-b", j
@@ -534,6 +549,7 @@ def test_quota_chunks_spare_etcd(cluster):
 
 
 def test_job_pause_resume_across_nodes(cluster):
+    all_ready(cluster)
     g1, g2 = cluster["gws"]
     ids = []
     for i in range(4):
@@ -644,6 +660,7 @@ def test_stopped_node_fails_waiting_requests(cluster):
     """A node that stops answering (SIGSTOP: its connections stay open, like a
     partition) loses its lease; requests waiting on it fail with node_lost
     instead of hanging, and it comes back when it runs again."""
+    all_ready(cluster)
     g1, g2 = cluster["gws"]
     node = cluster["nodes"]["node-b"]
     st, j = g1.api.raw("POST", "/v1/sandboxes", {"node_labels": {"zone": "b"}})
@@ -681,6 +698,7 @@ def test_stopped_node_fails_waiting_requests(cluster):
 def test_killed_node_leaves_placement(cluster):
     """Last: kills node-b. Its lease expires, gateways stop placing there,
     requests for its sandboxes fail fast with node_lost."""
+    all_ready(cluster)
     g1, g2 = cluster["gws"]
     st, j = g1.api.raw("POST", "/v1/sandboxes", {"node_labels": {"zone": "b"}})
     assert st == 201
