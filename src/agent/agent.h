@@ -99,15 +99,19 @@ struct ag_exec_cg
 {
   int dir_fd; /* O_PATH, -1 = none */
   char name[32];
+  long long oom_base; /* memory.events oom_kill at start, -1 = no memory controller */
 };
 int ag_cg_init (void);
+/* a container: the sandbox's cgroup2 dir, delegated by the daemon */
+int ag_cg_init_delegated (int fd);
 bool ag_cg_enabled (void);
 /* payload of a LIMITS frame */
 void ag_cg_limits (const uint8_t *payload, size_t len);
 int ag_cg_exec_create (uint32_t stream, struct ag_exec_cg *ret);
 int ag_cg_exec_join (const struct ag_exec_cg *c);
 void ag_cg_exec_kill (const struct ag_exec_cg *c);
-bool ag_cg_exec_oom (const struct ag_exec_cg *c);
+/* 1 OOM-killed, 0 not, -1 cannot tell (no memory controller here) */
+int ag_cg_exec_oom (const struct ag_exec_cg *c);
 void ag_cg_exec_release (struct ag_exec_cg *c);
 
 /* files.c */

@@ -13,7 +13,12 @@
  * memory bomb or an output flood in the guest leaves the agent answering.
  * Everything here is best effort: without cgroup2 in the guest kernel the
  * agent runs execs as before (session kill, no in-guest limits) and says so
- * in HELLO ("cgroup":false). */
+ * in HELLO ("cgroup":false).
+ *
+ * In a container the daemon delegates the sandbox's own cgroup2 dir instead
+ * (--cgroup-fd; its limits are the host's business): the agent only makes
+ * the per-exec children, for the kill, and keeps empty ones for reuse (a
+ * mkdir + rmdir per exec costs more than it must on a slow kernel). */
 #include "agent/agent.h"
 #include "common/util.h"
 
@@ -29,6 +34,7 @@
 /* exec cgroups whose main process is gone but that may still hold
  * background processes: removed once empty */
 #define CG_MAX_LINGER 4096
+#define CG_MAX_SPARE 16
 
 static struct
 {
@@ -36,7 +42,11 @@ static struct
   unsigned long seq;
   char *linger[CG_MAX_LINGER];
   size_t n_linger;
+  char *spare[CG_MAX_SPARE]; /* empty exec cgroups, ready for reuse */
+  size_t n_spare;
 } cg = { .tasks_fd = -1 };
+
+static long long oom_kills (int dir_fd);
 
 bool
 ag_cg_enabled (void)
@@ -100,6 +110,21 @@ ag_cg_init (void)
   return 0;
 }
 
+int
+ag_cg_init_delegated (int fd)
+{
+  /* the child cgroup for the first exec proves we may: ours, and writable */
+  if (mkdirat (fd, "probe", 0755) < 0 && errno != EEXIST)
+    return -errno;
+  unlinkat (fd, "probe", AT_REMOVEDIR);
+  int f = fcntl (fd, F_DUPFD_CLOEXEC, 3);
+  if (f < 0)
+    return -errno;
+  close (fd);
+  cg.tasks_fd = f;
+  return 0;
+}
+
 /* "max" for 0, else the number */
 static void
 fmt_limit (char *out, size_t len, uint64_t v)
@@ -145,16 +170,56 @@ ag_cg_limits (const uint8_t *payload, size_t len)
   json_decref (j);
 }
 
+static bool
+populated (const char *name)
+{
+  char path[64], buf[256];
+  snprintf (path, sizeof path, "%s/cgroup.events", name);
+  _cleanup_close_ int fd = openat (cg.tasks_fd, path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return false;
+  ssize_t n = read (fd, buf, sizeof buf - 1);
+  if (n <= 0)
+    return true;
+  buf[n] = '\0';
+  return strstr (buf, "populated 1") != NULL;
+}
+
+/* An empty exec cgroup: kept for reuse, else removed. Takes name. */
+static void
+retire (char *name)
+{
+  if (cg.n_spare < CG_MAX_SPARE && !populated (name))
+    {
+      cg.spare[cg.n_spare++] = name;
+      return;
+    }
+  if (unlinkat (cg.tasks_fd, name, AT_REMOVEDIR) == 0 || errno == ENOENT)
+    {
+      free (name);
+      return;
+    }
+  if (cg.n_linger < CG_MAX_LINGER)
+    cg.linger[cg.n_linger++] = name;
+  else
+    free (name); /* forgotten: removed with the sandbox */
+}
+
 static void
 linger_sweep (void)
 {
   size_t k = 0;
   for (size_t i = 0; i < cg.n_linger; i++)
     {
-      if (unlinkat (cg.tasks_fd, cg.linger[i], AT_REMOVEDIR) == 0 || errno == ENOENT)
-        free (cg.linger[i]);
+      char *name = cg.linger[i];
+      if (populated (name))
+        cg.linger[k++] = name;
+      else if (cg.n_spare < CG_MAX_SPARE)
+        cg.spare[cg.n_spare++] = name;
+      else if (unlinkat (cg.tasks_fd, name, AT_REMOVEDIR) == 0 || errno == ENOENT)
+        free (name);
       else
-        cg.linger[k++] = cg.linger[i];
+        cg.linger[k++] = name;
     }
   cg.n_linger = k;
 }
@@ -167,8 +232,15 @@ ag_cg_exec_create (uint32_t stream, struct ag_exec_cg *ret)
   if (cg.tasks_fd < 0)
     return 0;
   linger_sweep ();
-  snprintf (ret->name, sizeof ret->name, "e%u-%lu", stream, ++cg.seq);
-  if (mkdirat (cg.tasks_fd, ret->name, 0755) < 0)
+  if (cg.n_spare > 0)
+    {
+      char *name = cg.spare[--cg.n_spare];
+      snprintf (ret->name, sizeof ret->name, "%s", name);
+      free (name);
+    }
+  else
+    snprintf (ret->name, sizeof ret->name, "e%lu", ++cg.seq);
+  if (mkdirat (cg.tasks_fd, ret->name, 0755) < 0 && errno != EEXIST)
     {
       int r = -errno;
       ret->name[0] = '\0';
@@ -182,6 +254,7 @@ ag_cg_exec_create (uint32_t stream, struct ag_exec_cg *ret)
       ret->name[0] = '\0';
       return r;
     }
+  ret->oom_base = oom_kills (ret->dir_fd); /* a reused cgroup keeps its count */
   return 0;
 }
 
@@ -201,21 +274,28 @@ ag_cg_exec_kill (const struct ag_exec_cg *c)
     write_at (c->dir_fd, "cgroup.kill", "1");
 }
 
-bool
-ag_cg_exec_oom (const struct ag_exec_cg *c)
+/* memory.events oom_kill of an exec cgroup; -1 without a memory controller */
+static long long
+oom_kills (int dir_fd)
 {
-  if (c->dir_fd < 0)
-    return false;
-  _cleanup_close_ int fd = openat (c->dir_fd, "memory.events", O_RDONLY | O_CLOEXEC);
+  _cleanup_close_ int fd = openat (dir_fd, "memory.events", O_RDONLY | O_CLOEXEC);
   if (fd < 0)
-    return false;
+    return -1;
   char buf[512];
   ssize_t n = read (fd, buf, sizeof buf - 1);
   if (n <= 0)
-    return false;
+    return -1;
   buf[n] = '\0';
   const char *p = strstr (buf, "oom_kill ");
-  return p && strtoull (p + 9, NULL, 10) > 0;
+  return p ? (long long)strtoull (p + 9, NULL, 10) : -1;
+}
+
+int
+ag_cg_exec_oom (const struct ag_exec_cg *c)
+{
+  if (c->dir_fd < 0 || c->oom_base < 0)
+    return -1; /* no memory controller here: the host's cgroups know */
+  return oom_kills (c->dir_fd) > c->oom_base;
 }
 
 void
@@ -226,13 +306,11 @@ ag_cg_exec_release (struct ag_exec_cg *c)
   close (c->dir_fd);
   c->dir_fd = -1;
   /* background processes of the exec keep running (as in a container)
-   * and keep their cgroup; it goes once empty */
-  if (unlinkat (cg.tasks_fd, c->name, AT_REMOVEDIR) < 0 && errno == EBUSY
-      && cg.n_linger < CG_MAX_LINGER)
-    {
-      char *s = strdup (c->name);
-      if (s)
-        cg.linger[cg.n_linger++] = s;
-    }
+   * and keep their cgroup; it is reused or removed once empty */
+  char *s = strdup (c->name);
+  if (s)
+    retire (s);
+  else
+    unlinkat (cg.tasks_fd, c->name, AT_REMOVEDIR);
   c->name[0] = '\0';
 }

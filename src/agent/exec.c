@@ -269,9 +269,9 @@ ag_exec_reaped (pid_t pid, int status, const struct rusage *ru)
       json_t *j
           = exit_json (code, sig, e->timed_out, e->out[0].truncated, e->out[1].truncated, dur, ru);
       /* only where the agent can tell: the daemon asks the backend otherwise */
-      if (e->cg.dir_fd >= 0)
-        json_object_set_new (json_object_get (j, "usage"), "oom_killed",
-                             json_boolean (ag_cg_exec_oom (&e->cg)));
+      int oom = ag_cg_exec_oom (&e->cg);
+      if (oom >= 0)
+        json_object_set_new (json_object_get (j, "usage"), "oom_killed", json_boolean (oom));
       ag_send_json (e->r.stream, WR_MSG_EXIT, j);
     }
   exec_free (e);

@@ -384,7 +384,8 @@ op_list (uint32_t stream, const char *path, wr_err_t *err)
         return wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
       ns.n++;
     }
-  qsort (ns.v, ns.n, sizeof *ns.v, cmp_str);
+  if (ns.n > 1) /* qsort wants a non-NULL base even for 0 items (UBSan, fuzz_agent) */
+    qsort (ns.v, ns.n, sizeof *ns.v, cmp_str);
   json_t *entries = json_array ();
   size_t approx = 0;
   for (size_t i = 0; i < ns.n; i++)

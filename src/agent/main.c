@@ -556,7 +556,7 @@ static void
 usage (void)
 {
   fputs ("usage: warren-agent [--listen-fd N] [--conn-fd N] [--device PATH] [--root DIR] "
-         "[--no-openat2] [--keep-fd N]\n",
+         "[--no-openat2] [--keep-fd N] [--cgroup-fd N]\n",
          stderr);
   exit (2);
 }
@@ -570,13 +570,12 @@ close_range_fallback (unsigned lo, unsigned hi)
     close ((int)fd);
 }
 
-/* Close every fd >= 3 but a, b and c (any may be -1; a <= b <= c). */
+/* Close every fd >= 3 but keep[0..n) (any may be -1; sorted ascending). */
 static void
-close_fds_except (int a, int b, int c)
+close_fds_except (const int *keep, int n)
 {
   unsigned lo = 3;
-  int keep[3] = { a, b, c };
-  for (int i = 0; i < 3; i++)
+  for (int i = 0; i < n; i++)
     {
       if (keep[i] < (int)lo)
         continue;
@@ -588,7 +587,7 @@ close_fds_except (int a, int b, int c)
 }
 
 static int
-setup (int listen_fd, int conn_fd, int keep_fd, const char *root, bool no_openat2)
+setup (int listen_fd, int conn_fd, int keep_fd, int cgroup_fd, const char *root, bool no_openat2)
 {
   prctl (PR_SET_DUMPABLE, 0);
   if (getpid () != 1)
@@ -601,16 +600,22 @@ setup (int listen_fd, int conn_fd, int keep_fd, const char *root, bool no_openat
       return -errno;
   /* Nothing inherited may leak into sandbox processes (our sockets above
    * all), and stray copies of the daemon socket would hide its EOF. */
-  int keep[3] = { listen_fd, conn_fd, keep_fd };
-  for (int i = 0; i < 3; i++)
-    for (int j = i + 1; j < 3; j++)
+  int keep[4] = { listen_fd, conn_fd, keep_fd, cgroup_fd };
+  for (int i = 0; i < 4; i++)
+    for (int j = i + 1; j < 4; j++)
       if (keep[j] < keep[i])
         {
           int t = keep[i];
           keep[i] = keep[j];
           keep[j] = t;
         }
-  close_fds_except (keep[0], keep[1], keep[2]);
+  close_fds_except (keep, 4);
+  if (cgroup_fd >= 0)
+    {
+      int cr = ag_cg_init_delegated (cgroup_fd);
+      if (cr < 0)
+        fprintf (stderr, "warren-agent: delegated cgroup unusable: %s\n", strerror (-cr));
+    }
   /* --keep-fd: held for the daemon (pidfd_getfd), never handed to children */
   if (keep_fd >= 0)
     fcntl (keep_fd, F_SETFD, FD_CLOEXEC);
@@ -658,8 +663,9 @@ setup (int listen_fd, int conn_fd, int keep_fd, const char *root, bool no_openat
     conn_open (conn_fd);
   if (device_path)
     {
-      /* init of a VM guest: the limits are ours to enforce */
-      int cr = ag_cg_init ();
+      /* init of a VM guest: the limits are ours to enforce. Under another
+       * init (systemd on a disk image) the cgroup tree is that init's. */
+      int cr = getpid () == 1 ? ag_cg_init () : -EBUSY;
       if (cr < 0)
         fprintf (stderr, "warren-agent: no cgroup tree, limits not enforced: %s\n", strerror (-cr));
       device_open ();
@@ -677,10 +683,11 @@ main (int argc, char **argv)
     { "root", required_argument, NULL, 'r' },
     { "no-openat2", no_argument, NULL, 'N' },
     { "keep-fd", required_argument, NULL, 'k' },
+    { "cgroup-fd", required_argument, NULL, 'g' },
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 },
   };
-  int listen_fd = -1, conn_fd = -1, keep_fd = -1, c;
+  int listen_fd = -1, conn_fd = -1, keep_fd = -1, cgroup_fd = -1, c;
   const char *root = NULL;
   bool no_openat2 = false;
   while ((c = getopt_long (argc, argv, "", opts, NULL)) != -1)
@@ -707,12 +714,16 @@ main (int argc, char **argv)
         if ((keep_fd = parse_fd (optarg)) < 0)
           usage ();
         break;
+      case 'g':
+        if ((cgroup_fd = parse_fd (optarg)) < 0)
+          usage ();
+        break;
       default:
         usage ();
       }
   if (optind != argc || (listen_fd < 0 && conn_fd < 0 && device_path == NULL))
     usage ();
-  int r = setup (listen_fd, conn_fd, keep_fd, root, no_openat2);
+  int r = setup (listen_fd, conn_fd, keep_fd, cgroup_fd, root, no_openat2);
   if (r < 0)
     {
       fprintf (stderr, "warren-agent: setup: %s\n", strerror (-r));

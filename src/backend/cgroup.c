@@ -343,6 +343,53 @@ read_procs (int dfd, pid_t *pids, int max)
   return n;
 }
 
+/* read_procs of a v2 sandbox cgroup and of the per-exec children its agent
+ * made in it (delegated, depth 1): the pids of the whole subtree. */
+static int
+read_procs_subtree (int dfd, pid_t *pids, int max)
+{
+  int n = read_procs (dfd, pids, max);
+  if (n < 0)
+    return n;
+  int d = openat (dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  _cleanup_closedir_ DIR *dir = d >= 0 ? fdopendir (d) : NULL;
+  if (dir == NULL)
+    {
+      if (d >= 0)
+        close (d);
+      return n;
+    }
+  struct dirent *de;
+  while ((de = readdir (dir)) != NULL)
+    {
+      if (de->d_type != DT_DIR || de->d_name[0] == '.')
+        continue;
+      _cleanup_close_ int c = openat (dfd, de->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      int k = c >= 0 ? read_procs (c, pids + (n < max ? n : max), n < max ? max - n : 0) : 0;
+      if (k > 0)
+        n += k;
+    }
+  return n;
+}
+
+/* rmdir the children of a delegated v2 sandbox cgroup (empty by now) */
+static void
+remove_children (int parent, const char *id)
+{
+  int d = openat (parent, id, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  _cleanup_closedir_ DIR *dir = d >= 0 ? fdopendir (d) : NULL;
+  if (dir == NULL)
+    {
+      if (d >= 0)
+        close (d);
+      return;
+    }
+  struct dirent *de;
+  while ((de = readdir (dir)) != NULL)
+    if (de->d_type == DT_DIR && de->d_name[0] != '.')
+      unlinkat (dirfd (dir), de->d_name, AT_REMOVEDIR);
+}
+
 static void
 pause_us (long us)
 {
@@ -367,7 +414,8 @@ wr_cg_kill (struct wr_cgroups *cg, struct wr_cg_sandbox *s, wr_err_t *err)
   uint64_t deadline = wr_now_ns () + 5000000000ull;
   for (long delay = 20;; delay = delay < 10000 ? delay * 2 : delay)
     {
-      int n = read_procs (track, pids, (int)WR_ARRAY_SIZE (pids));
+      int n = track == s->v2_fd ? read_procs_subtree (track, pids, (int)WR_ARRAY_SIZE (pids))
+                                : read_procs (track, pids, (int)WR_ARRAY_SIZE (pids));
       if (n == -ENOENT || n == -ENODEV || n == 0)
         return 0;
       if (n < 0)
@@ -380,7 +428,8 @@ wr_cg_kill (struct wr_cgroups *cg, struct wr_cg_sandbox *s, wr_err_t *err)
             wr_write_file_at (freezer, "freezer.state", "FROZEN");
           else if (s->v2_fd >= 0)
             wr_write_file_at (s->v2_fd, "cgroup.freeze", "1");
-          n = read_procs (track, pids, (int)WR_ARRAY_SIZE (pids));
+          n = track == s->v2_fd ? read_procs_subtree (track, pids, (int)WR_ARRAY_SIZE (pids))
+                                : read_procs (track, pids, (int)WR_ARRAY_SIZE (pids));
           for (int i = 0; i < n && i < (int)WR_ARRAY_SIZE (pids); i++)
             kill (pids[i], SIGKILL);
           if (freezer >= 0)
@@ -477,6 +526,8 @@ wr_cg_remove (struct wr_cgroups *cg, const char *id, wr_err_t *err)
       /* EBUSY while the last exiting task is still being released */
       for (long delay = 50, waited = 0;; delay *= 2)
         {
+          if (i == 0)
+            remove_children (fds[i], id);
           if (unlinkat (fds[i], id, AT_REMOVEDIR) == 0 || errno == ENOENT)
             break;
           if (errno != EBUSY || waited > 2000000)

@@ -154,6 +154,7 @@ static const char *const step_names[] = {
 struct child_ctx
 {
   int sync_fd, err_fd, listen_fd, conn_fd, agent_fd;
+  int cgroup_fd; /* the sandbox's cgroup2 dir, -1 if none */
   bool net_host;
   const char *mnt;
   const char *const *lowers;
@@ -377,7 +378,15 @@ child_main (void *arg)
   /* 7 = the upper dir (O_PATH), kept by the agent (--keep-fd) so the daemon
    * can reach this detached tmpfs with pidfd_getfd to pack the sandbox */
   TRY (ST_FDS, wr_raw3 (__NR_dup3, up, WR_AGENT_UPPER_FD, 0));
-  TRY (ST_FDS, wr_raw3 (__NR_close_range, WR_AGENT_UPPER_FD + 1, ~0U, 0));
+  if (c->cgroup_fd >= 0)
+    {
+      /* 8 = the sandbox's cgroup2 dir (delegated: the agent's execs get
+       * their own child cgroups). Above 8 before the close_range. */
+      long g = wr_raw3 (__NR_fcntl, c->cgroup_fd, F_DUPFD_CLOEXEC, 16);
+      TRY (ST_FDS, g);
+      TRY (ST_FDS, wr_raw3 (__NR_dup3, g, WR_AGENT_CGROUP_FD, 0));
+    }
+  TRY (ST_FDS, wr_raw3 (__NR_close_range, WR_AGENT_CGROUP_FD + 1, ~0U, 0));
   long nul = wr_raw3 (__NR_openat, AT_FDCWD, "/dev/null", O_RDWR);
   TRY (ST_FDS, nul);
   for (int i = 0; i < 3; i++)
@@ -709,10 +718,20 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
     }
 
   static char arg0[] = "warren-agent", a1[] = "--listen-fd", a2[] = "3", a3[] = "--conn-fd",
-              a4[] = "4", a5[] = "--keep-fd", a6[] = "7";
+              a4[] = "4", a5[] = "--keep-fd", a6[] = "7", a7[] = "--cgroup-fd", a8[] = "8";
   static char e0[] = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
               e1[] = "HOME=/root", e2[] = "container=warren";
   static char *const argv[] = { arg0, a1, a2, a3, a4, a5, a6, NULL };
+  static char *const argv_cg[] = { arg0, a1, a2, a3, a4, a5, a6, a7, a8, NULL };
+  /* Delegate the sandbox's cgroup2 dir to the agent (its root is uid_base
+   * on the host): it may create child cgroups and move its own children
+   * between them, within the limits set here and above, which it cannot
+   * touch. Bounded so that it cannot spend the kernel's memory on cgroups. */
+  bool delegate = cgs.v2_fd >= 0
+                  && wr_write_file_at (cgs.v2_fd, "cgroup.max.descendants", "256") == 0
+                  && wr_write_file_at (cgs.v2_fd, "cgroup.max.depth", "1") == 0
+                  && fchownat (cgs.v2_fd, "", rt->uid_base, rt->uid_base, AT_EMPTY_PATH) == 0
+                  && fchownat (cgs.v2_fd, "cgroup.procs", rt->uid_base, rt->uid_base, 0) == 0;
   static char *const envp[] = { e0, e1, e2, NULL };
   uint64_t keep = 0;
   for (size_t i = 0; i < WR_ARRAY_SIZE (keep_caps); i++)
@@ -723,6 +742,7 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
     .listen_fd = lfd,
     .conn_fd = theirs,
     .agent_fd = rt->agent_fd,
+    .cgroup_fd = delegate ? cgs.v2_fd : -1,
     .net_host = spec->net_host,
     .mnt = rt->mnt_dir,
     .lowers = spec->lowerdirs,
@@ -733,7 +753,7 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
     .cap_keep = keep,
     .cap_last = rt->cap_last,
     .seccomp = &rt->seccomp,
-    .argv = argv,
+    .argv = delegate ? argv_cg : argv,
     .envp = envp,
   };
 

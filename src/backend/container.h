@@ -63,6 +63,9 @@ struct wr_container_spec
 /* fd number at which the agent of a container holds its writable upper dir
  * (O_PATH): the daemon takes a copy with pidfd_getfd to pack the sandbox. */
 #define WR_AGENT_UPPER_FD 7
+/* the sandbox's cgroup2 dir, delegated to the agent (--cgroup-fd): one child
+ * cgroup per exec, killed whole at its timeout */
+#define WR_AGENT_CGROUP_FD 8
 
 struct wr_container
 {

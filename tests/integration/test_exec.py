@@ -203,3 +203,29 @@ def test_agent_answers_during_output_flood(api):
         assert f["stdout_truncated"] is True and f["stderr"] == "end\n"
     finally:
         api.delete(sid)
+
+
+def test_timeout_kills_setsid_descendants(api, sandbox):
+    """Every process an exec started dies at its timeout, whatever it did to
+    its session or process group (its own cgroup is killed whole)."""
+    r = api.sh(sandbox, "setsid sh -c 'sleep 301' & (setsid sleep 302 &) ; sleep 303",
+               timeout_s=2)
+    assert r["timed_out"] is True
+    assert "sleep 30" not in wait_no_process(api, sandbox, "sleep 30")
+
+
+def test_cancel_kills_setsid_descendants(daemon, api, sandbox):
+    """A client that goes away cancels its exec: setsid escapees die too."""
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(daemon.sock)
+    body = json.dumps({"shell": "setsid sleep 311 & echo started; sleep 312",
+                       "stream": True}).encode()
+    s.sendall(b"POST /v1/sandboxes/%s/exec HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+              % (sandbox.encode(), len(body)) + body)
+    got = b""
+    while b"started" not in got:
+        chunk = s.recv(4096)
+        assert chunk, got
+        got += chunk
+    s.close()
+    assert "sleep 31" not in wait_no_process(api, sandbox, "sleep 31")
