@@ -52,8 +52,16 @@ struct gw_project
   struct create_ctx *waiters, **waiters_tail;
 };
 
+/* Counters for GET /metrics (atomic: quota threads bump some). */
+struct gw_metrics
+{
+  _Atomic uint64_t requests, creates, create_failures, create_retries, forward_failures, node_lost,
+      quota_txns, quota_conflicts, idem_claims;
+};
+
 struct gw
 {
+  struct gw_metrics m;
   struct event_base *base;
   struct evhttp *http;
   char token[256], node_token[256];

@@ -107,6 +107,9 @@ quota_cas (struct gw *g, struct job *j, wr_err_t *err)
       r = wr_etcd_cas (g->etcd, key, rev, text, 0, err);
       if (r < 0)
         return r;
+      g->m.quota_txns++;
+      if (r == 0)
+        g->m.quota_conflicts++;
       if (r == 1)
         {
           j->got_sb = dsb;

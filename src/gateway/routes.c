@@ -172,6 +172,7 @@ claim_main (void *arg)
   int64_t lease = idem_lease;
   pthread_mutex_unlock (&idem_mu);
   cl->result = lease ? wr_etcd_cas (cl->g->etcd, k, 0, "{}", lease, NULL) : -1;
+  cl->g->m.idem_claims++;
   event_active (cl->done, EV_TIMEOUT, 0);
   return NULL;
 }
@@ -290,12 +291,17 @@ create_answered (struct gw *g, struct evhttp_request *req, int status, struct ev
   if ((status == 0 || status == 503) && c->attempts < 3)
     {
       /* that node is gone or shutting down: the sandbox was not made there */
+      g->m.create_retries++;
       pthread_mutex_lock (&g->mu);
       c->failed = gw_node_find (g, json_string_value (json_object_get (c->body, "__node")));
       pthread_mutex_unlock (&g->mu);
       create_place (c);
       return;
     }
+  if (status == 201)
+    g->m.creates++;
+  else
+    g->m.create_failures++;
   if (status != 201 && c->proj)
     gw_quota_put (g, c->proj, c->mem);
   if (status != 201 && c->idem[0])
@@ -626,6 +632,7 @@ handle_sandbox (struct gw *g, struct evhttp_request *req, const char *rest,
     }
   if (!present)
     {
+      g->m.node_lost++;
       gw_reply_error (req, 503, "node_lost",
                       "sandbox %s: node %s left the cluster (its lease expired)", id, node);
       return;
@@ -725,11 +732,64 @@ handle_nodes (struct gw *g, struct evhttp_request *req, const char *rest)
 }
 
 static void
+gw_metrics_reply (struct gw *g, struct evhttp_request *req)
+{
+  struct evbuffer *b = evbuffer_new ();
+  const struct
+  {
+    const char *name, *help;
+    uint64_t v;
+  } c[] = {
+    { "requests_total", "HTTP requests served.", g->m.requests },
+    { "creates_total", "Sandboxes created through this gateway.", g->m.creates },
+    { "create_failures_total", "Creates that failed (any status but 201).", g->m.create_failures },
+    { "create_retries_total", "Creates sent to another node after one did not answer.",
+      g->m.create_retries },
+    { "node_lost_total", "Requests refused because the sandbox's node left.", g->m.node_lost },
+    { "quota_txns_total", "etcd transactions on quota counters (reserve or return a chunk).",
+      g->m.quota_txns },
+    { "quota_conflicts_total", "Quota transactions another gateway won first.",
+      g->m.quota_conflicts },
+    { "idempotency_claims_total", "etcd writes for idempotency keys.", g->m.idem_claims },
+  };
+  for (size_t i = 0; i < WR_ARRAY_SIZE (c); i++)
+    evbuffer_add_printf (b,
+                         "# HELP warren_gateway_%s %s\n# TYPE warren_gateway_%s counter\n"
+                         "warren_gateway_%s %llu\n",
+                         c[i].name, c[i].help, c[i].name, c[i].name, (unsigned long long)c[i].v);
+  evbuffer_add_printf (b, "# HELP warren_gateway_nodes Nodes this gateway knows, by state.\n"
+                          "# TYPE warren_gateway_nodes gauge\n");
+  size_t ready = 0, drained = 0, lost = 0;
+  pthread_mutex_lock (&g->mu);
+  for (size_t i = 0; i < g->n_nodes; i++)
+    if (g->nodes[i]->status)
+      {
+        if (!g->nodes[i]->present)
+          lost++;
+        else if (g->nodes[i]->drained)
+          drained++;
+        else
+          ready++;
+      }
+  pthread_mutex_unlock (&g->mu);
+  evbuffer_add_printf (b,
+                       "warren_gateway_nodes{state=\"ready\"} %zu\n"
+                       "warren_gateway_nodes{state=\"drained\"} %zu\n"
+                       "warren_gateway_nodes{state=\"lost\"} %zu\n",
+                       ready, drained, lost);
+  evhttp_add_header (evhttp_request_get_output_headers (req), "Content-Type",
+                     "text/plain; version=0.0.4");
+  evhttp_send_reply (req, 200, "OK", b);
+  evbuffer_free (b);
+}
+
+static void
 route (struct evhttp_request *req, void *arg)
 {
   struct gw *g = arg;
   struct gw_project *proj = NULL;
   gw_nodelay (evhttp_request_get_connection (req));
+  g->m.requests++;
   enum who who = authenticate (g, req, &proj);
   if (who == WHO_NONE)
     {
@@ -754,6 +814,8 @@ route (struct evhttp_request *req, void *arg)
                                 gw_control_plane_ok (g) ? "ok" : "unavailable", "version",
                                 "0.1.0"));
     }
+  else if (strcmp (path, "/metrics") == 0)
+    gw_metrics_reply (g, req);
   else if (strcmp (path, "/v1/sandboxes") == 0 && m == EVHTTP_REQ_POST)
     handle_create (g, req, proj);
   else if (strcmp (path, "/v1/sandboxes") == 0 && m == EVHTTP_REQ_GET)

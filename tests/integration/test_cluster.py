@@ -545,7 +545,14 @@ def test_quota_chunks_spare_etcd(cluster):
         # default chunk 16 slots: two reservations for 32 creates
         assert writes <= 4, (writes, counter)
         assert 32 <= counter["sandboxes"] <= 400 and counter["memory_mb"] <= 100000, counter
-        print(f"quota: 32 creates, {writes} etcd writes on the quota counter")
+        st, text = g1.api.raw("GET", "/metrics")
+        assert st == 200
+        metrics = dict(line.rsplit(" ", 1) for line in text.decode().splitlines()
+                       if line and not line.startswith("#"))
+        assert int(metrics["warren_gateway_creates_total"]) >= 32, metrics
+        assert metrics['warren_gateway_nodes{state="ready"}'] == "2", metrics
+        print(f"quota: 32 creates, {writes} etcd writes on the quota counter "
+              f"({writes / 32:.3f} per create)")
     finally:
         for sid in made:
             g1.api.raw("DELETE", f"/v1/sandboxes/{sid}", token=token)
