@@ -5,9 +5,12 @@
  * is cached by content: key = sha256(current digest, step text, and for
  * COPY the sources' content), remembered as the tag
  * warren-build-cache:<key> in the store's SQLite database. RUN executes in
- * a build sandbox created through the daemon's own create path (host
- * network: builds may download), and its writable upper becomes a layer
- * exactly as `pack` does. The worker calls into the event loop for
+ * a build sandbox created through the daemon's own create path, with the
+ * same network policy as any sandbox: none (loopback only) unless the
+ * request asks for "network": "host" and warrend runs with
+ * --allow-host-network, because the host's network namespace holds the
+ * daemon's own listeners. Its writable upper becomes a layer exactly as
+ * `pack` does. The worker calls into the event loop for
  * everything that touches sandboxes (run_on_loop) and blocks meanwhile. */
 #include "daemon/images.h"
 
@@ -98,8 +101,9 @@ struct build
   char *spec;
   struct step steps[MAX_STEPS];
   size_t n_steps;
-  char cur[72]; /* current manifest digest */
-  json_t *log;  /* [{"step","cached","digest"}] */
+  char cur[72];  /* current manifest digest */
+  bool net_host; /* RUN steps in the host's network namespace */
+  json_t *log;   /* [{"step","cached","digest"}] */
   struct wr_image *img;
   wr_err_t err;
   int r;
@@ -692,7 +696,8 @@ static void
 loop_create_and_exec (void *arg)
 {
   struct run_ctx *x = arg;
-  json_t *req = json_pack ("{s:s,s:s,s:i}", "image", x->b->cur, "network", "host", "ttl_s", 7200);
+  json_t *req = json_pack ("{s:s,s:s,s:i}", "image", x->b->cur, "network",
+                           x->b->net_host ? "host" : "none", "ttl_s", 7200);
   struct sandbox *sb = NULL;
   x->r = wrd_sandbox_create (x->b->d, req, &sb, &x->err);
   json_decref (req);
@@ -843,6 +848,10 @@ build_work (void *arg)
           if (b->r == 0)
             b->r = copy_prepare (b, s, wdc, work, extra_hex, err);
         }
+      /* A RUN with the host's network may give what one without could not:
+       * its own cache entries (those without keep the old keys). */
+      if (s->op == OP_RUN && b->net_host)
+        snprintf (extra_hex, sizeof extra_hex, "network=host");
       char key[65];
       key_of (b->cur, s, extra_hex[0] ? extra_hex : NULL, key);
       char cache_ref[128];
@@ -936,16 +945,29 @@ wrd_http_image_build (struct wrd *d, struct evhttp_request *req)
   json_t *cv = json_object_get (body, "context");
   const char *context = json_string_value (cv);
   json_t *sv = json_object_get (body, "stream");
+  json_t *nv = json_object_get (body, "network");
+  const char *net = json_string_value (nv);
   if (name == NULL || !wr_ref_valid (name) || strchr (name, '@') || strlen (name) >= 256
       || spec == NULL || strlen (spec) > MAX_SPEC || (cv && !json_is_null (cv) && !context)
       || (context && (context[0] != '/' || strlen (context) >= 4096))
-      || (sv && !json_is_boolean (sv)))
+      || (sv && !json_is_boolean (sv))
+      || (nv && !json_is_null (nv)
+          && (net == NULL || (strcmp (net, "none") != 0 && strcmp (net, "host") != 0))))
     {
       json_decref (body);
       wrd_reply_error_code (req, WR_E_INVALID,
                             "fields \"name\" (NAME[:TAG]) and \"spec\" (text, at most 256 KiB) "
                             "are required; \"context\" is an absolute directory on the daemon's "
-                            "host; \"stream\" a boolean");
+                            "host; \"stream\" a boolean; \"network\" \"none\" or \"host\"");
+      return;
+    }
+  bool net_host = net && strcmp (net, "host") == 0;
+  if (net_host && !d->allow_host_network)
+    {
+      json_decref (body);
+      wrd_reply_error_code (req, WR_E_INVALID,
+                            "\"network\": \"host\" is not permitted on this node (warrend runs "
+                            "without --allow-host-network); RUN steps have no network");
       return;
     }
   struct build *b = calloc (1, sizeof *b);
@@ -957,6 +979,7 @@ wrd_http_image_build (struct wrd *d, struct evhttp_request *req)
       return;
     }
   b->d = d;
+  b->net_host = net_host;
   snprintf (b->name, sizeof b->name, "%s", name);
   if (context)
     snprintf (b->context, sizeof b->context, "%s", context);

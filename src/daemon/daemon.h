@@ -111,6 +111,7 @@ struct wrd
   struct wrd_http_config http;
   struct wrd_tcp_conn *tcp_conns; /* open TCP connections */
   unsigned n_tcp_conns;           /* of them, those under the limit */
+  bool allow_host_network; /* --allow-host-network: "network": "host" for sandboxes and builds */
   bool stopping;
 };
 

@@ -28,7 +28,7 @@ usage (FILE *f)
       "               [--fncall-queue N] [--fncall-max-calls N] [--fncall-idle S]\n"
       "               [--fncall-zygote PATH] [--fncall-preload MOD,...]\n"
       "               [--max-connections N] [--http-header-timeout S] [--http-idle-timeout S]\n"
-      "               [--allow-host-paths]\n" WRD_CLUSTER_USAGE
+      "               [--allow-host-paths] [--allow-host-network]\n" WRD_CLUSTER_USAGE
       "Runs the Warren node daemon in the foreground; all state lives under DIR.\n"
       "Default listener: unix:DIR/warrend.sock (owner-only).\n");
 }
@@ -87,6 +87,7 @@ main (int argc, char **argv)
     { "http-header-timeout", required_argument, NULL, 'H' },
     { "http-idle-timeout", required_argument, NULL, 'I' },
     { "allow-host-paths", no_argument, NULL, 'A' },
+    { "allow-host-network", no_argument, NULL, 'N' },
     WRD_CLUSTER_OPTIONS, /* cluster mode */
     { NULL, 0, NULL, 0 },
   };
@@ -141,6 +142,9 @@ main (int argc, char **argv)
         }
       case 'A':
         d.http.allow_host_paths = true;
+        break;
+      case 'N':
+        d.allow_host_network = true;
         break;
       case 'r':
         root = optarg;

@@ -210,6 +210,11 @@ wrd_parse_create (struct wrd *d, json_t *req, json_t **ret, wr_err_t *err)
               && strcmp (json_string_value (v), "host") != 0))
         return wr_error (err, 0, WR_E_INVALID, "field \"network\" must be \"none\" or \"host\"");
       net = json_string_value (v);
+      /* The host's network namespace holds the daemon's own listeners. */
+      if (strcmp (net, "host") == 0 && !d->allow_host_network)
+        return wr_error (err, 0, WR_E_INVALID,
+                         "\"network\": \"host\" is not permitted on this node (warrend runs "
+                         "without --allow-host-network)");
     }
   if (check_string_map (json_object_get (req, "env"), "env", err) < 0
       || check_string_map (json_object_get (req, "labels"), "labels", err) < 0)

@@ -996,3 +996,76 @@ def test_pull_redirects(api, daemon, liar):
         assert "loopback or local address: refused" in r.json()["error"]["message"], r
     assert liar.secret_hits == hits
     assert (store_state(daemon.root), images(api)) == before
+
+
+# ---------------------------------------------------------------- build network (issue 9 item 10)
+
+# nc's own words for what happened: "Connection refused" when nothing
+# listens in the step's network namespace, warrend's HTTP answer when it got there
+PROBE = ("FROM busybox:latest\n"
+         "RUN printf 'GET /healthz HTTP/1.0\\r\\n\\r\\n' | nc -w 5 127.0.0.1 %d > /probe.txt 2>&1; "
+         "echo rc=$? >> /probe.txt\n")
+
+
+def tcp_daemon(rootfs, extra=()):
+    """A daemon with a token-guarded TCP listener on 127.0.0.1: (daemon, port)."""
+    from conftest import start_daemon_tcp
+    tok = os.path.join(tempfile.mkdtemp(prefix="wr-tok-"), "token")
+    with open(tok, "w") as f:
+        f.write("t" * 32 + "\n")
+    return start_daemon_tcp(rootfs, ["--token-file", tok] + list(extra))
+
+
+def probe_text(api, image):
+    sid = api.create(image=image)
+    try:
+        return api.sh(sid, "cat /probe.txt")["stdout"]
+    finally:
+        api.delete(sid)
+
+
+def test_build_steps_and_sandboxes_get_no_host_network(rootfs):
+    d, port = tcp_daemon(rootfs)
+    try:
+        # RUN steps run with network none: the daemon's TCP listener on the
+        # host's loopback is out of reach
+        r = d.api.raw("POST", "/v1/images/build", {"name": "probe:1", "spec": PROBE % port},
+                      timeout=300)
+        assert r.status == 201, r
+        text = probe_text(d.api, "probe:1")
+        assert "refused" in text and "rc=0" not in text and "HTTP/" not in text, text
+        # host networking is the daemon's decision, not the client's
+        r = d.api.raw("POST", "/v1/images/build",
+                      {"name": "probe:2", "spec": PROBE % port, "network": "host"}, timeout=300)
+        assert r.status == 400 and "--allow-host-network" in r.json()["error"]["message"], r
+        r = d.api.raw("POST", "/v1/sandboxes", {"network": "host"})
+        assert r.status == 400, r
+        assert "--allow-host-network" in r.json()["error"]["message"], r
+        r = d.api.raw("POST", "/v1/images/build",
+                      {"name": "probe:2", "spec": PROBE % port, "network": "bridge"})
+        assert r.status == 400, r
+        assert d.api.raw("GET", "/v1/sandboxes").json()["sandboxes"] == []
+    finally:
+        d.stop()
+        shutil.rmtree(d.root, ignore_errors=True)
+
+
+def test_allow_host_network_is_an_explicit_opt_in(rootfs):
+    d, port = tcp_daemon(rootfs, ["--allow-host-network"])
+    try:
+        # without asking, a build still has no network
+        r = d.api.raw("POST", "/v1/images/build", {"name": "probe:1", "spec": PROBE % port},
+                      timeout=300)
+        assert r.status == 201, r
+        assert "refused" in probe_text(d.api, "probe:1")
+        # asked for and permitted: the step shares the host's namespace
+        r = d.api.raw("POST", "/v1/images/build",
+                      {"name": "probe:2", "spec": PROBE % port, "network": "host"}, timeout=300)
+        assert r.status == 201, r
+        text = probe_text(d.api, "probe:2")
+        assert "HTTP/1." in text and "refused" not in text, text
+        sid = d.api.create(network="host")
+        d.api.delete(sid)
+    finally:
+        d.stop()
+        shutil.rmtree(d.root, ignore_errors=True)
