@@ -141,6 +141,10 @@ warm (warren_client_t *c, const char *image, const char *lang, unsigned size, js
   warren_error_t e;
   json_t *body
       = json_pack ("{s:s,s:s,s:I}", "image", image, "lang", lang, "size", (json_int_t)size);
+  /* the pool's isolation mode is its owner's to set (calls may only repeat it) */
+  json_t *mode = json_object_get (req, "mode");
+  if (json_is_string (mode))
+    json_object_set (body, "mode", mode);
   json_t *r = NULL;
   if (warren_request (c, "PUT", "/v1/fncall/pools", body, &r, &e) < 0)
     {

@@ -55,6 +55,16 @@ def pools(api):
     return api.raw("GET", "/v1/fncall/pools").json()["pools"]
 
 
+def wait_for(cond, deadline_s=60):
+    """Poll cond until true or the (generous) deadline; returns the last value."""
+    deadline = time.time() + deadline_s
+    while True:
+        v = cond()
+        if v or time.time() > deadline:
+            return v
+        time.sleep(0.05)
+
+
 def pool(api, key):
     for p in pools(api):
         if p["key"] == key:
@@ -69,7 +79,7 @@ def set_pool(api, image, size, memory_mb, lang="cmd", mode=None):
     r = api.raw("PUT", "/v1/fncall/pools", body)
     assert r.status == 200, r
     key = "%s|%s|%d" % (image, lang, memory_mb)
-    deadline = time.time() + 30
+    deadline = time.time() + 120
     while time.time() < deadline:
         p = pool(api, key)
         if p and sum(m["state"] == "idle" and (mode is None or m["mode"] == mode)
@@ -179,7 +189,7 @@ def test_background_processes_killed(fn, one):
     t = time.time()
     a = ok(fn.api, image="python:latest", memory_mb=201,
            shell="sleep 300 & (setsid sleep 301 &) ; echo started")
-    assert a["stdout"] == "started\n" and time.time() - t < 10
+    assert a["stdout"] == "started\n" and time.time() - t < 60
     b = ok(fn.api, image="python:latest", memory_mb=201, shell="ps -o pid,user,args")
     same_member([a, b])
     assert "sleep 30" not in b["stdout"], b["stdout"]
@@ -361,7 +371,7 @@ def test_fork_bomb(fn, one):
     t = time.time()
     a = ok(fn.api, image="python:latest", memory_mb=201, timeout_s=3,
            shell="b() { b | b & }; b; sleep 5")
-    assert time.time() - t < 20
+    assert time.time() - t < 60
     b = ok(fn.api, image="python:latest", memory_mb=201, shell="ps -o pid | wc -l; echo fine")
     same_member([a, b])
     assert "fine" in b["stdout"] and int(b["stdout"].split()[0]) < 10, b
@@ -402,12 +412,12 @@ def test_output_flood(fn, one):
 def test_timeout(fn, one):
     t = time.time()
     a = ok(fn.api, image="python:latest", memory_mb=201, cmd=["sleep", "30"], timeout_s=1)
-    assert a["timed_out"] and a["exit_code"] != 0 and time.time() - t < 10
+    assert a["timed_out"] and a["exit_code"] != 0 and time.time() - t < 60
     for mode, mem in MODES:
         t = time.time()
         a = ok(fn.api, image="python:latest", lang="python", memory_mb=mem, mode=mode,
                timeout_s=1, code="while True: pass")
-        assert a["timed_out"] and time.time() - t < 10, a
+        assert a["timed_out"] and time.time() - t < 60, a
         b = ok(fn.api, image="python:latest", lang="python", memory_mb=mem, mode=mode,
                code="print(3)")
         assert b["stdout"] == "3\n"
@@ -431,12 +441,14 @@ def test_zygote_crash_retries_call(fn):
     def run(name, code):
         results[name] = call(fn.api, image="python:latest", lang="python", memory_mb=203, code=code)
 
-    a = threading.Thread(target=run, args=("a", "import time; time.sleep(1.5); print('a')"))
+    # a runs long enough for the test to see it running and b queued behind
+    # it (polled, not slept for); the window only has to cover those polls
+    a = threading.Thread(target=run, args=("a", "import time; time.sleep(15); print('a')"))
     a.start()
-    time.sleep(0.5)
+    assert wait_for(lambda: pool(fn.api, key)["members"][0]["state"] == "busy")
     b = threading.Thread(target=run, args=("b", "print('b')"))
     b.start()
-    time.sleep(0.3)
+    assert wait_for(lambda: pool(fn.api, key)["queued"] == 1)
     m = pool(fn.api, key)["members"][0]
     assert m["state"] == "busy"
     zygotes = [c for c in host_children(m["pid"])]
@@ -457,18 +469,25 @@ def test_queue_full_429(fn):
     set_pool(fn.api, "busybox:latest", 1, 204)
     results = []
 
-    def run():
-        results.append(call(fn.api, cmd=["sleep", "2"], memory_mb=204))
+    def run(cmd):
+        results.append(call(fn.api, cmd=cmd, memory_mb=204))
 
-    ts = [threading.Thread(target=run) for _ in range(5)]  # 1 running + 4 queued (the bound)
-    for t in ts:
+    key = "busybox:latest|cmd|204"
+    # 1 running (long enough to see the queue fill: polled, not slept for)
+    # + 4 queued (the bound)
+    ts = [threading.Thread(target=run, args=(["sleep", "15"],))]
+    ts[0].start()
+    assert wait_for(lambda: pool(fn.api, key)["members"][0]["state"] == "busy")
+    ts += [threading.Thread(target=run, args=(["true"],)) for _ in range(4)]
+    for t in ts[1:]:
         t.start()
-        time.sleep(0.1)
-    time.sleep(0.3)
+    assert wait_for(lambda: pool(fn.api, key)["queued"] == 4)
     t0 = time.time()
     st, j = call(fn.api, cmd=["true"], memory_mb=204)
     assert st == 429 and j["error"]["code"] == "resource_exhausted", j
-    assert "full" in j["error"]["message"] and time.time() - t0 < 2
+    # refused at once (the < 100 ms figure is warren bench's; here: no wait
+    # for a queue slot, which would take the 15 s of the running call)
+    assert "full" in j["error"]["message"] and time.time() - t0 < 10
     for t in ts:
         t.join(60)
     assert sorted(s for s, _ in results) == [200] * 5
@@ -478,13 +497,13 @@ def test_cold_key_refill_and_shrink(fn):
     # a memory size no other test uses: a cold key
     t = time.time()
     j = ok(fn.api, cmd=["echo", "cold"], memory_mb=205)
-    assert j["stdout"] == "cold\n" and time.time() - t < 10
+    assert j["stdout"] == "cold\n" and time.time() - t < 60
     key = "busybox:latest|cmd|205"
-    deadline = time.time() + 20
+    deadline = time.time() + 120
     while time.time() < deadline and len(pool(fn.api, key)["members"]) < 2:
         time.sleep(0.1)
     assert len(pool(fn.api, key)["members"]) == 2, "the pool refills to its default size"
-    deadline = time.time() + 30  # --fncall-idle 3
+    deadline = time.time() + 120  # --fncall-idle 3
     while time.time() < deadline and pool(fn.api, key)["members"]:
         time.sleep(0.2)
     assert pool(fn.api, key)["members"] == [], "an idle auto pool shrinks away"
