@@ -33,7 +33,10 @@ GATEWAY_SRC := $(wildcard src/gateway/*.c)
 obj = $(patsubst %.c,$(B)/obj/%.o,$(1))
 COMMON_OBJ := $(call obj,$(COMMON_SRC))
 CORE_OBJ := $(COMMON_OBJ) $(call obj,$(BACKEND_SRC) $(IMAGE_SRC) $(DAEMON_SRC) $(CLUSTER_SRC))
-LIB_OBJ := $(call obj,$(LIB_SRC)) $(COMMON_OBJ)
+# libwarren's own copies of its objects and of src/common, compiled with
+# hidden visibility: libwarren.so exports only what include/warren/warren.h
+# marks WARREN_EXPORT (the daemon's objects keep the default).
+LIB_OBJ := $(patsubst %.c,$(B)/lib-obj/%.o,$(LIB_SRC) $(COMMON_SRC))
 
 BINS := $(B)/bin/warrend $(B)/bin/warren $(B)/bin/warren-agent $(B)/bin/warren-gateway
 LIBS := $(B)/lib/libwarren.a $(B)/lib/libwarren.so $(B)/lib/pkgconfig/warren.pc
@@ -44,6 +47,10 @@ all: $(BINS) $(LIBS) $(UNIT_BINS)
 $(B)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(SANFLAGS) -c $< -o $@
+
+$(B)/lib-obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -fvisibility=hidden $(SANFLAGS) -c $< -o $@
 
 # The agent runs as PID 1 in every sandbox and VM guest: static, never sanitized,
 # small (few pages touched per sandbox).
@@ -88,6 +95,9 @@ $(B)/bin/warren-gateway: $(call obj,$(GATEWAY_SRC) $(CLUSTER_SRC) src/image/sha2
 $(B)/tests/%: $(B)/obj/tests/unit/%.o $(B)/lib/libwarren-core.a $(B)/lib/libwarren.a
 	@mkdir -p $(dir $@)
 	$(CC) $(SANFLAGS) -o $@ $^ $(DAEMON_LIBS)
+
+# test_client reads libwarren.so's exported symbols.
+$(B)/tests/test_client: | $(B)/lib/libwarren.so
 
 test: all
 	./tests/run --build $(B)

@@ -22,6 +22,12 @@ extern "C"
 
 #define WARREN_VERSION "0.1.0"
 
+/* libwarren's ABI is exactly what this header marks WARREN_EXPORT: the
+ * library is compiled with -fvisibility=hidden, so its internals (wl_*) and
+ * the shared code it links (wr_* in src/common) stay out of libwarren.so's
+ * dynamic symbol table (checked by tests/unit/test_client.c). */
+#define WARREN_EXPORT __attribute__ ((visibility ("default")))
+
   typedef struct warren_client warren_client_t;
 
   typedef struct warren_error
@@ -53,43 +59,51 @@ extern "C"
   /* host: "unix:/path/sock" or "http://host:port"; NULL -> $WARREN_HOST, else
    * unix:$WARREN_ROOT/warrend.sock, else unix:/var/lib/warren/warrend.sock.
    * token: NULL -> $WARREN_TOKEN (none when unset or empty). Does not connect. */
-  warren_client_t *warren_client_new (const char *host, const char *token, warren_error_t *err);
-  void warren_client_free (warren_client_t *c); /* accepts NULL */
+  WARREN_EXPORT warren_client_t *warren_client_new (const char *host, const char *token,
+                                                    warren_error_t *err);
+  WARREN_EXPORT void warren_client_free (warren_client_t *c); /* accepts NULL */
   /* The resolved host string ("unix:/..." or "http://..."). */
-  const char *warren_client_host (const warren_client_t *c);
+  WARREN_EXPORT const char *warren_client_host (const warren_client_t *c);
   /* Deadline for one whole request/response in ms (default 60000; 0 = none).
    * exec, call, image import and pack extend it to what they need. */
-  void warren_client_set_timeout (warren_client_t *c, int timeout_ms);
+  WARREN_EXPORT void warren_client_set_timeout (warren_client_t *c, int timeout_ms);
   /* When *flag becomes non-zero (e.g. from a SIGINT handler), the request in
    * progress fails with WARREN_E_CANCELLED within ~250 ms and its connection is
    * dropped (the daemon kills a streaming exec whose client went away). */
-  void warren_client_set_cancel_flag (warren_client_t *c, const volatile sig_atomic_t *flag);
+  WARREN_EXPORT void warren_client_set_cancel_flag (warren_client_t *c,
+                                                    const volatile sig_atomic_t *flag);
   /* Drop the cached connection (e.g. after fork). */
-  void warren_client_disconnect (warren_client_t *c);
-  const char *warren_version (void);
+  WARREN_EXPORT void warren_client_disconnect (warren_client_t *c);
+  WARREN_EXPORT const char *warren_version (void);
 
   /* Sandbox ids are [a-z0-9-]{1,128}; everything else is rejected locally. */
-  bool warren_id_valid (const char *id);
+  WARREN_EXPORT bool warren_id_valid (const char *id);
 
   /* Generic JSON request: body may be NULL; *ret (if ret) gets the parsed
    * response, an empty object for an empty body. path must start with '/'. */
-  int warren_request (warren_client_t *c, const char *method, const char *path, const json_t *body,
-                      json_t **ret, warren_error_t *err);
+  WARREN_EXPORT int warren_request (warren_client_t *c, const char *method, const char *path,
+                                    const json_t *body, json_t **ret, warren_error_t *err);
 
   /* Sandboxes. req: {"backend","image","layers","memory_mb","cpus",...}, may be NULL. */
-  json_t *warren_sandbox_create (warren_client_t *c, const json_t *req, warren_error_t *err);
-  json_t *warren_sandbox_list (warren_client_t *c, warren_error_t *err); /* the array */
-  json_t *warren_sandbox_get (warren_client_t *c, const char *id, warren_error_t *err);
-  int warren_sandbox_delete (warren_client_t *c, const char *id, warren_error_t *err);
-  json_t *warren_sandbox_pause (warren_client_t *c, const char *id, warren_error_t *err);
-  json_t *warren_sandbox_resume (warren_client_t *c, const char *id, warren_error_t *err);
+  WARREN_EXPORT json_t *warren_sandbox_create (warren_client_t *c, const json_t *req,
+                                               warren_error_t *err);
+  WARREN_EXPORT json_t *warren_sandbox_list (warren_client_t *c,
+                                             warren_error_t *err); /* the array */
+  WARREN_EXPORT json_t *warren_sandbox_get (warren_client_t *c, const char *id,
+                                            warren_error_t *err);
+  WARREN_EXPORT int warren_sandbox_delete (warren_client_t *c, const char *id, warren_error_t *err);
+  WARREN_EXPORT json_t *warren_sandbox_pause (warren_client_t *c, const char *id,
+                                              warren_error_t *err);
+  WARREN_EXPORT json_t *warren_sandbox_resume (warren_client_t *c, const char *id,
+                                               warren_error_t *err);
   /* Snapshot the sandbox's writable layer into image `name` (NAME[:TAG]). */
-  json_t *warren_sandbox_pack (warren_client_t *c, const char *id, const char *name,
-                               warren_error_t *err);
+  WARREN_EXPORT json_t *warren_sandbox_pack (warren_client_t *c, const char *id, const char *name,
+                                             warren_error_t *err);
 
   /* Exec. req: {"cmd":[...]|"shell":"...","env","cwd","stdin","timeout_s",...}.
    * Returns the result {"exit_code","signal","timed_out","stdout","stderr",...}. */
-  json_t *warren_exec (warren_client_t *c, const char *id, const json_t *req, warren_error_t *err);
+  WARREN_EXPORT json_t *warren_exec (warren_client_t *c, const char *id, const json_t *req,
+                                     warren_error_t *err);
 
   enum
   {
@@ -102,89 +116,95 @@ extern "C"
   typedef int (*warren_output_fn) (void *userdata, int stream, const void *data, size_t len);
   /* Streaming exec: output goes to fn as produced; returns the final result
    * (without stdout/stderr). */
-  json_t *warren_exec_stream (warren_client_t *c, const char *id, const json_t *req,
-                              warren_output_fn fn, void *userdata, warren_error_t *err);
+  WARREN_EXPORT json_t *warren_exec_stream (warren_client_t *c, const char *id, const json_t *req,
+                                            warren_output_fn fn, void *userdata,
+                                            warren_error_t *err);
   /* One stateless job in a warm pool: {"image","cmd"|"shell","stdin","timeout_s"}. */
-  json_t *warren_call (warren_client_t *c, const json_t *req, warren_error_t *err);
+  WARREN_EXPORT json_t *warren_call (warren_client_t *c, const json_t *req, warren_error_t *err);
 
   /* Result helpers. Shell-style status: exit_code, 128+signal when killed,
    * 124 when timed out. */
-  int warren_result_status (const json_t *result);
+  WARREN_EXPORT int warren_result_status (const json_t *result);
   /* Decode result[key] ("stdout"/"stderr"/"data"), honouring key_encoding;
    * *ret is malloc'd and NUL terminated (not counted in *ret_len). A missing
    * key gives an empty buffer. */
-  int warren_result_bytes (const json_t *result, const char *key, void **ret, size_t *ret_len,
-                           warren_error_t *err);
+  WARREN_EXPORT int warren_result_bytes (const json_t *result, const char *key, void **ret,
+                                         size_t *ret_len, warren_error_t *err);
   /* obj[key] = bytes as a string when valid UTF-8 without NUL, else base64 with
    * obj[key + "_encoding"] = "base64" (e.g. key "stdin"). */
-  int warren_json_set_bytes (json_t *obj, const char *key, const void *data, size_t len,
-                             warren_error_t *err);
+  WARREN_EXPORT int warren_json_set_bytes (json_t *obj, const char *key, const void *data,
+                                           size_t len, warren_error_t *err);
 
 /* Files inside a sandbox (absolute paths). mode < 0: daemon default. */
 #define WARREN_PUT_APPEND 1u
   /* Streams fd from its current offset to EOF. Pipes and other unseekable fds
    * are spooled to memory first (uploads are capped at 64 MiB by the daemon). */
-  int warren_file_put_fd (warren_client_t *c, const char *id, const char *path, int fd, int mode,
-                          unsigned flags, warren_error_t *err);
-  int warren_file_put (warren_client_t *c, const char *id, const char *path, const void *data,
-                       size_t len, int mode, unsigned flags, warren_error_t *err);
+  WARREN_EXPORT int warren_file_put_fd (warren_client_t *c, const char *id, const char *path,
+                                        int fd, int mode, unsigned flags, warren_error_t *err);
+  WARREN_EXPORT int warren_file_put (warren_client_t *c, const char *id, const char *path,
+                                     const void *data, size_t len, int mode, unsigned flags,
+                                     warren_error_t *err);
   /* Streams the file into fd; *ret_size (may be NULL) gets the byte count. */
-  int warren_file_get_fd (warren_client_t *c, const char *id, const char *path, int fd,
-                          uint64_t *ret_size, warren_error_t *err);
+  WARREN_EXPORT int warren_file_get_fd (warren_client_t *c, const char *id, const char *path,
+                                        int fd, uint64_t *ret_size, warren_error_t *err);
   /* Whole file into a malloc'd buffer (NUL terminated, not counted); fails
    * with WARREN_E_TOO_LARGE past max bytes. */
-  int warren_file_get (warren_client_t *c, const char *id, const char *path, void **ret,
-                       size_t *ret_len, size_t max, warren_error_t *err);
-  json_t *warren_file_stat (warren_client_t *c, const char *id, const char *path,
-                            warren_error_t *err);
-  json_t *warren_file_list (warren_client_t *c, const char *id, const char *path,
-                            warren_error_t *err); /* the entries array */
-  int warren_file_mkdir (warren_client_t *c, const char *id, const char *path, bool parents,
-                         warren_error_t *err);
-  int warren_file_remove (warren_client_t *c, const char *id, const char *path, bool recursive,
-                          warren_error_t *err);
+  WARREN_EXPORT int warren_file_get (warren_client_t *c, const char *id, const char *path,
+                                     void **ret, size_t *ret_len, size_t max, warren_error_t *err);
+  WARREN_EXPORT json_t *warren_file_stat (warren_client_t *c, const char *id, const char *path,
+                                          warren_error_t *err);
+  WARREN_EXPORT json_t *warren_file_list (warren_client_t *c, const char *id, const char *path,
+                                          warren_error_t *err); /* the entries array */
+  WARREN_EXPORT int warren_file_mkdir (warren_client_t *c, const char *id, const char *path,
+                                       bool parents, warren_error_t *err);
+  WARREN_EXPORT int warren_file_remove (warren_client_t *c, const char *id, const char *path,
+                                        bool recursive, warren_error_t *err);
 
   /* Images. path is on the daemon's host. */
-  json_t *warren_image_import (warren_client_t *c, const char *name, const char *path,
-                               warren_error_t *err);
-  json_t *warren_image_list (warren_client_t *c, warren_error_t *err); /* the array */
-  json_t *warren_image_inspect (warren_client_t *c, const char *ref, warren_error_t *err);
-  int warren_image_rm (warren_client_t *c, const char *ref, warren_error_t *err);
+  WARREN_EXPORT json_t *warren_image_import (warren_client_t *c, const char *name, const char *path,
+                                             warren_error_t *err);
+  WARREN_EXPORT json_t *warren_image_list (warren_client_t *c, warren_error_t *err); /* the array */
+  WARREN_EXPORT json_t *warren_image_inspect (warren_client_t *c, const char *ref,
+                                              warren_error_t *err);
+  WARREN_EXPORT int warren_image_rm (warren_client_t *c, const char *ref, warren_error_t *err);
   /* Long image operations (src/lib/images.c) stream progress: fn (may be
    * NULL) gets each {"progress":what,"done","total"} line; the result is the
    * image object. */
   typedef void (*warren_progress_fn) (void *ud, const char *what, uint64_t done, uint64_t total);
-  json_t *warren_image_op (warren_client_t *c, const char *path, const json_t *req,
-                           warren_progress_fn fn, void *ud, warren_error_t *err);
-  json_t *warren_image_import_progress (warren_client_t *c, const char *name, const char *path,
-                                        warren_progress_fn fn, void *ud, warren_error_t *err);
+  WARREN_EXPORT json_t *warren_image_op (warren_client_t *c, const char *path, const json_t *req,
+                                         warren_progress_fn fn, void *ud, warren_error_t *err);
+  WARREN_EXPORT json_t *warren_image_import_progress (warren_client_t *c, const char *name,
+                                                      const char *path, warren_progress_fn fn,
+                                                      void *ud, warren_error_t *err);
   /* ref: HOST[:PORT]/REPO[:TAG|@DIGEST]; name: local NAME[:TAG] or NULL. */
-  json_t *warren_image_pull (warren_client_t *c, const char *ref, const char *name, bool insecure,
-                             warren_progress_fn fn, void *ud, warren_error_t *err);
+  WARREN_EXPORT json_t *warren_image_pull (warren_client_t *c, const char *ref, const char *name,
+                                           bool insecure, warren_progress_fn fn, void *ud,
+                                           warren_error_t *err);
   /* spec: the build file's text; context: a directory on the daemon's host or NULL. */
-  json_t *warren_image_build (warren_client_t *c, const char *name, const char *spec,
-                              const char *context, warren_progress_fn fn, void *ud,
-                              warren_error_t *err);
-  json_t *warren_sandbox_pack_progress (warren_client_t *c, const char *id, const char *name,
-                                        warren_progress_fn fn, void *ud, warren_error_t *err);
-  json_t *warren_image_tag (warren_client_t *c, const char *src, const char *dst,
-                            warren_error_t *err);
+  WARREN_EXPORT json_t *warren_image_build (warren_client_t *c, const char *name, const char *spec,
+                                            const char *context, warren_progress_fn fn, void *ud,
+                                            warren_error_t *err);
+  WARREN_EXPORT json_t *warren_sandbox_pack_progress (warren_client_t *c, const char *id,
+                                                      const char *name, warren_progress_fn fn,
+                                                      void *ud, warren_error_t *err);
+  WARREN_EXPORT json_t *warren_image_tag (warren_client_t *c, const char *src, const char *dst,
+                                          warren_error_t *err);
   /* {"removed_layers","removed_images","layers","images"} */
-  json_t *warren_image_gc (warren_client_t *c, warren_error_t *err);
+  WARREN_EXPORT json_t *warren_image_gc (warren_client_t *c, warren_error_t *err);
 
   /* Node. */
-  json_t *warren_healthz (warren_client_t *c, warren_error_t *err);
+  WARREN_EXPORT json_t *warren_healthz (warren_client_t *c, warren_error_t *err);
   /* Prometheus text, malloc'd and NUL terminated. */
-  char *warren_metrics (warren_client_t *c, warren_error_t *err);
-  json_t *warren_pools_get (warren_client_t *c, warren_error_t *err);
-  json_t *warren_pool_set (warren_client_t *c, const char *image, unsigned size,
-                           warren_error_t *err);
+  WARREN_EXPORT char *warren_metrics (warren_client_t *c, warren_error_t *err);
+  WARREN_EXPORT json_t *warren_pools_get (warren_client_t *c, warren_error_t *err);
+  WARREN_EXPORT json_t *warren_pool_set (warren_client_t *c, const char *image, unsigned size,
+                                         warren_error_t *err);
 
   /* Base64 (RFC 4648, padded). encode: malloc'd, NUL terminated, length in
    * *ret_len (may be NULL). decode: -EINVAL on malformed input, *ret malloc'd
    * and NUL terminated (not counted). */
-  char *warren_base64_encode (const void *data, size_t len, size_t *ret_len);
-  int warren_base64_decode (const char *s, size_t len, void **ret, size_t *ret_len);
+  WARREN_EXPORT char *warren_base64_encode (const void *data, size_t len, size_t *ret_len);
+  WARREN_EXPORT int warren_base64_decode (const char *s, size_t len, void **ret, size_t *ret_len);
 
 #ifdef __cplusplus
 }

@@ -8,8 +8,6 @@
 
 #include "warren/warren.h"
 
-#define WL_HIDDEN __attribute__ ((visibility ("hidden")))
-
 #define WL_HEADER_MAX (32 * 1024) /* status line + headers of one response */
 #define WL_RBUF_SIZE (64 * 1024)  /* must exceed WL_HEADER_MAX */
 #define WL_JSON_MAX                                                                                \
@@ -64,48 +62,47 @@ typedef struct wl_response
 } wl_response_t;
 
 /* Fill err; returns -errnum or -EIO. */
-WL_HIDDEN int wl_error (warren_error_t *err, int errnum, const char *code, int status,
-                        const char *fmt, ...) __attribute__ ((format (printf, 5, 6)));
-WL_HIDDEN const char *wl_code_for_status (int status);
+int wl_error (warren_error_t *err, int errnum, const char *code, int status, const char *fmt, ...)
+    __attribute__ ((format (printf, 5, 6)));
+const char *wl_code_for_status (int status);
 
 /* Send a request and read the response head. On a reused connection found
  * dead, idempotent requests (GET/PUT/DELETE) are retried once on a new one. */
-WL_HIDDEN int wl_http_begin (warren_client_t *c, const wl_request_t *req, wl_response_t *resp,
-                             warren_error_t *err);
+int wl_http_begin (warren_client_t *c, const wl_request_t *req, wl_response_t *resp,
+                   warren_error_t *err);
 /* Read body bytes; 0 at the end of the body. */
-WL_HIDDEN ssize_t wl_http_read (warren_client_t *c, wl_response_t *resp, void *buf, size_t n,
-                                warren_error_t *err);
+ssize_t wl_http_read (warren_client_t *c, wl_response_t *resp, void *buf, size_t n,
+                      warren_error_t *err);
 /* Finish the exchange: keeps the connection for reuse only when the body was
  * consumed completely and the server allows it. */
-WL_HIDDEN void wl_http_end (warren_client_t *c, wl_response_t *resp);
+void wl_http_end (warren_client_t *c, wl_response_t *resp);
 /* Read the remaining body into a malloc'd NUL terminated buffer. */
-WL_HIDDEN int wl_http_read_all (warren_client_t *c, wl_response_t *resp, size_t max, char **ret,
-                                size_t *ret_len, warren_error_t *err);
+int wl_http_read_all (warren_client_t *c, wl_response_t *resp, size_t max, char **ret,
+                      size_t *ret_len, warren_error_t *err);
 /* Read the body as lines: split at '\n' (or, when !split, the whole body is
  * one line), trailing CR/LF/blanks trimmed, empty lines skipped; fn gets each
  * one and stops the read by returning < 0 (with err set). A line longer than
  * max bytes is a protocol error. Returns 0 at the end of the body. */
 typedef int (*wl_line_fn) (const char *line, size_t len, void *ud, warren_error_t *err);
-WL_HIDDEN int wl_http_read_lines (warren_client_t *c, wl_response_t *resp, bool split, size_t max,
-                                  wl_line_fn fn, void *ud, warren_error_t *err);
+int wl_http_read_lines (warren_client_t *c, wl_response_t *resp, bool split, size_t max,
+                        wl_line_fn fn, void *ud, warren_error_t *err);
 /* Turn a >= 400 response into err (reads and parses its body). */
-WL_HIDDEN int wl_http_error (warren_client_t *c, wl_response_t *resp, warren_error_t *err);
+int wl_http_error (warren_client_t *c, wl_response_t *resp, warren_error_t *err);
 
 /* wl_http_begin, then a >= 400 response turned into err (-1 or its error). */
-WL_HIDDEN int wl_http_request (warren_client_t *c, const wl_request_t *req, wl_response_t *resp,
-                               warren_error_t *err);
+int wl_http_request (warren_client_t *c, const wl_request_t *req, wl_response_t *resp,
+                     warren_error_t *err);
 
 /* JSON request/response round trip (body may be NULL; ret may be NULL). */
-WL_HIDDEN int wl_json_call (warren_client_t *c, const char *method, const char *target,
-                            const json_t *body, int timeout_ms, json_t **ret, warren_error_t *err);
+int wl_json_call (warren_client_t *c, const char *method, const char *target, const json_t *body,
+                  int timeout_ms, json_t **ret, warren_error_t *err);
 
 /* POST req plus "stream": true to target and read the response head; a
  * >= 400 answer becomes err. what names the request in errors. */
-WL_HIDDEN int wl_stream_begin (warren_client_t *c, const char *target, const json_t *req,
-                               int timeout_ms, const char *what, wl_response_t *resp,
-                               warren_error_t *err);
+int wl_stream_begin (warren_client_t *c, const char *target, const json_t *req, int timeout_ms,
+                     const char *what, wl_response_t *resp, warren_error_t *err);
 
 /* Percent-encode everything but RFC 3986 unreserved characters. */
-WL_HIDDEN char *wl_urlencode (const char *s);
+char *wl_urlencode (const char *s);
 
 #endif

@@ -1,7 +1,9 @@
 /* libwarren against a scripted fake daemon: a thread serving canned HTTP on a
  * unix socket in a temp dir, checking what the client sends. TAP output. */
+#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -9,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -982,6 +985,71 @@ test_local (void)
   json_decref (r);
 }
 
+/* ---- the shared library's ABI ---- */
+
+/* libwarren.so exports what warren.h marks WARREN_EXPORT and nothing else:
+ * every defined dynamic symbol is a warren_* function (the wl_* internals
+ * and the wr_* common code it links are hidden). Reads .dynsym of the
+ * library next to this binary (B/tests/test_client -> B/lib/libwarren.so). */
+static void
+test_exports (void)
+{
+  char path[PATH_MAX];
+  ssize_t n = readlink ("/proc/self/exe", path, sizeof path - 32);
+  char *slash = n > 0 ? (path[n] = '\0', strrchr (path, '/')) : NULL;
+  if (slash == NULL)
+    {
+      CHECK (0, "find the build directory");
+      return;
+    }
+  strcpy (slash, "/../lib/libwarren.so");
+  int fd = open (path, O_RDONLY | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0 || fstat (fd, &st) < 0 || (size_t)st.st_size < sizeof (Elf64_Ehdr))
+    {
+      CHECK (0, "open %s", path);
+      if (fd >= 0)
+        close (fd);
+      return;
+    }
+  const uint8_t *m = mmap (NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  close (fd);
+  const Elf64_Ehdr *eh = (const Elf64_Ehdr *)m;
+  if (m == MAP_FAILED || memcmp (eh->e_ident, ELFMAG, SELFMAG) != 0
+      || eh->e_ident[EI_CLASS] != ELFCLASS64)
+    {
+      CHECK (0, "%s is a 64-bit ELF file", path);
+      return;
+    }
+  const Elf64_Shdr *sh = (const Elf64_Shdr *)(m + eh->e_shoff);
+  unsigned exported = 0, foreign = 0;
+  bool client_new = false;
+  for (unsigned i = 0; i < eh->e_shnum; i++)
+    {
+      if (sh[i].sh_type != SHT_DYNSYM)
+        continue;
+      const Elf64_Sym *sym = (const Elf64_Sym *)(m + sh[i].sh_offset);
+      const char *names = (const char *)(m + sh[sh[i].sh_link].sh_offset);
+      for (size_t k = 0; k < sh[i].sh_size / sizeof *sym; k++)
+        {
+          int bind = ELF64_ST_BIND (sym[k].st_info);
+          if (sym[k].st_shndx == SHN_UNDEF || (bind != STB_GLOBAL && bind != STB_WEAK))
+            continue;
+          const char *name = names + sym[k].st_name;
+          exported++;
+          client_new |= strcmp (name, "warren_client_new") == 0;
+          if (strncmp (name, "warren_", 7) != 0)
+            {
+              foreign++;
+              printf ("#   exported but not public: %s\n", name);
+            }
+        }
+    }
+  munmap ((void *)m, (size_t)st.st_size);
+  CHECK (exported > 0 && client_new, "libwarren.so exports its API (%u symbols)", exported);
+  CHECK (foreign == 0, "libwarren.so exports nothing outside warren.h (%u others)", foreign);
+}
+
 int
 main (void)
 {
@@ -1003,6 +1071,7 @@ main (void)
   test_oversize ();
   test_timeout_cancel ();
   test_files ();
+  test_exports ();
   printf ("1..%d\n", tests);
   char cmd[128];
   snprintf (cmd, sizeof cmd, "rm -rf %s", tmpdir);
