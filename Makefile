@@ -96,8 +96,8 @@ $(B)/tests/%: $(B)/obj/tests/unit/%.o $(B)/lib/libwarren-core.a $(B)/lib/libwarr
 	@mkdir -p $(dir $@)
 	$(CC) $(SANFLAGS) -o $@ $^ $(DAEMON_LIBS)
 
-# test_client reads libwarren.so's exported symbols.
-$(B)/tests/test_client: | $(B)/lib/libwarren.so
+# test_client reads libwarren.so's exported symbols and runs both --version.
+$(B)/tests/test_client: | $(B)/lib/libwarren.so $(B)/bin/warren $(B)/bin/warrend
 
 test: all
 	./tests/run --build $(B)

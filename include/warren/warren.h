@@ -15,12 +15,12 @@
 #include <stdint.h>
 #include <jansson.h>
 
+#include "warren/version.h" /* WARREN_VERSION */
+
 #ifdef __cplusplus
 extern "C"
 {
 #endif
-
-#define WARREN_VERSION "0.1.0"
 
 /* libwarren's ABI is exactly what this header marks WARREN_EXPORT: the
  * library is compiled with -fvisibility=hidden, so its internals (wl_*) and

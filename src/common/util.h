@@ -8,6 +8,8 @@
 #include <dirent.h>
 #include <errno.h>
 
+#include "warren/version.h" /* WARREN_VERSION: the one version string */
+
 static inline void
 wr_freep (void *p)
 {

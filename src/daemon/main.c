@@ -28,7 +28,7 @@ usage (FILE *f)
       "               [--fncall-queue N] [--fncall-max-calls N] [--fncall-idle S]\n"
       "               [--fncall-zygote PATH] [--fncall-preload MOD,...]\n"
       "               [--max-connections N] [--http-header-timeout S] [--http-idle-timeout S]\n"
-      "               [--allow-host-paths] [--allow-host-network]\n" WRD_CLUSTER_USAGE
+      "               [--allow-host-paths] [--allow-host-network] [--version]\n" WRD_CLUSTER_USAGE
       "Runs the Warren node daemon in the foreground; all state lives under DIR.\n"
       "Default listener: unix:DIR/warrend.sock (owner-only).\n");
 }
@@ -76,6 +76,7 @@ main (int argc, char **argv)
     { "uid-base", required_argument, NULL, 'u' },
     { "agent", required_argument, NULL, 'a' },
     { "help", no_argument, NULL, 'h' },
+    { "version", no_argument, NULL, 'V' },
     { "fncall-pool", required_argument, NULL, 'F' },
     { "fncall-size", required_argument, NULL, 'S' },
     { "fncall-queue", required_argument, NULL, 'Q' },
@@ -171,6 +172,9 @@ main (int argc, char **argv)
         break;
       case 'h':
         usage (stdout);
+        return 0;
+      case 'V':
+        printf ("warrend %s\n", WARREN_VERSION);
         return 0;
       case WRD_OPT_CLUSTER ... WRD_OPT_LEASE_TTL: /* cluster mode */
         {

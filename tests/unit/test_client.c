@@ -1050,6 +1050,36 @@ test_exports (void)
   CHECK (foreign == 0, "libwarren.so exports nothing outside warren.h (%u others)", foreign);
 }
 
+/* One version string (include/warren/version.h): the library, `warren
+ * --version` and `warrend --version` all print it. */
+static void
+test_version (void)
+{
+  CHECK (strcmp (warren_version (), WARREN_VERSION) == 0, "warren_version () is WARREN_VERSION");
+  char self[PATH_MAX];
+  ssize_t n = readlink ("/proc/self/exe", self, sizeof self - 64);
+  char *slash = n > 0 ? (self[n] = '\0', strrchr (self, '/')) : NULL;
+  if (slash == NULL)
+    {
+      CHECK (0, "find the build directory");
+      return;
+    }
+  static const char *const bins[] = { "warren", "warrend" };
+  for (size_t i = 0; i < sizeof bins / sizeof bins[0]; i++)
+    {
+      char cmd[PATH_MAX + 64], want[64], got[128] = "";
+      snprintf (cmd, sizeof cmd, "%.*s/../bin/%s --version 2>&1", (int)(slash - self), self,
+                bins[i]);
+      snprintf (want, sizeof want, "%s %s\n", bins[i], WARREN_VERSION);
+      FILE *f = popen (cmd, "r");
+      if (f && fgets (got, sizeof got, f) == NULL)
+        got[0] = '\0';
+      int rc = f ? pclose (f) : -1;
+      CHECK (rc == 0 && strcmp (got, want) == 0, "%s --version prints \"%.*s\" (got \"%.*s\")",
+             bins[i], (int)strlen (want) - 1, want, (int)strcspn (got, "\n"), got);
+    }
+}
+
 int
 main (void)
 {
@@ -1072,6 +1102,7 @@ main (void)
   test_timeout_cancel ();
   test_files ();
   test_exports ();
+  test_version ();
   printf ("1..%d\n", tests);
   char cmd[128];
   snprintf (cmd, sizeof cmd, "rm -rf %s", tmpdir);
