@@ -987,6 +987,23 @@ test_local (void)
 
 /* ---- the shared library's ABI ---- */
 
+/* path = the build directory (where bin/ and lib/ are: this binary is
+ * B/tests/test_client) joined with rel; false when it cannot be found. */
+static bool
+build_path (const char *rel, char *path, size_t size)
+{
+  char self[PATH_MAX];
+  ssize_t n = readlink ("/proc/self/exe", self, sizeof self - 1);
+  char *slash = n > 0 ? (self[n] = '\0', strrchr (self, '/')) : NULL;
+  if (slash == NULL
+      || (size_t)snprintf (path, size, "%.*s/../%s", (int)(slash - self), self, rel) >= size)
+    {
+      CHECK (0, "find the build directory");
+      return false;
+    }
+  return true;
+}
+
 /* libwarren.so exports what warren.h marks WARREN_EXPORT and nothing else:
  * every defined dynamic symbol is a warren_* function (the wl_* internals
  * and the wr_* common code it links are hidden). Reads .dynsym of the
@@ -995,14 +1012,8 @@ static void
 test_exports (void)
 {
   char path[PATH_MAX];
-  ssize_t n = readlink ("/proc/self/exe", path, sizeof path - 32);
-  char *slash = n > 0 ? (path[n] = '\0', strrchr (path, '/')) : NULL;
-  if (slash == NULL)
-    {
-      CHECK (0, "find the build directory");
-      return;
-    }
-  strcpy (slash, "/../lib/libwarren.so");
+  if (!build_path ("lib/libwarren.so", path, sizeof path))
+    return;
   int fd = open (path, O_RDONLY | O_CLOEXEC);
   struct stat st;
   if (fd < 0 || fstat (fd, &st) < 0 || (size_t)st.st_size < sizeof (Elf64_Ehdr))
@@ -1056,20 +1067,14 @@ static void
 test_version (void)
 {
   CHECK (strcmp (warren_version (), WARREN_VERSION) == 0, "warren_version () is WARREN_VERSION");
-  char self[PATH_MAX];
-  ssize_t n = readlink ("/proc/self/exe", self, sizeof self - 64);
-  char *slash = n > 0 ? (self[n] = '\0', strrchr (self, '/')) : NULL;
-  if (slash == NULL)
-    {
-      CHECK (0, "find the build directory");
-      return;
-    }
   static const char *const bins[] = { "warren", "warrend" };
   for (size_t i = 0; i < sizeof bins / sizeof bins[0]; i++)
     {
-      char cmd[PATH_MAX + 64], want[64], got[128] = "";
-      snprintf (cmd, sizeof cmd, "%.*s/../bin/%s --version 2>&1", (int)(slash - self), self,
-                bins[i]);
+      char rel[64], cmd[PATH_MAX + 32], want[64], got[128] = "";
+      snprintf (rel, sizeof rel, "bin/%s", bins[i]);
+      if (!build_path (rel, cmd, PATH_MAX))
+        return;
+      strcat (cmd, " --version 2>&1");
       snprintf (want, sizeof want, "%s %s\n", bins[i], WARREN_VERSION);
       FILE *f = popen (cmd, "r");
       if (f && fgets (got, sizeof got, f) == NULL)
