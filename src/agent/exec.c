@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdarg.h>
@@ -620,67 +621,80 @@ open_pty (int *ret_master, char *slave, size_t slavesz, unsigned short rows, uns
 
 /* posix_spawn's work by hand, for a child that must join the exec's
  * cgroup before it runs anything of the task's (a fork bomb must never
- * start in the agent's cgroup). Returns 0 or an errno value. */
+ * start in the agent's cgroup). Like glibc's posix_spawn: clone with
+ * CLONE_VM | CLONE_VFORK on a stack of its own, so no page table is copied
+ * and we resume once the child has exec'd (or failed). Returns 0 or an
+ * errno value. */
+struct spawn_ctx
+{
+  const struct ag_exec_cg *cg;
+  const char *file;
+  char **argv, **envp;
+  int cwdfd;
+  const char *slave;
+  const int *fds;
+  const sigset_t *dfl;
+  int err; /* set by the child when it fails before or at execve */
+};
+
+static int
+spawn_child (void *arg)
+{
+  struct spawn_ctx *c = arg;
+  int e = -ag_cg_exec_join (c->cg);
+  if (e == 0)
+    {
+      struct sigaction sa = { .sa_handler = SIG_DFL };
+      for (int sig = 1; sig < NSIG; sig++)
+        if (sigismember (c->dfl, sig) == 1)
+          sigaction (sig, &sa, NULL);
+      sigset_t none;
+      sigemptyset (&none);
+      sigprocmask (SIG_SETMASK, &none, NULL);
+      if (setsid () < 0 || (c->cwdfd >= 0 && fchdir (c->cwdfd) < 0))
+        e = errno;
+    }
+  if (e == 0 && c->slave)
+    {
+      int t = open (c->slave, O_RDWR); /* after setsid: the controlling tty */
+      if (t < 0 || dup2 (t, 0) < 0 || dup2 (t, 1) < 0 || dup2 (t, 2) < 0)
+        e = errno;
+      else if (t > 2)
+        close (t);
+    }
+  else if (e == 0)
+    for (int i = 0; i < 3 && e == 0; i++)
+      if (dup2 (c->fds[i], i) < 0)
+        e = errno;
+  if (e == 0)
+    {
+      execve (c->file, c->argv, c->envp);
+      e = errno;
+    }
+  c->err = e ? e : EIO;
+  _exit (127);
+}
+
 static int
 spawn_in_cgroup (const struct ag_exec_cg *c, const char *file, char **argv, char **envp, int cwdfd,
                  const char *slave, const int fds[3], const sigset_t *dfl, pid_t *ret_pid)
 {
-  int ep[2];
-  if (pipe2 (ep, O_CLOEXEC) < 0)
-    return errno;
-  pid_t pid = fork ();
+  /* one child at a time (CLONE_VFORK) and a single-threaded agent: one
+   * stack serves every spawn; only the pages it touches are ever mapped */
+  static uint8_t stack[64 << 10] __attribute__ ((aligned (16)));
+  struct spawn_ctx ctx = { .cg = c,
+                           .file = file,
+                           .argv = argv,
+                           .envp = envp,
+                           .cwdfd = cwdfd,
+                           .slave = slave,
+                           .fds = fds,
+                           .dfl = dfl };
+  pid_t pid = clone (spawn_child, stack + sizeof stack, CLONE_VM | CLONE_VFORK | SIGCHLD, &ctx);
   if (pid < 0)
-    {
-      int e = errno;
-      close (ep[0]);
-      close (ep[1]);
-      return e;
-    }
-  if (pid == 0)
-    {
-      int e = -ag_cg_exec_join (c);
-      if (e == 0)
-        {
-          for (int sig = 1; sig < NSIG; sig++)
-            if (sigismember (dfl, sig) == 1)
-              signal (sig, SIG_DFL);
-          sigset_t none;
-          sigemptyset (&none);
-          sigprocmask (SIG_SETMASK, &none, NULL);
-          if (setsid () < 0 || (cwdfd >= 0 && fchdir (cwdfd) < 0))
-            e = errno;
-        }
-      if (e == 0 && slave)
-        {
-          int t = open (slave, O_RDWR); /* after setsid: the controlling tty */
-          if (t < 0 || dup2 (t, 0) < 0 || dup2 (t, 1) < 0 || dup2 (t, 2) < 0)
-            e = errno;
-          else if (t > 2)
-            close (t);
-        }
-      else if (e == 0)
-        for (int i = 0; i < 3 && e == 0; i++)
-          if (dup2 (fds[i], i) < 0)
-            e = errno;
-      if (e == 0)
-        {
-          execve (file, argv, envp);
-          e = errno;
-        }
-      if (write (ep[1], &e, sizeof e) < 0)
-        {
-        }
-      _exit (127);
-    }
-  close (ep[1]);
-  int e = 0;
-  ssize_t n;
-  do
-    n = read (ep[0], &e, sizeof e);
-  while (n < 0 && errno == EINTR);
-  close (ep[0]);
-  if (n == (ssize_t)sizeof e && e != 0)
-    return e; /* the child exits 127 and is reaped as an orphan */
+    return errno;
+  if (ctx.err)
+    return ctx.err; /* the child exits 127 and is reaped as an orphan */
   *ret_pid = pid;
   return 0;
 }
