@@ -76,7 +76,8 @@ extern "C"
   WARREN_EXPORT void warren_client_disconnect (warren_client_t *c);
   WARREN_EXPORT const char *warren_version (void);
 
-  /* Sandbox ids are [a-z0-9-]{1,128}; everything else is rejected locally. */
+  /* Sandbox ids are [a-z0-9-]{1,64}, as the daemon requires; everything else
+   * is rejected locally. */
   WARREN_EXPORT bool warren_id_valid (const char *id);
 
   /* Generic JSON request: body may be NULL; *ret (if ret) gets the parsed

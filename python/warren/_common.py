@@ -218,13 +218,16 @@ def quote(s: str) -> str:
     return urllib.parse.quote(s, safe="")
 
 
+# Sandbox ids: [a-z0-9-]{1,ID_MAX}, the daemon's and libwarren's rule
+# (wr_id_valid in src/common/util.c, WR_ID_MAX in src/common/util.h).
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
+ID_MAX = 64
 # Pauses between label sweeps after a create whose answer was lost (~3 s in all).
 REAP_DELAYS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
 
 
 def check_id(sid: str) -> str:
-    if not isinstance(sid, str) or not sid or len(sid) > 128 or \
+    if not isinstance(sid, str) or not sid or len(sid) > ID_MAX or \
             any(c not in _ID_CHARS for c in sid):
         raise InvalidArgument(f"malformed sandbox id {sid!r}")
     return sid

@@ -192,3 +192,14 @@ wr_random_hex (char *buf, size_t n)
   buf[n] = '\0';
   return 0;
 }
+
+bool
+wr_id_valid (const char *s, size_t n)
+{
+  if (s == NULL || n == 0 || n > WR_ID_MAX)
+    return false;
+  for (size_t i = 0; i < n; i++)
+    if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '-'))
+      return false;
+  return true;
+}

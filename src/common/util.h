@@ -7,8 +7,13 @@
 #include <unistd.h>
 #include <dirent.h>
 #include <errno.h>
+#include <stdbool.h>
 
 #include "warren/version.h" /* WARREN_VERSION: the one version string */
+
+/* The PATH a process in a sandbox (or a helper the daemon runs) gets when
+ * nothing sets one: Debian's default for root. The one copy. */
+#define WR_DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 static inline void
 wr_freep (void *p)
@@ -91,5 +96,11 @@ int wr_mkdir_p (const char *path, mode_t mode);
 int wr_rm_rf_at (int dirfd, const char *path);
 /* Random lowercase hex string of n chars (n+1 bytes in buf). */
 int wr_random_hex (char *buf, size_t n);
+
+/* Sandbox ids are [a-z0-9-]{1,WR_ID_MAX}: the one rule, checked by the
+ * daemon's routes, by libwarren (warren_id_valid) and, mirrored, by the
+ * Python SDK (warren._common.check_id). s need not be NUL terminated. */
+#define WR_ID_MAX 64
+bool wr_id_valid (const char *s, size_t n);
 
 #endif

@@ -973,8 +973,7 @@ env_array (struct wrd *d, json_t *req_env, json_t **ret, wr_err_t *err)
 {
   (void)d;
   json_t *env = json_object ();
-  json_object_set_new (
-      env, "PATH", json_string ("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"));
+  json_object_set_new (env, "PATH", json_string (WR_DEFAULT_PATH));
   json_object_set_new (env, "HOME", json_string (SCRATCH));
   json_object_set_new (env, "TMPDIR", json_string (SCRATCH));
   json_object_set_new (env, "LANG", json_string ("C.UTF-8"));

@@ -636,9 +636,7 @@ build_env (struct sandbox *sb, json_t *req_env, json_t **ret, wr_err_t *err)
       }
     }
   if (json_object_get (merged, "PATH") == NULL)
-    json_object_set_new (
-        merged, "PATH",
-        json_string ("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"));
+    json_object_set_new (merged, "PATH", json_string (WR_DEFAULT_PATH));
   if (json_object_get (merged, "HOME") == NULL)
     json_object_set_new (merged, "HOME", json_string ("/root"));
   const char *k;
@@ -1410,17 +1408,6 @@ token_ok (struct wrd *d, struct evhttp_request *req)
   return h && token_matches (d, h, strlen (h));
 }
 
-static bool
-valid_id (const char *s, size_t n)
-{
-  if (n == 0 || n > 64)
-    return false;
-  for (size_t i = 0; i < n; i++)
-    if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '-'))
-      return false;
-  return true;
-}
-
 static void
 create_done (struct wrd *d, struct sandbox *sb, wr_err_t *err, void *ud)
 {
@@ -1468,7 +1455,7 @@ handle_sandboxes (struct wrd *d, struct evhttp_request *req, const char *rest, s
   const char *slash = strchr (rest, '/');
   size_t idlen = slash ? (size_t)(slash - rest) : strlen (rest);
   char id[65];
-  if (!valid_id (rest, idlen))
+  if (!wr_id_valid (rest, idlen))
     {
       wrd_reply_error_code (req, WR_E_NOT_FOUND, "malformed sandbox id");
       return;

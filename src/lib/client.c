@@ -16,12 +16,7 @@ warren_version (void)
 bool
 warren_id_valid (const char *id)
 {
-  if (id == NULL || *id == '\0' || strlen (id) > 128)
-    return false;
-  for (const char *p = id; *p; p++)
-    if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '-'))
-      return false;
-  return true;
+  return id && wr_id_valid (id, strnlen (id, WR_ID_MAX + 1));
 }
 
 static int

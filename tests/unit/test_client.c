@@ -925,6 +925,16 @@ test_base64 (void)
 static void
 test_local (void)
 {
+  /* the daemon's id rule (wr_id_valid), checked locally */
+  char id[70];
+  memset (id, 'a', sizeof id);
+  id[64] = '\0';
+  CHECK (warren_id_valid (id) && warren_id_valid ("0a-b9"), "ids of 1..64 [a-z0-9-] pass");
+  id[64] = 'a';
+  id[65] = '\0';
+  CHECK (!warren_id_valid (id) && !warren_id_valid ("") && !warren_id_valid (NULL)
+             && !warren_id_valid ("aB") && !warren_id_valid ("a/b") && !warren_id_valid ("a_b"),
+         "longer ids and other characters are refused");
   warren_error_t err = { 0 };
   unsetenv ("WARREN_HOST");
   setenv ("WARREN_ROOT", "/tmp/wr-root", 1);
