@@ -46,7 +46,11 @@ static struct
   unsigned long status_gen;
   struct event *tick;
   double started_at;
-  json_t *images;       /* image names on this node, refreshed every IMAGES_EVERY ticks */
+  json_t *images; /* image names on this node, refreshed every IMAGES_EVERY ticks */
+  /* Wall-clock ms when the cluster last declared this node lost (its lease
+   * expired while it ran, e.g. a partition): gateways refuse its older
+   * sandboxes with node_lost rather than resurrect them silently. */
+  _Atomic int64_t lost_at_ms;
   unsigned image_ticks; /* the store lock is shared with imports: not every tick */
 } g = { .ttl_s = 10, .mu = PTHREAD_MUTEX_INITIALIZER };
 
@@ -180,6 +184,9 @@ status_with_images (struct wrd *d)
 {
   json_t *j = status_json (d);
   json_object_set_new (j, "images", image_names (d));
+  int64_t lost = atomic_load (&g.lost_at_ms);
+  if (lost)
+    json_object_set_new (j, "lost_at", json_real ((double)lost / 1000.0));
   return j;
 }
 
@@ -228,6 +235,18 @@ register_node (int64_t *lease, unsigned long *gen, wr_err_t *err)
   return r;
 }
 
+static void
+declared_lost (void)
+{
+  struct timespec ts;
+  clock_gettime (CLOCK_REALTIME, &ts);
+  atomic_store (&g.lost_at_ms, (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+  /* the next snapshot carries it; force one even if nothing else changed */
+  pthread_mutex_lock (&g.mu);
+  g.status_gen++;
+  pthread_mutex_unlock (&g.mu);
+}
+
 /* The lease thread: registers, then refreshes the lease every TTL/4 with a
  * deadline of TTL/4 per member, so a slow status write (a Raft proposal that
  * waits on a busy disk) never delays a keepalive past the TTL. */
@@ -273,7 +292,9 @@ lease_main (void *arg WR_UNUSED)
             }
           else if (ttl <= 0)
             {
-              fprintf (stderr, "warrend: cluster: lease expired, registering again\n");
+              fprintf (stderr, "warrend: cluster: lease expired (the cluster declared this node "
+                               "lost), registering again\n");
+              declared_lost ();
               atomic_store (&g.lease, 0);
               continue;
             }
@@ -317,7 +338,11 @@ status_main (void *arg WR_UNUSED)
       if (wr_etcd_put (g.etcd, key, text, lease, &err) == 0)
         atomic_store (&g.published, gen);
       else if (strcmp (err.code, WR_E_NOT_FOUND) == 0)
-        atomic_compare_exchange_strong (&g.lease, &lease, 0); /* expired meanwhile */
+        {
+          /* expired meanwhile */
+          if (atomic_compare_exchange_strong (&g.lease, &lease, 0))
+            declared_lost ();
+        }
     }
   return NULL;
 }

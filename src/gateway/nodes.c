@@ -310,6 +310,7 @@ gw_place (struct gw *g, const char *backend, long long memory_mb, const json_t *
           || (want_labels && !labels_match (n->status, want_labels)))
         continue;
       long long free_mb = json_integer_value (json_object_get (n->status, "memory_free_mb"));
+      load (n); /* forgets placements a newer status already counts */
       if (free_mb - (long long)n->pending * memory_mb < memory_mb)
         continue;
       cands[nc++] = n;

@@ -35,7 +35,7 @@ gw_reply_error (struct evhttp_request *req, int status, const char *code, const 
   vsnprintf (msg, sizeof msg, fmt, ap);
   va_end (ap);
   /* the platform failed, not the caller's task: say so (issue 10) */
-  bool infra = status >= 500;
+  bool infra = status >= 500 || strcmp (code, "node_lost") == 0;
   gw_reply_json (req, status,
                  json_pack ("{s:{s:s,s:s},s:b}", "error", "code", code, "message", msg,
                             "infra_failure", infra));
@@ -292,6 +292,10 @@ create_answered (struct gw *g, struct evhttp_request *req, int status, struct ev
     {
       /* that node is gone or shutting down: the sandbox was not made there */
       g->m.create_retries++;
+      size_t bl = body ? evbuffer_get_length (body) : 0;
+      fprintf (stderr, "warren-gateway: create on %s answered %d %.*s; trying another node\n",
+               json_string_value (json_object_get (c->body, "__node")), status,
+               (int)(bl < 300 ? bl : 300), bl ? (const char *)evbuffer_pullup (body, -1) : "");
       pthread_mutex_lock (&g->mu);
       c->failed = gw_node_find (g, json_string_value (json_object_get (c->body, "__node")));
       pthread_mutex_unlock (&g->mu);
@@ -602,6 +606,57 @@ delete_looked_up (struct gw *g, struct evhttp_request *req, int status, struct e
 /* ---- /v1/sandboxes/{id}...: routed by the node in the id ---- */
 
 static void
+dispatch (struct gw *g, struct gw_node *n, struct evhttp_request *req, const char *id,
+          const char *sub)
+{
+  enum evhttp_cmd_type m = evhttp_request_get_command (req);
+  const char *uri = evhttp_request_get_uri (req);
+  if (strcmp (sub, "exec") == 0 || strcmp (sub, "files") == 0)
+    gw_route_resuming (g, n, req, m, uri, id);
+  else
+    gw_forward (g, n, req, m, uri, NULL, NULL, NULL);
+}
+
+/* A node that was declared lost and came back keeps its sandboxes, but the
+ * cluster told their clients node_lost: they are reported lost, not
+ * silently resurrected (issue 10). Sandboxes made after its return work. */
+struct lost_check
+{
+  struct gw_node *node;
+  double lost_at;
+  char id[65];
+  char sub[16];
+};
+
+static void
+lost_checked (struct gw *g, struct evhttp_request *req, int status, struct evbuffer *body, void *ud)
+{
+  struct lost_check *lc = ud;
+  json_t *j = status == 200 ? body_json (body) : NULL;
+  double created = json_number_value (json_object_get (j, "created_at"));
+  if (j && created > 0 && created < lc->lost_at)
+    {
+      g->m.node_lost++;
+      if (lc->sub[0] == '\0' && evhttp_request_get_command (req) == EVHTTP_REQ_GET)
+        {
+          json_object_set_new (j, "state", json_string ("lost"));
+          json_object_set_new (j, "lost_at", json_real (lc->lost_at));
+          json_object_set_new (j, "infra_failure", json_true ());
+          gw_reply_json (req, 200, json_incref (j));
+        }
+      else
+        gw_reply_error (req, 410, "node_lost",
+                        "sandbox %s was declared lost when node %s's lease expired; the node came "
+                        "back, the sandbox is not resumed: delete it",
+                        lc->id, lc->node->name);
+    }
+  else
+    dispatch (g, lc->node, req, lc->id, lc->sub);
+  json_decref (j);
+  free (lc);
+}
+
+static void
 handle_sandbox (struct gw *g, struct evhttp_request *req, const char *rest,
                 struct gw_project *caller)
 {
@@ -638,7 +693,6 @@ handle_sandbox (struct gw *g, struct evhttp_request *req, const char *rest,
       return;
     }
   enum evhttp_cmd_type m = evhttp_request_get_command (req);
-  const char *uri = evhttp_request_get_uri (req);
   if (m == EVHTTP_REQ_DELETE && (slash == NULL || slash[1] == '\0') && any_projects)
     {
       struct delete_req *dr = calloc (1, sizeof *dr);
@@ -649,10 +703,23 @@ handle_sandbox (struct gw *g, struct evhttp_request *req, const char *rest,
       return;
     }
   const char *sub = slash ? slash + 1 : "";
-  if (strcmp (sub, "exec") == 0 || strcmp (sub, "files") == 0)
-    gw_route_resuming (g, n, req, m, uri, id);
-  else
-    gw_forward (g, n, req, m, uri, NULL, NULL, NULL);
+  pthread_mutex_lock (&g->mu);
+  double lost_at = json_number_value (json_object_get (n->status, "lost_at"));
+  pthread_mutex_unlock (&g->mu);
+  if (lost_at > 0 && m != EVHTTP_REQ_DELETE)
+    {
+      /* the node came back after the cluster declared it lost: look first */
+      struct lost_check *lc = calloc (1, sizeof *lc);
+      lc->node = n;
+      lc->lost_at = lost_at;
+      snprintf (lc->id, sizeof lc->id, "%s", id);
+      snprintf (lc->sub, sizeof lc->sub, "%.15s", sub);
+      char look[128];
+      snprintf (look, sizeof look, "/v1/sandboxes/%s", id);
+      gw_forward (g, n, req, EVHTTP_REQ_GET, look, evbuffer_new (), lost_checked, lc);
+      return;
+    }
+  dispatch (g, n, req, id, sub);
 }
 
 /* POST /v1/calls: stateless, so any node with fncall pools will do; the

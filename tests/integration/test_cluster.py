@@ -214,9 +214,12 @@ def cluster(rootfs):
                      and len(g.nodes()) == 2)
         yield {"etcd": etcd, "nodes": nodes, "gws": gws}
     finally:
+        keep = os.environ.get("WARREN_CLUSTER_LOGS")  # a directory to keep the logs in
         for g in gws:
             g.stop()
-        keep = os.environ.get("WARREN_CLUSTER_LOGS")  # a directory to keep the logs in
+            if keep:
+                os.makedirs(keep, exist_ok=True)
+                shutil.copy(g.log_path, keep)
         for name, d in nodes.items():
             if d.proc and d.proc.poll() is None:
                 d.stop()
@@ -407,7 +410,7 @@ def test_placement_prefers_nodes_with_the_image(cluster, rootfs):
     try:
         for i in range(6):
             st, j = cluster["gws"][i % 2].api.raw("POST", "/v1/sandboxes", {"image": "only-a:1"})
-            assert st == 201, j
+            assert st == 201, (i, j)
             ids.append(j["id"])
         assert {node_of(i) for i in ids} == {"node-a"}, ids
     finally:
@@ -698,11 +701,21 @@ def test_stopped_node_fails_waiting_requests(cluster):
     finally:
         node.proc.send_signal(signal.SIGCONT)
     for g in (g1, g2):
-        wait_for("node-b ready again", lambda g=g: g.nodes()["node-b"]["state"] == "ready",
-                 timeout=60)
+        wait_for("node-b back, saying it was lost",
+                 lambda g=g: g.nodes()["node-b"]["state"] == "ready"
+                 and g.nodes()["node-b"].get("lost_at"), timeout=60)
+    # the cluster told its clients node_lost: the old sandbox is not resurrected silently
     st, r = g1.api.raw("POST", f"/v1/sandboxes/{sid}/exec", {"cmd": ["true"]})
+    assert st == 410 and r["error"]["code"] == "node_lost" and r["infra_failure"], r
+    st, r = g2.api.raw("GET", f"/v1/sandboxes/{sid}")
+    assert st == 200 and r["state"] == "lost" and r["infra_failure"], r
+    assert g1.api.raw("DELETE", f"/v1/sandboxes/{sid}")[0] == 204
+    # sandboxes made after its return work
+    st, j = g2.api.raw("POST", "/v1/sandboxes", {"node_labels": {"zone": "b"}})
+    assert st == 201, j
+    st, r = g1.api.raw("POST", f"/v1/sandboxes/{j['id']}/exec", {"cmd": ["true"]})
     assert st == 200 and r["exit_code"] == 0, r
-    g1.api.raw("DELETE", f"/v1/sandboxes/{sid}")
+    g1.api.raw("DELETE", f"/v1/sandboxes/{j['id']}")
 
 
 def test_killed_node_leaves_placement(cluster):
