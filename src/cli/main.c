@@ -463,7 +463,7 @@ static const struct verb verbs[] = {
   { "pack", cmd_pack },     { "exec", cmd_exec },     { "run", cmd_run },
   { "call", cmd_call },     { "cp", cmd_cp },         { "image", cmd_image },
   { "pool", cmd_pool },     { "health", cmd_health }, { "metrics", cmd_metrics },
-  { "bench", cmd_bench },    { "node", cmd_node },     { "project", cmd_project },
+  { "bench", cmd_bench },   { "node", cmd_node },     { "project", cmd_project },
 };
 
 int

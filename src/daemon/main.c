@@ -130,7 +130,7 @@ main (int argc, char **argv)
           if (*end || v == 0 || v > 1000000)
             {
               fprintf (stderr, "warrend: --%s wants a number in [1, 1000000]\n",
-                       c == 'C' ? "max-connections"
+                       c == 'C'   ? "max-connections"
                        : c == 'H' ? "http-header-timeout"
                                   : "http-idle-timeout");
               return 2;
