@@ -15,6 +15,7 @@
 
 #include "common/util.h"
 #include "daemon/fncall.h"
+#include "daemon/log.h"
 #include "daemon/cluster.h" /* cluster mode */
 
 static void
@@ -28,7 +29,8 @@ usage (FILE *f)
       "               [--fncall-queue N] [--fncall-max-calls N] [--fncall-idle S]\n"
       "               [--fncall-zygote PATH] [--fncall-preload MOD,...]\n"
       "               [--max-connections N] [--http-header-timeout S] [--http-idle-timeout S]\n"
-      "               [--allow-host-paths] [--allow-host-network] [--version]\n" WRD_CLUSTER_USAGE
+      "               [--allow-host-paths] [--allow-host-network] [--version]\n"
+      "               [--log-level error|warning|info|debug]\n" WRD_CLUSTER_USAGE
       "Runs the Warren node daemon in the foreground; all state lives under DIR.\n"
       "Default listener: unix:DIR/warrend.sock (owner-only).\n");
 }
@@ -37,7 +39,7 @@ static void
 on_signal (evutil_socket_t sig, short what WR_UNUSED, void *arg)
 {
   struct wrd *d = arg;
-  fprintf (stderr, "warrend: signal %d, shutting down\n", (int)sig);
+  wrd_log (WRD_LOG_INFO, "signal %d, shutting down", (int)sig);
   event_base_loopbreak (d->base);
 }
 
@@ -77,6 +79,7 @@ main (int argc, char **argv)
     { "agent", required_argument, NULL, 'a' },
     { "help", no_argument, NULL, 'h' },
     { "version", no_argument, NULL, 'V' },
+    { "log-level", required_argument, NULL, 'L' },
     { "fncall-pool", required_argument, NULL, 'F' },
     { "fncall-size", required_argument, NULL, 'S' },
     { "fncall-queue", required_argument, NULL, 'Q' },
@@ -129,7 +132,7 @@ main (int argc, char **argv)
           unsigned long v = strtoul (optarg, &end, 10);
           if (*end || v == 0 || v > 1000000)
             {
-              fprintf (stderr, "warrend: --%s wants a number in [1, 1000000]\n",
+              wrd_log (WRD_LOG_ERROR, "--%s wants a number in [1, 1000000]",
                        c == 'C'   ? "max-connections"
                        : c == 'H' ? "http-header-timeout"
                                   : "http-idle-timeout");
@@ -173,6 +176,17 @@ main (int argc, char **argv)
       case 'h':
         usage (stdout);
         return 0;
+      case 'L':
+        {
+          int level = wrd_log_level_parse (optarg);
+          if (level < 0)
+            {
+              wrd_log (WRD_LOG_ERROR, "--log-level wants error, warning, info or debug");
+              return 2;
+            }
+          wrd_log_set_level ((enum wrd_log_level)level);
+          break;
+        }
       case 'V':
         printf ("warrend %s\n", WARREN_VERSION);
         return 0;
@@ -181,7 +195,7 @@ main (int argc, char **argv)
           wr_err_t cerr;
           if (wrd_cluster_opt (c, optarg, &cerr) < 0)
             {
-              fprintf (stderr, "warrend: %s\n", cerr.msg);
+              wrd_log (WRD_LOG_ERROR, "%s", cerr.msg);
               return 2;
             }
           break;
@@ -194,14 +208,14 @@ main (int argc, char **argv)
     root = getenv ("WARREN_ROOT");
   if (root == NULL || root[0] != '/')
     {
-      fprintf (stderr, "warrend: --root must be an absolute directory\n");
+      wrd_log (WRD_LOG_ERROR, "--root must be an absolute directory");
       usage (stderr);
       return 2;
     }
   snprintf (d.root, sizeof d.root, "%s", root);
   if (wr_mkdir_p (d.root, 0700) < 0 || chmod (d.root, 0700) < 0)
     {
-      fprintf (stderr, "warrend: cannot create %s: %m\n", d.root);
+      wrd_log (WRD_LOG_ERROR, "cannot create %s: %m", d.root);
       return 1;
     }
   char sub[1200];
@@ -213,14 +227,14 @@ main (int argc, char **argv)
       size_t len;
       if (wr_read_file_at (AT_FDCWD, token_file, &tok, &len, 4096) < 0)
         {
-          fprintf (stderr, "warrend: cannot read token file %s: %m\n", token_file);
+          wrd_log (WRD_LOG_ERROR, "cannot read token file %s: %m", token_file);
           return 1;
         }
       while (len && (tok[len - 1] == '\n' || tok[len - 1] == '\r' || tok[len - 1] == ' '))
         tok[--len] = '\0';
       if (len < 16 || len >= sizeof d.token)
         {
-          fprintf (stderr, "warrend: token in %s must be 16..255 characters\n", token_file);
+          wrd_log (WRD_LOG_ERROR, "token in %s must be 16..255 characters", token_file);
           free (tok);
           return 1;
         }
@@ -239,7 +253,7 @@ main (int argc, char **argv)
    * every clone copies a short mount list. */
   if (unshare (CLONE_NEWNS) < 0 || mount (NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
     {
-      fprintf (stderr, "warrend: private mount namespace: %m\n");
+      wrd_log (WRD_LOG_ERROR, "private mount namespace: %m");
       return 1;
     }
   evthread_use_pthreads ();
@@ -260,7 +274,7 @@ main (int argc, char **argv)
       || wr_store_open (d.root, d.db, wr_runtime_userns_fd (d.rt), &d.store, &err) < 0
       || wrd_recover (&d, &err) < 0)
     {
-      fprintf (stderr, "warrend: %s\n", err.msg);
+      wrd_log (WRD_LOG_ERROR, "%s", err.msg);
       return 1;
     }
   char defsock[1200];
@@ -275,24 +289,24 @@ main (int argc, char **argv)
   for (size_t i = 0; i < n_listen; i++)
     if (wrd_http_listen (&d, listens[i], &err) < 0)
       {
-        fprintf (stderr, "warrend: %s\n", err.msg);
+        wrd_log (WRD_LOG_ERROR, "%s", err.msg);
         return 1;
       }
   /* cluster mode: before pools fill, so every id carries the node name */
   if (wrd_cluster_start (&d, &err) < 0)
     {
-      fprintf (stderr, "warrend: cluster: %s\n", err.msg);
+      wrd_log (WRD_LOG_ERROR, "cluster: %s", err.msg);
       return 2;
     }
   wrd_pools_load (&d, NULL);
   if (wrd_fncall_init (&d, &fcfg, &err) < 0)
     {
-      fprintf (stderr, "warrend: fncall: %s\n", err.msg);
+      wrd_log (WRD_LOG_ERROR, "fncall: %s", err.msg);
       return 2;
     }
   for (size_t i = 0; i < n_fn_pools; i++)
     if (wrd_fncall_pool_arg (&d, fn_pools[i], &err) < 0)
-      fprintf (stderr, "warrend: fncall pool %s: %s\n", fn_pools[i], err.msg);
+      wrd_log (WRD_LOG_WARN, "fncall pool %s: %s", fn_pools[i], err.msg);
   for (size_t i = 0; i < n_pools; i++)
     {
       char ref[256];
@@ -300,18 +314,18 @@ main (int argc, char **argv)
       char *eq = strrchr (ref, '=');
       if (eq == NULL)
         {
-          fprintf (stderr, "warrend: --pool wants REF=N\n");
+          wrd_log (WRD_LOG_ERROR, "--pool wants REF=N");
           return 2;
         }
       *eq = '\0';
       if (wrd_pool_set (&d, ref, (unsigned)atoi (eq + 1), &err) < 0)
-        fprintf (stderr, "warrend: pool %s: %s\n", ref, err.msg);
+        wrd_log (WRD_LOG_WARN, "pool %s: %s", ref, err.msg);
     }
   struct event *sigint = evsignal_new (d.base, SIGINT, on_signal, &d);
   struct event *sigterm = evsignal_new (d.base, SIGTERM, on_signal, &d);
   evsignal_add (sigint, NULL);
   evsignal_add (sigterm, NULL);
-  fprintf (stderr, "warrend: serving %s (root %s, node %s)\n", listens[0], d.root, d.node);
+  wrd_log (WRD_LOG_INFO, "serving %s (root %s, node %s)", listens[0], d.root, d.node);
   event_base_dispatch (d.base);
   d.stopping = true;
   wrd_cluster_stop (&d); /* cluster mode: leave at once */

@@ -1,0 +1,70 @@
+/* warrend's log function (src/daemon/log.c): levels, one line per call. */
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/log.h"
+#include "tap.h"
+
+static char out[16384];
+
+/* Log through fn into a pipe and return what came out. */
+static const char *
+capture (void (*fn) (void))
+{
+  int p[2];
+  if (pipe (p) < 0)
+    return "";
+  wrd_log_set_fd (p[1]);
+  fn ();
+  wrd_log_set_fd (2);
+  close (p[1]);
+  size_t n = 0;
+  ssize_t r;
+  while (n < sizeof out - 1 && (r = read (p[0], out + n, sizeof out - 1 - n)) > 0)
+    n += (size_t)r;
+  out[n] = '\0';
+  close (p[0]);
+  return out;
+}
+
+static void
+levels (void)
+{
+  wrd_log_set_level (WRD_LOG_WARN);
+  wrd_log (WRD_LOG_INFO, "dropped %d", 1);
+  wrd_log (WRD_LOG_DEBUG, "dropped");
+  wrd_log (WRD_LOG_WARN, "pool %s: %s", "busybox:latest", "no space");
+  wrd_log (WRD_LOG_ERROR, "already ends in a newline\n");
+  wrd_log_set_level (WRD_LOG_INFO);
+}
+
+static void
+long_line (void)
+{
+  static char big[10000];
+  memset (big, 'x', sizeof big - 1);
+  wrd_log (WRD_LOG_INFO, "%s", big);
+}
+
+int
+main (void)
+{
+  TAP_OK (wrd_log_level_parse ("error") == WRD_LOG_ERROR
+              && wrd_log_level_parse ("warning") == WRD_LOG_WARN
+              && wrd_log_level_parse ("warn") == WRD_LOG_WARN
+              && wrd_log_level_parse ("info") == WRD_LOG_INFO
+              && wrd_log_level_parse ("debug") == WRD_LOG_DEBUG,
+          "level names parse");
+  TAP_OK (wrd_log_level_parse ("loud") == -1 && wrd_log_level_parse (NULL) == -1,
+          "unknown level names are refused");
+  const char *s = capture (levels);
+  TAP_OK (strcmp (s, "warrend: warning: pool busybox:latest: no space\n"
+                     "warrend: error: already ends in a newline\n")
+              == 0,
+          "levels below the threshold are dropped, one line per call: [%s]", s);
+  s = capture (long_line);
+  size_t n = strlen (s);
+  TAP_OK (n == 4095 && s[n - 1] == '\n' && strchr (s, '\n') == s + n - 1,
+          "a long message is cut to one 4 KiB line (%zu bytes)", n);
+  return TAP_DONE ();
+}
