@@ -187,6 +187,11 @@ gw_jobs (struct gw *g, struct evhttp_request *req, const char *rest, const char 
   struct gw_node *targets[GW_MAX_NODES];
   size_t n = gw_present_nodes (g, targets);
   struct job_req *j = calloc (1, sizeof *j);
+  if (j == NULL)
+    {
+      gw_reply_error (req, 500, WR_E_INTERNAL, "out of memory");
+      return;
+    }
   j->g = g;
   j->req = req;
   memcpy (j->job, rest, slash - rest);

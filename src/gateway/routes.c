@@ -252,6 +252,12 @@ claim_done (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
   struct gw_node *targets[GW_MAX_NODES];
   size_t n = gw_present_nodes (g, targets);
   struct idem_find *f = calloc (1, sizeof *f);
+  if (f == NULL)
+    {
+      create_free (c);
+      gw_reply_error (c->req, 500, WR_E_INTERNAL, "out of memory");
+      return;
+    }
   f->c = c;
   f->pending = n;
   if (n == 0)
@@ -270,6 +276,12 @@ idem_claim (struct gw *g, struct create_req *c)
 {
   struct claim *cl = calloc (1, sizeof *cl);
   pthread_t t;
+  if (cl == NULL)
+    {
+      gw_reply_error (c->req, 500, WR_E_INTERNAL, "out of memory");
+      create_free (c);
+      return;
+    }
   cl->g = g;
   cl->c = c;
   snprintf (cl->key, sizeof cl->key, "%s", c->idem);
@@ -414,6 +426,12 @@ handle_create (struct gw *g, struct evhttp_request *req, struct gw_project *proj
       return;
     }
   struct create_req *c = calloc (1, sizeof *c);
+  if (c == NULL)
+    {
+      json_decref (body);
+      gw_reply_error (req, 500, WR_E_INTERNAL, "out of memory");
+      return;
+    }
   c->g = g;
   c->req = req;
   c->body = body;
@@ -538,6 +556,11 @@ handle_list (struct gw *g, struct evhttp_request *req, struct gw_project *proj)
       return;
     }
   struct list_req *l = calloc (1, sizeof *l);
+  if (l == NULL)
+    {
+      gw_reply_error (req, 500, WR_E_INTERNAL, "out of memory");
+      return;
+    }
   l->req = req;
   l->all = json_array ();
   l->project = proj ? proj->name : NULL;
@@ -696,6 +719,11 @@ handle_sandbox (struct gw *g, struct evhttp_request *req, const char *rest,
   if (m == EVHTTP_REQ_DELETE && (slash == NULL || slash[1] == '\0') && any_projects)
     {
       struct delete_req *dr = calloc (1, sizeof *dr);
+      if (dr == NULL)
+        {
+          gw_reply_error (req, 500, WR_E_INTERNAL, "out of memory");
+          return;
+        }
       dr->node = n;
       dr->caller = caller;
       snprintf (dr->uri, sizeof dr->uri, "/v1/sandboxes/%s", id);
@@ -710,6 +738,11 @@ handle_sandbox (struct gw *g, struct evhttp_request *req, const char *rest,
     {
       /* the node came back after the cluster declared it lost: look first */
       struct lost_check *lc = calloc (1, sizeof *lc);
+      if (lc == NULL)
+        {
+          gw_reply_error (req, 500, WR_E_INTERNAL, "out of memory");
+          return;
+        }
       lc->node = n;
       lc->lost_at = lost_at;
       snprintf (lc->id, sizeof lc->id, "%s", id);
