@@ -741,20 +741,7 @@ cmd_on_done (void *ud, json_t *res)
   const char *why = json_string_value (json_object_get (r, "error"));
   if (why && evbuffer_get_length (c->err) == 0)
     evbuffer_add_printf (c->err, "warren: %s\n", why);
-  json_t *usage = json_object_get (r, "usage");
-  if (!json_is_object (usage))
-    json_object_set_new (r, "usage", usage = json_object ());
-  bool oom = false;
-  if (json_integer_value (json_object_get (r, "signal")) == 9 && m->sb->has_container)
-    {
-      struct wr_container_stats st;
-      if (m->sb->ops->stats (d, &m->sb->c, &st, NULL) == 0 && st.oom_kills > m->sb->oom_seen)
-        {
-          oom = true;
-          m->sb->oom_seen = st.oom_kills;
-        }
-    }
-  json_object_set_new (usage, "oom_killed", json_boolean (oom));
+  bool oom = wrd_backend_exec_oom (d, m->sb, r);
   json_object_set_new (r, "mode", json_string ("fork"));
   call_reply (c, r);
   if (oom)

@@ -495,27 +495,7 @@ exec_on_done (void *ud, json_t *res)
   bool trunc = json_is_true (json_object_get (r, "stdout_truncated"))
                || json_is_true (json_object_get (r, "stderr_truncated"));
   json_object_set_new (r, "truncated", json_boolean (trunc));
-  json_t *usage = json_object_get (r, "usage");
-  if (!json_is_object (usage))
-    {
-      usage = json_object ();
-      json_object_set_new (r, "usage", usage);
-    }
-  /* an agent that owns the task cgroup (VM guests) knows; else the backend */
-  bool oom = json_is_true (json_object_get (usage, "oom_killed"));
-  json_int_t code = json_integer_value (json_object_get (r, "exit_code"));
-  json_int_t sig = json_integer_value (json_object_get (r, "signal"));
-  if (!oom && json_object_get (usage, "oom_killed") == NULL && x->sb && x->sb->has_container
-      && (sig == 9 || code == 137))
-    {
-      struct wr_container_stats st;
-      if (x->sb->ops->stats (x->d, &x->sb->c, &st, NULL) == 0 && st.oom_kills > x->sb->oom_seen)
-        {
-          oom = true;
-          x->sb->oom_seen = st.oom_kills;
-        }
-    }
-  json_object_set_new (usage, "oom_killed", json_boolean (oom));
+  wrd_backend_exec_oom (x->d, x->sb, r);
   double secs = (double)(wr_now_ns () - x->t0) / 1e9;
   wrd_metrics_exec (x->d, secs, true);
   /* A command that could not start: say why where a shell user looks. */

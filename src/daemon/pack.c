@@ -1,9 +1,9 @@
 /* pack: turn a live sandbox's changes into a layer and an image.
  *
  * The writable upper of a container is a tmpfs mounted only as a detached
- * mount inside the sandbox's mount namespace. Its agent holds an O_PATH fd
- * of the upper dir at WR_AGENT_UPPER_FD (--keep-fd); the daemon copies that
- * fd with pidfd_getfd, which also works after a daemon restart. The sandbox
+ * mount inside the sandbox's mount namespace; its backend's upper_fd op
+ * hands the daemon a directory fd of it (backends.c: pidfd_getfd of the
+ * agent's --keep-fd, which also works after a daemon restart). The sandbox
  * is frozen while its upper is copied (a consistent snapshot), files are
  * shifted back from host uids to the sandbox's own view, and build
  * leftovers are scrubbed (docs/images.md). */
@@ -68,23 +68,13 @@ wrd_pack_begin (struct wrd *d, struct sandbox *sb, struct pack_snap *p, wr_err_t
   if (sb->state == SB_DEAD || sb->state == SB_DESTROYING || !sb->has_container
       || !agent_conn_alive (sb->conn))
     return wr_error (err, 0, WR_E_GONE, "sandbox %s is dead; nothing to pack", sb->id);
-  if (strcmp (sb->backend, "container") != 0)
-    return wr_error (err, 0, WR_E_UNSUPPORTED, "pack supports container sandboxes only");
-  if (sb->c.pidfd < 0)
-    return wr_error (err, 0, WR_E_UNSUPPORTED, "sandbox %s has no pidfd", sb->id);
-  int fd = (int)syscall (SYS_pidfd_getfd, sb->c.pidfd, WR_AGENT_UPPER_FD, 0);
+  if (sb->ops->upper_fd == NULL)
+    return wr_error (err, 0, WR_E_UNSUPPORTED,
+                     "pack: the %s backend cannot hand out its writable layer", sb->backend);
+  int fd = sb->ops->upper_fd (d, &sb->c, err);
   if (fd < 0)
-    return wr_error (err, errno, errno == EBADF ? WR_E_UNSUPPORTED : WR_E_INTERNAL,
-                     "cannot reach the writable layer of sandbox %s%s", sb->id,
-                     errno == EBADF ? " (created by an older warrend? recreate it)" : "");
+    return fd;
   _cleanup_close_ int ufd = fd;
-  /* the agent is ours, but check what we got before reading through it */
-  struct statfs sfs;
-  struct stat st;
-  if (fstatfs (ufd, &sfs) < 0 || sfs.f_type != TMPFS_MAGIC || fstat (ufd, &st) < 0
-      || !S_ISDIR (st.st_mode))
-    return wr_error (err, 0, WR_E_INTERNAL, "sandbox %s: fd %d of its agent is not its upper dir",
-                     sb->id, WR_AGENT_UPPER_FD);
   int r = read_idmap (sb->c.pid, "uid_map", &p->uids, err);
   if (r == 0)
     r = read_idmap (sb->c.pid, "gid_map", &p->gids, err);

@@ -154,12 +154,13 @@ wrd_parse_create (struct wrd *d, json_t *req, json_t **ret, wr_err_t *err)
       backend = json_string_value (v);
       if (wrd_backend_get (backend) == NULL)
         {
-          if (strcmp (backend, "fncall") == 0 || strcmp (backend, "microvm") == 0
-              || strcmp (backend, "vm") == 0)
+          if (wrd_backend_known (backend))
             return wr_error (err, 0, WR_E_UNSUPPORTED,
                              "backend \"%s\" is not available on this node", backend);
-          return wr_error (err, 0, WR_E_INVALID,
-                           "unknown backend \"%.32s\" (container, fncall, microvm, vm)", backend);
+          /* fncall is no sandbox backend: its calls go to POST /v1/calls */
+          return wr_error (err, 0, WR_E_INVALID, "unknown backend \"%.32s\" (%s%s)", backend,
+                           wrd_backend_names (),
+                           strcmp (backend, "fncall") == 0 ? "; fncall jobs: POST /v1/calls" : "");
         }
     }
   const char *image = d->default_image;
@@ -578,8 +579,7 @@ build_async (struct wrd *d, json_t *spec, enum sb_state state, bool urgent, wrd_
     return r;
   b->cb = cb;
   b->ud = ud;
-  /* Only the container backend is known to be safe off the loop. */
-  bool threaded = strcmp (b->sb->backend, "container") == 0;
+  bool threaded = b->sb->ops->flags & WRD_BACKEND_THREADED_CREATE;
   if (threaded && !worker_started)
     {
       worker_started = true;
