@@ -461,6 +461,21 @@ s64 (int64_t v)
   return json_string (b);
 }
 
+/* wr_etcd_call with a body it consumes; the answer is dropped when ret is NULL. */
+static int
+call_take (struct wr_etcd *e, const char *path, json_t *body, json_t **ret, wr_err_t *err)
+{
+  json_t *resp = NULL;
+  int r = body ? wr_etcd_call (e, path, body, &resp, err)
+               : wr_error (err, ENOMEM, WR_E_INTERNAL, "etcd %s: building the request", path);
+  json_decref (body);
+  if (r == 0 && ret)
+    *ret = resp;
+  else
+    json_decref (resp);
+  return r;
+}
+
 int
 wr_etcd_put (struct wr_etcd *e, const char *key, const char *val, int64_t lease, wr_err_t *err)
 {
@@ -468,22 +483,14 @@ wr_etcd_put (struct wr_etcd *e, const char *key, const char *val, int64_t lease,
                             wr_etcd_b64 (val, strlen (val)));
   if (lease)
     json_object_set_new (body, "lease", s64 (lease));
-  json_t *resp = NULL;
-  int r = wr_etcd_call (e, "/v3/kv/put", body, &resp, err);
-  json_decref (body);
-  json_decref (resp);
-  return r;
+  return call_take (e, "/v3/kv/put", body, NULL, err);
 }
 
 int
 wr_etcd_delete (struct wr_etcd *e, const char *key, wr_err_t *err)
 {
-  json_t *body = json_pack ("{s:o}", "key", wr_etcd_b64 (key, strlen (key)));
-  json_t *resp = NULL;
-  int r = wr_etcd_call (e, "/v3/kv/deleterange", body, &resp, err);
-  json_decref (body);
-  json_decref (resp);
-  return r;
+  return call_take (e, "/v3/kv/deleterange",
+                    json_pack ("{s:o}", "key", wr_etcd_b64 (key, strlen (key))), NULL, err);
 }
 
 static json_t *
@@ -580,10 +587,8 @@ wr_etcd_cas (struct wr_etcd *e, const char *key, int64_t mod_rev, const char *va
 int
 wr_etcd_lease_grant (struct wr_etcd *e, int64_t ttl_s, int64_t *ret_id, wr_err_t *err)
 {
-  json_t *body = json_pack ("{s:o}", "TTL", s64 (ttl_s));
   json_t *resp = NULL;
-  int r = wr_etcd_call (e, "/v3/lease/grant", body, &resp, err);
-  json_decref (body);
+  int r = call_take (e, "/v3/lease/grant", json_pack ("{s:o}", "TTL", s64 (ttl_s)), &resp, err);
   if (r < 0)
     return r;
   *ret_id = json_i64 (json_object_get (resp, "ID"));
@@ -596,10 +601,8 @@ wr_etcd_lease_grant (struct wr_etcd *e, int64_t ttl_s, int64_t *ret_id, wr_err_t
 int
 wr_etcd_lease_keepalive (struct wr_etcd *e, int64_t id, int64_t *ret_ttl, wr_err_t *err)
 {
-  json_t *body = json_pack ("{s:o}", "ID", s64 (id));
   json_t *resp = NULL;
-  int r = wr_etcd_call (e, "/v3/lease/keepalive", body, &resp, err);
-  json_decref (body);
+  int r = call_take (e, "/v3/lease/keepalive", json_pack ("{s:o}", "ID", s64 (id)), &resp, err);
   if (r < 0)
     return r;
   /* a streaming RPC: one {"result": ...} per request; TTL absent = expired */
@@ -612,12 +615,7 @@ wr_etcd_lease_keepalive (struct wr_etcd *e, int64_t id, int64_t *ret_ttl, wr_err
 int
 wr_etcd_lease_revoke (struct wr_etcd *e, int64_t id, wr_err_t *err)
 {
-  json_t *body = json_pack ("{s:o}", "ID", s64 (id));
-  json_t *resp = NULL;
-  int r = wr_etcd_call (e, "/v3/kv/lease/revoke", body, &resp, err);
-  json_decref (body);
-  json_decref (resp);
-  return r;
+  return call_take (e, "/v3/kv/lease/revoke", json_pack ("{s:o}", "ID", s64 (id)), NULL, err);
 }
 
 /* ---- watch: a chunked stream of {"result": {...}} lines ---- */
