@@ -569,6 +569,80 @@ handle_list (struct gw *g, struct evhttp_request *req, struct gw_project *proj)
     gw_forward (g, targets[i], req, EVHTTP_REQ_GET, "/v1/sandboxes", evbuffer_new (), list_part, l);
 }
 
+/* ---- GET /v1/images: every node's images, merged by name with the nodes
+ * that hold each ---- */
+
+struct images_part
+{
+  struct images_req *all;
+  char node[WR_NODE_NAME_MAX + 1];
+};
+
+struct images_req
+{
+  json_t *by_name; /* name -> image + "nodes" */
+  size_t pending;
+  struct images_part parts[]; /* one per node asked */
+};
+
+static void
+images_part (struct gw *g, struct evhttp_request *req, int status, struct evbuffer *body, void *ud)
+{
+  struct images_part *part = ud;
+  struct images_req *all = part->all;
+  json_t *j = status == 200 ? body_json (body) : NULL;
+  size_t i;
+  json_t *img;
+  json_array_foreach (json_object_get (j, "images"), i, img)
+  {
+    const char *name = json_string_value (json_object_get (img, "name"));
+    if (name == NULL)
+      continue;
+    json_t *have = json_object_get (all->by_name, name);
+    if (have == NULL)
+      {
+        have = json_deep_copy (img);
+        json_object_set_new (have, "nodes", json_array ());
+        json_object_set_new (all->by_name, name, have);
+      }
+    json_array_append_new (json_object_get (have, "nodes"), json_string (part->node));
+  }
+  json_decref (j);
+  if (--all->pending)
+    return;
+  json_t *list = json_array ();
+  const char *k;
+  json_t *v;
+  json_object_foreach (all->by_name, k, v) json_array_append (list, v);
+  json_decref (all->by_name);
+  free (all);
+  gw_reply_json (req, 200, json_pack ("{s:o}", "images", list));
+}
+
+static void
+handle_images (struct gw *g, struct evhttp_request *req)
+{
+  struct gw_node *targets[GW_MAX_NODES];
+  size_t n = gw_present_nodes (g, targets);
+  struct images_req *all = calloc (1, sizeof *all + n * sizeof all->parts[0]);
+  if (n == 0 || all == NULL)
+    {
+      free (all);
+      gw_reply_json (req, 200, json_pack ("{s:[]}", "images"));
+      return;
+    }
+  all->by_name = json_object ();
+  all->pending = n;
+  for (size_t i = 0; i < n; i++)
+    {
+      struct images_part *part = &all->parts[i];
+      part->all = all;
+      snprintf (part->node, sizeof part->node, "%s", targets[i]->name);
+      gw_forward (g, targets[i], req, EVHTTP_REQ_GET, "/v1/images", evbuffer_new (), images_part,
+                  part);
+    }
+}
+
 /* ---- DELETE: look the sandbox up first when projects exist, to credit its quota ---- */
 
 struct delete_req
@@ -922,6 +996,8 @@ route (struct evhttp_request *req, void *arg)
     handle_list (g, req, proj);
   else if (strncmp (path, "/v1/sandboxes/", 14) == 0)
     handle_sandbox (g, req, path + 14, proj);
+  else if (strcmp (path, "/v1/images") == 0 && m == EVHTTP_REQ_GET)
+    handle_images (g, req);
   else if (strcmp (path, "/v1/calls") == 0 && m == EVHTTP_REQ_POST)
     handle_call (g, req);
   else if (strncmp (path, "/v1/jobs/", 9) == 0)

@@ -434,6 +434,10 @@ def test_placement_prefers_nodes_with_the_image(cluster, rootfs):
     for g in (g1, g2):
         wait_for("node-a publishes its new image",
                  lambda g=g: "only-a:1" in g.nodes()["node-a"].get("images", []), timeout=30)
+    st, imgs = g2.api.raw("GET", "/v1/images")
+    where = {i["name"]: sorted(i["nodes"]) for i in imgs["images"]}
+    assert where["only-a:1"] == ["node-a"] and where["busybox:latest"] == ["node-a", "node-b"], where
+    assert b"only-a:1" in g1.cli("image", "ls").stdout
     ids = []
     try:
         for i in range(6):
