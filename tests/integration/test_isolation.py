@@ -8,7 +8,17 @@ import tempfile
 
 import pytest
 
-from conftest import need
+from conftest import need, start_daemon
+
+
+@pytest.fixture(scope="module")
+def daemon(rootfs):
+    """This module also probes `network: host` sandboxes, which a daemon only
+    permits with --allow-host-network (docs/operations.md)."""
+    d = start_daemon(rootfs, ("--allow-host-network",))
+    yield d
+    d.stop()
+    shutil.rmtree(d.root, ignore_errors=True)
 
 
 def sh(api, sid, script, **kw):
