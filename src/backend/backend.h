@@ -96,6 +96,17 @@ int wr_adopt_open (const char *what, const char *id, pid_t pid, uint64_t start_t
 void wr_container_fill (struct wr_container *ret, const char *id, pid_t pid, int pidfd,
                         uint64_t start_time, int agent_fd);
 
+/* runtime.c: per-sandbox host uid/gid blocks (docs/containers.md). Claimed
+ * in WR_UID_CLAIM_DIR, shared by every daemon of the host. */
+#define WR_UID_CLAIM_DIR "/run/warren-uids"
+/* Claim the lowest free block of the range for sandbox id. */
+int wr_uid_block_alloc (struct wr_runtime *rt, const char *id, uid_t *ret, wr_err_t *err);
+/* Release the block(s) claimed for id; call only when no process of it is left. */
+void wr_uid_block_free (struct wr_runtime *rt, const char *id);
+/* After a restart: the block in pid's uid_map, its claim checked (or renewed). */
+int wr_uid_block_adopt (struct wr_runtime *rt, const char *id, pid_t pid, uid_t *ret,
+                        wr_err_t *err);
+
 /* seccomp.c: build the default profile once; ret->filter is malloc'd. */
 int wr_seccomp_build (struct sock_fprog *ret, wr_err_t *err);
 
@@ -107,10 +118,8 @@ struct wr_runtime
   char cg_name[32];
   char *mnt_dir; /* ROOT/run/mnt: mount point every child overmounts in its own ns */
   int agent_fd;
-  int userns_fd;
-  uid_t uid_base;
-  uint32_t uid_count;
-  char uid_map[64];
+  uid_t uid_range_start; /* sandboxes take WR_UID_BLOCK ids each from here */
+  uint32_t uid_blocks;
   int cap_last;
   struct sock_fprog seccomp;
   struct wr_cgroups cg;

@@ -10,7 +10,9 @@
  * libc state) until execveat replaces its address space. */
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <linux/capability.h>
+#include <linux/securebits.h>
 #include <linux/seccomp.h>
 #include <net/if.h>
 #include <poll.h>
@@ -20,7 +22,9 @@
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -165,6 +169,7 @@ struct child_ctx
   uint64_t cap_keep;
   int cap_last;
   const struct sock_fprog *seccomp;
+  int securebits; /* the daemon's: the parent raised NO_SETUID_FIXUP around clone */
   char *const *argv;
   char *const *envp;
 };
@@ -232,10 +237,22 @@ child_main (void *arg)
   const struct child_ctx *c = arg;
   int err_fd = c->err_fd;
   char b;
+  /* wait until the parent wrote our id maps, made our idmapped layer mounts
+   * and joined the v1 cgroups */
+  long n = wr_raw3 (__NR_read, c->sync_fd, &b, 1);
+  if (n != 1)
+    return child_fail (err_fd, ST_SYNC, n < 0 ? n : -EPIPE);
+  /* Our mount namespace is made only now, so that it copies the idmapped
+   * layer mounts the parent has just made for our uid block (they need our
+   * user namespace, which clone created). A cgroup namespace rooted at the
+   * sandbox's own cgroups: the one clone made is rooted where we were then:
+   * the v2 group (CLONE_INTO_CGROUP), but the daemon's v1 groups, which the
+   * parent has only now moved us out of; /proc/self/cgroup would show the
+   * host's hierarchy and the daemon's group name. */
+  TRY (ST_CGROUPNS, wr_raw1 (__NR_unshare, CLONE_NEWNS | CLONE_NEWCGROUP));
   /* Open the layers and the mount point while our fsuid is still host root
-   * (they live under the daemon's 0700 root) and before the parent has even
-   * written our maps: this overlaps with its work. Paths are walked here, in
-   * our own mount namespace, because overlayfs only accepts layers that are
+   * (they live under the daemon's 0700 root). Paths are walked here, in our
+   * own mount namespace, because overlayfs only accepts layers that are
    * mounts of the caller's namespace. */
   int lower_fds[WR_MAX_LAYERS];
   for (size_t i = 0; i < c->n_lower; i++)
@@ -247,17 +264,9 @@ child_main (void *arg)
   long mnt_fd = wr_raw4 (__NR_openat, AT_FDCWD, c->mnt, O_PATH | O_DIRECTORY | O_CLOEXEC, 0);
   TRY (ST_OVERLAY, mnt_fd);
 
-  /* wait until the parent wrote our id maps and joined the v1 cgroups */
-  long n = wr_raw3 (__NR_read, c->sync_fd, &b, 1);
-  if (n != 1)
-    return child_fail (err_fd, ST_SYNC, n < 0 ? n : -EPIPE);
-  /* A cgroup namespace rooted at the sandbox's own cgroups. The one clone
-   * made is rooted where we were then: the v2 group (CLONE_INTO_CGROUP), but
-   * the daemon's v1 groups, which the parent has only now moved us out of;
-   * /proc/self/cgroup would show the host's hierarchy and the daemon's group
-   * name. */
-  TRY (ST_CGROUPNS, wr_raw1 (__NR_unshare, CLONE_NEWCGROUP));
-
+  /* the parent's NO_SETUID_FIXUP must not reach the sandbox: a uid change
+   * there has to drop capabilities as usual */
+  TRY (ST_IDS, wr_raw2 (__NR_prctl, PR_SET_SECUREBITS, c->securebits));
   TRY (ST_IDS, wr_raw3 (__NR_setresgid, 0, 0, 0));
   /* drop the daemon's supplementary groups (host gid 0 would stay effective) */
   TRY (ST_IDS, wr_raw2 (__NR_setgroups, 0, NULL));
@@ -636,6 +645,129 @@ wr_stack_release (struct wr_runtime *rt, int slot)
   pthread_mutex_unlock (&rt->lock);
 }
 
+/* The sandbox's layers: an idmapped clone of every (plain) layer mount,
+ * mapped through the sandbox's own user namespace, attached at
+ * ROOT/run/l/<id>/<i> in the daemon's mount namespace only until the child
+ * has copied them into its own. They share the layer's superblock, so the
+ * page cache stays shared between sandboxes. */
+struct layer_mounts
+{
+  char *buf;                      /* the paths, one allocation */
+  const char *dir[WR_MAX_LAYERS]; /* top-most first, as overlayfs wants them */
+  size_t n, mounted;
+  char top[PATH_MAX];
+};
+
+static int
+layer_mounts_prepare (struct wr_runtime *rt, const struct wr_container_spec *spec,
+                      struct layer_mounts *lm, wr_err_t *err)
+{
+  memset (lm, 0, sizeof *lm);
+  if ((size_t)snprintf (lm->top, sizeof lm->top, "%s/run/l/%s", rt->root, spec->id)
+      >= sizeof lm->top - 8)
+    return wr_error (err, ENAMETOOLONG, WR_E_INVALID, "daemon root too long");
+  size_t each = strlen (lm->top) + 6;
+  lm->buf = malloc (each * spec->n_lowerdirs);
+  if (lm->buf == NULL)
+    return wr_error (err, ENOMEM, WR_E_INTERNAL, "layer mounts");
+  int r = wr_mkdir_p (lm->top, 0700);
+  if (r < 0)
+    return wr_error (err, -r, WR_E_INTERNAL, "mkdir %s", lm->top);
+  for (size_t i = 0; i < spec->n_lowerdirs; i++)
+    {
+      char *d = lm->buf + i * each;
+      snprintf (d, each, "%s/%zu", lm->top, i);
+      if (mkdir (d, 0700) < 0 && errno != EEXIST)
+        return wr_sys_error (err, "mkdir %s", d);
+      lm->dir[i] = d;
+      lm->n = i + 1;
+    }
+  return 0;
+}
+
+static int
+layer_mounts_make (const struct wr_container_spec *spec, pid_t pid, struct layer_mounts *lm,
+                   wr_err_t *err)
+{
+  char path[64];
+  snprintf (path, sizeof path, "/proc/%d/ns/user", (int)pid);
+  _cleanup_close_ int userns = open (path, O_RDONLY | O_CLOEXEC);
+  if (userns < 0)
+    return wr_sys_error (err, "open %s", path);
+  for (size_t i = 0; i < lm->n; i++)
+    {
+      int r = wr_idmap_mount (userns, spec->lowerdirs[i], lm->dir[i], err);
+      if (r < 0)
+        return r;
+      lm->mounted = i + 1;
+    }
+  return 0;
+}
+
+/* Detach them again: the sandbox holds its own copies. */
+static void
+layer_mounts_clear (struct layer_mounts *lm)
+{
+  for (size_t i = 0; i < lm->n; i++)
+    {
+      if (i < lm->mounted)
+        umount2 (lm->dir[i], MNT_DETACH);
+      rmdir (lm->dir[i]);
+    }
+  if (lm->top[0])
+    rmdir (lm->top);
+  free (lm->buf);
+  memset (lm, 0, sizeof *lm);
+}
+
+/* clone3 with our euid set to the block's root: the kernel makes the
+ * creator's euid the owner of a new user namespace, and charges every
+ * per-user count of the processes inside (inotify instances, user
+ * namespaces, RLIMIT_NPROC, ...) to the owner at each level above. Created
+ * by the daemon's root, they were all charged to host uid 0. Only this
+ * thread's credentials change (raw syscalls, not libc's all-threads
+ * setresuid); NO_SETUID_FIXUP keeps our capabilities (CLONE_INTO_CGROUP
+ * needs them) and fsuid stays 0. */
+static long
+clone_as (uid_t owner, int securebits, struct wr_clone_args *ca, struct wr_runtime *rt, int slot,
+          struct child_ctx *ctx)
+{
+  /* an euid change also makes the whole process non-dumpable (core dumps,
+   * ptrace, /proc ownership): put that back afterwards */
+  int dumpable = prctl (PR_GET_DUMPABLE, 0, 0, 0, 0);
+  if (prctl (PR_SET_SECUREBITS, securebits | SECBIT_NO_SETUID_FIXUP, 0, 0, 0) < 0)
+    return -errno;
+  if (syscall (SYS_setresuid, -1, owner, -1) < 0)
+    {
+      long e = -errno;
+      prctl (PR_SET_SECUREBITS, securebits, 0, 0, 0);
+      return e;
+    }
+  syscall (SYS_setfsuid, 0);
+  long pid;
+#if WR_HAVE_CLONE3_RUN
+  ca->flags |= CLONE_VM;
+  ca->stack = (uint64_t)(uintptr_t)rt->stack[slot];
+  ca->stack_size = rt->stack_size;
+  pid = wr_clone3_run (ca, child_main, ctx);
+#else
+  (void)rt;
+  (void)slot;
+  /* no trampoline for this architecture: a COW child (slower, same code) */
+  pid = syscall (__NR_clone3, ca, sizeof *ca);
+  if (pid == 0)
+    _exit (child_main (ctx));
+  if (pid < 0)
+    pid = -errno;
+#endif
+  /* a daemon thread left with another euid would be far worse than a crash */
+  if (syscall (SYS_setresuid, -1, 0, -1) < 0 || prctl (PR_SET_SECUREBITS, securebits, 0, 0, 0) < 0)
+    abort ();
+  if (dumpable > 0)
+    prctl (PR_SET_DUMPABLE, dumpable, 0, 0, 0);
+  return pid;
+}
+
 int
 wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec,
                      struct wr_container *ret, wr_err_t *err)
@@ -707,12 +839,38 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
     }
   _cleanup_close_ int err_r = errp[0], err_w = errp[1];
 
+  int securebits = prctl (PR_GET_SECUREBITS, 0, 0, 0, 0);
+  if (securebits < 0)
+    {
+      unlinkat (dirfd, AGENT_SOCK, 0);
+      return wr_sys_error (err, "PR_GET_SECUREBITS");
+    }
+  uid_t base;
+  int r = wr_uid_block_alloc (rt, spec->id, &base, err);
+  if (r < 0)
+    {
+      unlinkat (dirfd, AGENT_SOCK, 0);
+      return r;
+    }
+  struct layer_mounts lm;
+  if ((r = layer_mounts_prepare (rt, spec, &lm, err)) < 0)
+    {
+      layer_mounts_clear (&lm);
+      wr_uid_block_free (rt, spec->id);
+      unlinkat (dirfd, AGENT_SOCK, 0);
+      return r;
+    }
+  char uid_map[64];
+  snprintf (uid_map, sizeof uid_map, "0 %u %u\n", (unsigned)base, WR_UID_BLOCK);
+
   struct wr_cg_limits lim
       = { .memory_bytes = spec->memory_mb << 20, .pids_max = spec->pids_max, .cpus = spec->cpus };
   struct wr_cg_sandbox cgs;
-  int r = wr_cg_create (&rt->cg, spec->id, &lim, &cgs, err);
+  r = wr_cg_create (&rt->cg, spec->id, &lim, &cgs, err);
   if (r < 0)
     {
+      layer_mounts_clear (&lm);
+      wr_uid_block_free (rt, spec->id);
       unlinkat (dirfd, AGENT_SOCK, 0);
       return r;
     }
@@ -723,15 +881,15 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
               e1[] = "HOME=/root", e2[] = "container=warren";
   static char *const argv[] = { arg0, a1, a2, a3, a4, a5, a6, NULL };
   static char *const argv_cg[] = { arg0, a1, a2, a3, a4, a5, a6, a7, a8, NULL };
-  /* Delegate the sandbox's cgroup2 dir to the agent (its root is uid_base
-   * on the host): it may create child cgroups and move its own children
+  /* Delegate the sandbox's cgroup2 dir to the agent (its root is its block's
+   * first id on the host): it may create child cgroups and move its own children
    * between them, within the limits set here and above, which it cannot
    * touch. Bounded so that it cannot spend the kernel's memory on cgroups. */
   bool delegate = cgs.v2_fd >= 0
                   && wr_write_file_at (cgs.v2_fd, "cgroup.max.descendants", "256") == 0
                   && wr_write_file_at (cgs.v2_fd, "cgroup.max.depth", "1") == 0
-                  && fchownat (cgs.v2_fd, "", rt->uid_base, rt->uid_base, AT_EMPTY_PATH) == 0
-                  && fchownat (cgs.v2_fd, "cgroup.procs", rt->uid_base, rt->uid_base, 0) == 0;
+                  && fchownat (cgs.v2_fd, "", base, base, AT_EMPTY_PATH) == 0
+                  && fchownat (cgs.v2_fd, "cgroup.procs", base, base, 0) == 0;
   static char *const envp[] = { e0, e1, e2, NULL };
   uint64_t keep = 0;
   for (size_t i = 0; i < WR_ARRAY_SIZE (keep_caps); i++)
@@ -745,7 +903,7 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
     .cgroup_fd = delegate ? cgs.v2_fd : -1,
     .net_host = spec->net_host,
     .mnt = rt->mnt_dir,
-    .lowers = spec->lowerdirs,
+    .lowers = lm.dir,
     .n_lower = spec->n_lowerdirs,
     .tmpfs_size = tmpfs_size,
     .hostname = hostname,
@@ -753,14 +911,16 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
     .cap_keep = keep,
     .cap_last = rt->cap_last,
     .seccomp = &rt->seccomp,
+    .securebits = securebits,
     .argv = delegate ? argv_cg : argv,
     .envp = envp,
   };
 
   int pidfd = -1;
   struct wr_clone_args ca = {
-    .flags = CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC
-             | CLONE_NEWCGROUP | CLONE_PIDFD | (spec->net_host ? 0 : CLONE_NEWNET),
+    /* no CLONE_NEWNS: the child unshares it once its layers are mounted */
+    .flags = CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWCGROUP
+             | CLONE_PIDFD | (spec->net_host ? 0 : CLONE_NEWNET),
     .pidfd = (uint64_t)(uintptr_t)&pidfd,
     .exit_signal = SIGCHLD,
   };
@@ -775,20 +935,7 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
   sigfillset (&all);
   int slot = wr_stack_acquire (rt);
   pthread_sigmask (SIG_SETMASK, &all, &old);
-  long pid;
-#if WR_HAVE_CLONE3_RUN
-  ca.flags |= CLONE_VM;
-  ca.stack = (uint64_t)(uintptr_t)rt->stack[slot];
-  ca.stack_size = rt->stack_size;
-  pid = wr_clone3_run (&ca, child_main, &ctx);
-#else
-  /* no trampoline for this architecture: a COW child (slower, same code) */
-  pid = syscall (__NR_clone3, &ca, sizeof ca);
-  if (pid == 0)
-    _exit (child_main (&ctx));
-  if (pid < 0)
-    pid = -errno;
-#endif
+  long pid = clone_as (base, securebits, &ca, rt, slot, &ctx);
   pthread_sigmask (SIG_SETMASK, &old, NULL);
   if (pid < 0)
     {
@@ -805,15 +952,17 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
   {
     char path[64];
     snprintf (path, sizeof path, "/proc/%ld/uid_map", pid);
-    r = wr_write_file_at (AT_FDCWD, path, rt->uid_map);
+    r = wr_write_file_at (AT_FDCWD, path, uid_map);
     if (r == 0)
       {
         snprintf (path, sizeof path, "/proc/%ld/gid_map", pid);
-        r = wr_write_file_at (AT_FDCWD, path, rt->uid_map);
+        r = wr_write_file_at (AT_FDCWD, path, uid_map);
       }
     if (r < 0)
       r = wr_error (err, -r, WR_E_INTERNAL, "write id map");
   }
+  if (r == 0)
+    r = layer_mounts_make (spec, (pid_t)pid, &lm, err);
   if (r == 0)
     r = wr_cg_attach_v1 (&rt->cg, &cgs, (pid_t)pid, err);
   bool released = false;
@@ -851,6 +1000,7 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
       goto fail_cg;
     }
   wr_stack_release (rt, slot);
+  layer_mounts_clear (&lm);
 
   uint64_t st = 0;
   wr_read_start_time ((pid_t)pid, &st);
@@ -865,10 +1015,14 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
     }
   wr_cg_sandbox_close (&cgs);
   wr_container_fill (ret, spec->id, (pid_t)pid, pidfd, st, TAKE_FD (ours));
+  ret->uid_base = base;
   return 0;
 
 fail_cg:
-  wr_cg_kill (&rt->cg, &cgs, NULL);
+  layer_mounts_clear (&lm);
+  /* the block is free only once no process of the sandbox is left */
+  if (wr_cg_kill (&rt->cg, &cgs, NULL) == 0)
+    wr_uid_block_free (rt, spec->id);
   wr_cg_sandbox_close (&cgs);
   wr_cg_remove (&rt->cg, spec->id, NULL);
   unlinkat (dirfd, AGENT_SOCK, 0);
@@ -883,7 +1037,9 @@ wr_container_destroy (struct wr_runtime *rt, struct wr_container *c, const char 
     return wr_error (err, EINVAL, WR_E_INVALID, "invalid sandbox id");
   int r = wr_sandbox_kill (rt, c, err);
   if (r < 0)
-    return r;
+    return r; /* processes may be left: the uid block stays claimed */
+  wr_uid_block_free (rt, c->id);
+  c->uid_base = 0;
   r = wr_cg_remove (&rt->cg, c->id, err);
   if (state_dir)
     {
@@ -911,7 +1067,11 @@ wr_container_adopt (struct wr_runtime *rt, const char *id, pid_t pid, uint64_t s
     return wr_sys_error (err, "socket");
   if (connect (fd, (struct sockaddr *)&sa, salen) < 0 && errno != EINPROGRESS)
     return wr_error (err, errno, WR_E_UNAVAILABLE, "connect %s/" AGENT_SOCK, state_dir);
+  uid_t base;
+  if ((r = wr_uid_block_adopt (rt, id, pid, &base, err)) < 0)
+    return r;
   wr_container_fill (ret, id, pid, TAKE_FD (pidfd), start_time, TAKE_FD (fd));
+  ret->uid_base = base;
   return 0;
 }
 

@@ -16,15 +16,29 @@ struct wr_runtime_config
 {
   const char *root;       /* daemon state root (absolute) */
   const char *agent_path; /* static warren-agent binary on the host */
-  uid_t uid_base;         /* host uid/gid that is root in every sandbox (shared range) */
-  uint32_t uid_count;     /* size of the range (65536) */
+  uid_t uid_base;         /* unused: each sandbox has its own block (below) */
+  uint32_t uid_count;     /* unused */
+  /* Host uid/gid range sandboxes take WR_UID_BLOCK ids each from (its root
+   * is the block's first id). 0 count: $WARREN_UID_RANGE ("START:COUNT"),
+   * else the default below. Start: a non-zero multiple of WR_UID_BLOCK. */
+  uint64_t uid_range_start;
+  uint64_t uid_range_count;
 };
+
+#define WR_UID_BLOCK 65536u
+/* 2^30 .. 2^31-1: above the ranges useradd gives out (/etc/subuid from
+ * 100000, system and login users below 60000) and below 2^31, which some
+ * tools still treat as signed. 16384 blocks. */
+#define WR_UID_RANGE_START (1ull << 30)
+#define WR_UID_RANGE_COUNT (1ull << 30)
 
 int wr_runtime_new (const struct wr_runtime_config *cfg, struct wr_runtime **ret, wr_err_t *err);
 void wr_runtime_free (struct wr_runtime *rt);
 /* Human-readable description of detected features (cgroup layout, idmap, ...) as JSON text. */
 const char *wr_runtime_describe (struct wr_runtime *rt);
-/* fd of the user namespace whose mapping sandboxes use; for idmapped layer mounts. */
+/* -1: no shared user namespace any more (each sandbox has its own uid block
+ * and its layers are idmapped per sandbox); the store then hands out its
+ * plain layer mounts. */
 int wr_runtime_userns_fd (struct wr_runtime *rt);
 /* Name of this runtime's parent cgroup under each hierarchy ("warren-<hash of root>"). */
 const char *wr_runtime_cgroup_name (struct wr_runtime *rt);
@@ -45,7 +59,8 @@ struct wr_container_spec
 {
   const char *id;         /* sandbox id: [a-z0-9-]{1,64} */
   const char *state_dir;  /* absolute host dir (0700) owned by the daemon for this sandbox */
-  const char **lowerdirs; /* read-only layer dirs, top-most first (already idmapped) */
+  const char **lowerdirs; /* read-only layer dirs, top-most first (not idmapped: each
+                           * sandbox gets its own idmapped clone) */
   size_t n_lowerdirs;
   uint64_t memory_mb;   /* 0 = unlimited */
   uint64_t disk_mb;     /* size of the writable upper (tmpfs); 0 = default */
@@ -72,6 +87,7 @@ struct wr_container
   pid_t pid;           /* host pid of the agent (PID 1 inside) */
   int pidfd;           /* pidfd of the agent, -1 if unavailable */
   uint64_t start_time; /* /proc/pid/stat starttime, to recognise the pid after a restart */
+  uid_t uid_base;      /* host uid/gid of the sandbox's root: its own block */
   int agent_fd;        /* connected socket to the agent (daemon side), O_CLOEXEC|O_NONBLOCK */
   char id[65];
 };

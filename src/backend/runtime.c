@@ -1,7 +1,9 @@
 /* wr_runtime: per-daemon state of the container backend, built once:
- * cgroup layout, the shared user namespace, the seccomp program and the
+ * cgroup layout, the uid range sandboxes take blocks from, the seccomp program and the
  * agent binary fd (docs/containers.md). */
+#include <dirent.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -9,7 +11,9 @@
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "../common/util.h"
 #include "backend.h"
@@ -27,51 +31,255 @@ wr_runtime_private_mountns (wr_err_t *err)
   return 0;
 }
 
+/* ---- per-sandbox uid blocks ----
+ *
+ * Each sandbox maps its root to its own block of WR_UID_BLOCK host ids taken
+ * from the runtime's range. A block is claimed by a file WR_UID_CLAIM_DIR/<first
+ * uid> holding "<daemon root>\n<sandbox id>\n", created with link() so that
+ * it appears whole or not at all: daemons on one host (the directory is
+ * host-wide) never hand out the same block, and the claim survives a daemon
+ * restart, so an adopted sandbox keeps its ids. */
+
+static const char *
+claim_dir (void)
+{
+  const char *d = getenv ("WARREN_UID_CLAIM_DIR"); /* tests only */
+  return d && d[0] == '/' ? d : WR_UID_CLAIM_DIR;
+}
+
+/* Does [lo, lo+n) meet a range of /etc/subuid|subgid ("name:start:count")
+ * or an id of /etc/passwd|group ("name:x:id:...")? Read at every allocation:
+ * users and subordinate ranges may be added while the daemon runs. */
+static bool
+ids_taken_on_host (uint64_t lo, uint64_t n)
+{
+  static const char *const sub[] = { "/etc/subuid", "/etc/subgid" };
+  static const char *const pw[] = { "/etc/passwd", "/etc/group" };
+  char line[1024];
+  for (int f = 0; f < 4; f++)
+    {
+      FILE *fp = fopen (f < 2 ? sub[f] : pw[f - 2], "re");
+      if (fp == NULL)
+        continue;
+      bool hit = false;
+      while (!hit && fgets (line, sizeof line, fp))
+        {
+          char *c1 = strchr (line, ':');
+          if (c1 == NULL)
+            continue;
+          unsigned long long start, count = 1;
+          if (f < 2)
+            {
+              if (sscanf (c1 + 1, "%llu:%llu", &start, &count) != 2)
+                continue;
+            }
+          else
+            {
+              char *c2 = strchr (c1 + 1, ':');
+              if (c2 == NULL || sscanf (c2 + 1, "%llu", &start) != 1)
+                continue;
+            }
+          hit = start < lo + n && lo < start + count;
+        }
+      fclose (fp);
+      if (hit)
+        return true;
+    }
+  return false;
+}
+
 static int
-write_maps (pid_t pid, const char *map, wr_err_t *err)
+claim_read (int dfd, const char *name, char *buf, size_t size)
+{
+  int fd = openat (dfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0)
+    return -1;
+  ssize_t n = read (fd, buf, size - 1);
+  close (fd);
+  if (n < 0)
+    return -1;
+  buf[n] = 0;
+  return 0;
+}
+
+static bool
+claim_is (const char *text, const char *root, const char *id)
+{
+  size_t lr = strlen (root);
+  if (strncmp (text, root, lr) != 0 || text[lr] != '\n')
+    return false;
+  const char *i = text + lr + 1;
+  if (id == NULL)
+    return strchr (i, '\n') != NULL;
+  size_t li = strlen (id);
+  return strncmp (i, id, li) == 0 && i[li] == '\n' && i[li + 1] == 0;
+}
+
+/* Claim block `base` for id; 0, -EEXIST if someone holds it, or -errno. */
+static int
+claim_block (struct wr_runtime *rt, int dfd, uid_t base, const char *id)
+{
+  char tmp[64], name[16], text[4200];
+  snprintf (tmp, sizeof tmp, ".tmp-%d-%ld", (int)getpid (), (long)syscall (SYS_gettid));
+  snprintf (name, sizeof name, "%u", (unsigned)base);
+  int n = snprintf (text, sizeof text, "%s\n%s\n", rt->root, id);
+  if (n < 0 || (size_t)n >= sizeof text)
+    return -ENAMETOOLONG;
+  unlinkat (dfd, tmp, 0);
+  int fd = openat (dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return -errno;
+  int r = write (fd, text, (size_t)n) == n ? 0 : -EIO;
+  close (fd);
+  if (r == 0 && linkat (dfd, tmp, dfd, name, 0) < 0)
+    r = -errno;
+  unlinkat (dfd, tmp, 0);
+  return r;
+}
+
+static int
+open_claim_dir (void)
+{
+  const char *d = claim_dir ();
+  if (mkdir (d, 0700) < 0 && errno != EEXIST)
+    return -errno;
+  int fd = open (d, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+  return fd < 0 ? -errno : fd;
+}
+
+int
+wr_uid_block_alloc (struct wr_runtime *rt, const char *id, uid_t *ret, wr_err_t *err)
+{
+  _cleanup_close_ int dfd = open_claim_dir ();
+  if (dfd < 0)
+    return wr_error (err, -dfd, WR_E_INTERNAL, "open %s", claim_dir ());
+  /* lowest free block first: ids are reused, the range in use stays small */
+  for (uint32_t b = 0; b < rt->uid_blocks; b++)
+    {
+      uid_t base = rt->uid_range_start + b * WR_UID_BLOCK;
+      char name[16];
+      snprintf (name, sizeof name, "%u", (unsigned)base);
+      if (faccessat (dfd, name, F_OK, AT_SYMLINK_NOFOLLOW) == 0)
+        continue;
+      if (ids_taken_on_host (base, WR_UID_BLOCK))
+        continue;
+      int r = claim_block (rt, dfd, base, id);
+      if (r == -EEXIST)
+        continue;
+      if (r < 0)
+        return wr_error (err, -r, WR_E_INTERNAL, "claim uid block %u in %s", (unsigned)base,
+                         claim_dir ());
+      *ret = base;
+      return 0;
+    }
+  return wr_error (err, ENOSPC, WR_E_EXHAUSTED, "no free uid block in %u+%" PRIu64,
+                   (unsigned)rt->uid_range_start, (uint64_t)rt->uid_blocks * WR_UID_BLOCK);
+}
+
+/* Visit this daemon's claims; fn returns true to release the claim. */
+static void
+claims_foreach (struct wr_runtime *rt, bool (*fn) (struct wr_runtime *, const char *id, void *),
+                void *arg)
+{
+  int dfd = open_claim_dir ();
+  if (dfd < 0)
+    return;
+  DIR *d = fdopendir (dfd);
+  if (d == NULL)
+    {
+      close (dfd);
+      return;
+    }
+  struct dirent *de;
+  char text[4200];
+  size_t lr = strlen (rt->root);
+  while ((de = readdir (d)) != NULL)
+    {
+      if (de->d_name[0] < '0' || de->d_name[0] > '9'
+          || claim_read (dirfd (d), de->d_name, text, sizeof text) < 0
+          || !claim_is (text, rt->root, NULL))
+        continue;
+      char *id = text + lr + 1;
+      id[strcspn (id, "\n")] = 0;
+      if (fn (rt, id, arg))
+        unlinkat (dirfd (d), de->d_name, 0);
+    }
+  closedir (d);
+}
+
+static bool
+match_id (struct wr_runtime *rt, const char *id, void *arg)
+{
+  (void)rt;
+  return strcmp (id, (const char *)arg) == 0;
+}
+
+void
+wr_uid_block_free (struct wr_runtime *rt, const char *id)
+{
+  claims_foreach (rt, match_id, (void *)id);
+}
+
+/* Startup: a claim whose sandbox has no cgroup left has no process left
+ * either (every sandbox process lives in it), so its block is free again. */
+static bool
+orphaned (struct wr_runtime *rt, const char *id, void *arg)
+{
+  (void)arg;
+  if (!wr_valid_id (id))
+    return true;
+  struct wr_cg_sandbox cgs;
+  int n = wr_cg_open (&rt->cg, id, &cgs);
+  wr_cg_sandbox_close (&cgs);
+  return n == 0;
+}
+
+int
+wr_uid_block_adopt (struct wr_runtime *rt, const char *id, pid_t pid, uid_t *ret, wr_err_t *err)
 {
   char path[64];
+  _cleanup_free_ char *map = NULL;
   snprintf (path, sizeof path, "/proc/%d/uid_map", (int)pid);
-  int r = wr_write_file_at (AT_FDCWD, path, map);
-  if (r < 0)
-    return wr_error (err, -r, WR_E_INTERNAL, "write %s", path);
-  snprintf (path, sizeof path, "/proc/%d/gid_map", (int)pid);
-  r = wr_write_file_at (AT_FDCWD, path, map);
-  if (r < 0)
-    return wr_error (err, -r, WR_E_INTERNAL, "write %s", path);
-  return 0;
-}
-
-static int
-userns_holder (void *arg)
-{
-  for (;;)
-    pause ();
-  return 0;
-}
-
-/* A user namespace with the sandbox mapping, kept as an fd: a throwaway child
- * unshares it, we write its maps, open /proc/pid/ns/user and kill the child. */
-static int
-make_userns (struct wr_runtime *rt, wr_err_t *err)
-{
-  static char stack[16384] __attribute__ ((aligned (16)));
-  pid_t pid = clone (userns_holder, stack + sizeof stack, CLONE_NEWUSER | SIGCHLD, NULL);
-  if (pid < 0)
-    return wr_sys_error (err, "clone(CLONE_NEWUSER)");
-  int r = write_maps (pid, rt->uid_map, err);
-  if (r == 0)
+  unsigned in, out, count;
+  if (wr_read_file_at (AT_FDCWD, path, &map, NULL, 4096) < 0
+      || sscanf (map, "%u %u %u", &in, &out, &count) != 3 || in != 0)
+    return wr_error (err, EINVAL, WR_E_INTERNAL, "read %s", path);
+  _cleanup_close_ int dfd = open_claim_dir ();
+  if (dfd < 0)
+    return wr_error (err, -dfd, WR_E_INTERNAL, "open %s", claim_dir ());
+  char name[16], text[4200];
+  snprintf (name, sizeof name, "%u", out);
+  if (claim_read (dfd, name, text, sizeof text) == 0)
     {
-      char path[64];
-      snprintf (path, sizeof path, "/proc/%d/ns/user", (int)pid);
-      rt->userns_fd = open (path, O_RDONLY | O_CLOEXEC);
-      if (rt->userns_fd < 0)
-        r = wr_sys_error (err, "open %s", path);
+      if (!claim_is (text, rt->root, id))
+        return wr_error (err, EEXIST, WR_E_CONFLICT, "uid block %u of %s is claimed by another",
+                         out, id);
     }
-  kill (pid, SIGKILL);
-  while (waitpid (pid, NULL, __WALL) < 0 && errno == EINTR)
-    ;
-  return r;
+  else
+    {
+      /* the claim directory was wiped (it lives on /run): claim it again */
+      int r = claim_block (rt, dfd, out, id);
+      if (r < 0)
+        return wr_error (err, -r, WR_E_CONFLICT, "reclaim uid block %u of %s", out, id);
+    }
+  *ret = out;
+  return 0;
+}
+
+static int
+parse_range (const char *s, uint64_t *start, uint64_t *count)
+{
+  char *end;
+  errno = 0;
+  unsigned long long a = strtoull (s, &end, 10);
+  if (errno || *end != ':')
+    return -1;
+  unsigned long long b = strtoull (end + 1, &end, 10);
+  if (errno || *end)
+    return -1;
+  *start = a;
+  *count = b;
+  return 0;
 }
 
 int
@@ -101,22 +309,36 @@ wr_runtime_new (const struct wr_runtime_config *cfg, struct wr_runtime **ret, wr
 {
   if (cfg == NULL || cfg->root == NULL || cfg->root[0] != '/' || cfg->agent_path == NULL)
     return wr_error (err, EINVAL, WR_E_INVALID, "runtime config needs an absolute root and agent");
-  if (cfg->uid_base == 0 || cfg->uid_count == 0
-      || (uint64_t)cfg->uid_base + cfg->uid_count > UINT32_MAX)
-    return wr_error (err, EINVAL, WR_E_INVALID, "uid range %u+%u (root must not map to host root)",
-                     (unsigned)cfg->uid_base, cfg->uid_count);
+  uint64_t range_start = cfg->uid_range_start, range_count = cfg->uid_range_count;
+  const char *env = getenv ("WARREN_UID_RANGE");
+  if (range_count == 0 && env && env[0])
+    {
+      if (parse_range (env, &range_start, &range_count) < 0)
+        return wr_error (err, EINVAL, WR_E_INVALID, "WARREN_UID_RANGE=%s: want START:COUNT", env);
+    }
+  else if (range_count == 0)
+    {
+      range_start = WR_UID_RANGE_START;
+      range_count = WR_UID_RANGE_COUNT;
+    }
+  /* root of a sandbox must never be host root, and (uid_t)-1 is no id */
+  if (range_start == 0 || range_start % WR_UID_BLOCK != 0 || range_count < WR_UID_BLOCK
+      || range_start + range_count > UINT32_MAX)
+    return wr_error (err, EINVAL, WR_E_INVALID,
+                     "uid range %" PRIu64 "+%" PRIu64 ": start a non-zero multiple of %u, at "
+                     "least one block, below 2^32-1",
+                     range_start, range_count, WR_UID_BLOCK);
   struct wr_runtime *rt = calloc (1, sizeof *rt);
   if (rt == NULL)
     return wr_error (err, ENOMEM, WR_E_INTERNAL, "runtime");
-  rt->agent_fd = rt->userns_fd = -1;
+  rt->agent_fd = -1;
   rt->cg.v2_fd = -1;
   for (int i = 0; i < WR_V1_N; i++)
     rt->cg.v1_fd[i] = -1;
   pthread_mutex_init (&rt->lock, NULL);
   pthread_cond_init (&rt->stack_free, NULL);
-  rt->uid_base = cfg->uid_base;
-  rt->uid_count = cfg->uid_count;
-  snprintf (rt->uid_map, sizeof rt->uid_map, "0 %u %u\n", (unsigned)cfg->uid_base, cfg->uid_count);
+  rt->uid_range_start = (uid_t)range_start;
+  rt->uid_blocks = (uint32_t)(range_count / WR_UID_BLOCK);
   int r;
   rt->root = strdup (cfg->root);
   if (rt->root == NULL || asprintf (&rt->mnt_dir, "%s/run/mnt", cfg->root) < 0)
@@ -158,8 +380,7 @@ wr_runtime_new (const struct wr_runtime_config *cfg, struct wr_runtime **ret, wr
   }
   if ((r = wr_cg_init (&rt->cg, rt->cg_name, err)) < 0)
     goto fail;
-  if ((r = make_userns (rt, err)) < 0)
-    goto fail;
+  claims_foreach (rt, orphaned, NULL);
   if ((r = wr_seccomp_build (&rt->seccomp, err)) < 0)
     goto fail;
   rt->stack_size = CHILD_STACK;
@@ -176,11 +397,12 @@ wr_runtime_new (const struct wr_runtime_config *cfg, struct wr_runtime **ret, wr
     }
   snprintf (rt->describe, sizeof rt->describe,
             "{\"cgroup_layout\":\"%s\",\"cgroup_v2\":\"%s\",\"clone_into_cgroup\":%s,"
-            "\"uid_base\":%u,\"uid_count\":%u,\"idmapped_layers\":true,\"seccomp_insns\":%u,"
+            "\"uid_range_start\":%u,\"uid_blocks\":%u,\"uid_block\":%u,\"idmapped_layers\":\"per-"
+            "sandbox\",\"seccomp_insns\":%u,"
             "\"clone_vm\":%s}",
             layout_name (rt->cg.layout), rt->cg.v2_fd >= 0 ? rt->cg.v2_path : "",
-            rt->cg.v2_fd >= 0 ? "true" : "false", (unsigned)rt->uid_base, rt->uid_count,
-            rt->seccomp.len, WR_HAVE_CLONE3_RUN ? "true" : "false");
+            rt->cg.v2_fd >= 0 ? "true" : "false", (unsigned)rt->uid_range_start, rt->uid_blocks,
+            WR_UID_BLOCK, rt->seccomp.len, WR_HAVE_CLONE3_RUN ? "true" : "false");
   *ret = rt;
   return 0;
 fail:
@@ -196,8 +418,6 @@ wr_runtime_free (struct wr_runtime *rt)
   wr_cg_fini (&rt->cg);
   if (rt->agent_fd >= 0)
     close (rt->agent_fd);
-  if (rt->userns_fd >= 0)
-    close (rt->userns_fd);
 
   for (int i = 0; i < WR_CHILD_STACKS; i++)
     if (rt->stack[i])
@@ -221,7 +441,8 @@ wr_runtime_describe (struct wr_runtime *rt)
 int
 wr_runtime_userns_fd (struct wr_runtime *rt)
 {
-  return rt->userns_fd;
+  (void)rt;
+  return -1; /* layers are idmapped per sandbox, by wr_container_create */
 }
 
 const char *

@@ -152,21 +152,27 @@ int main(void)
 """
 
 
+def static_binary(source, what):
+    """source compiled by the host's cc into a static binary (its bytes)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    need(cc is not None, f"a host C compiler to build the {what}")
+    d = tempfile.mkdtemp(prefix="wr-prober-")
+    try:
+        src = os.path.join(d, "p.c")
+        with open(src, "w") as f:
+            f.write(source)
+        r = subprocess.run([cc, "-static", "-O1", "-o", os.path.join(d, "p"), src],
+                           capture_output=True)
+        need(r.returncode == 0, "static linking with the host cc: %s" % r.stderr[-300:])
+        with open(os.path.join(d, "p"), "rb") as f:
+            return f.read()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def prober():
-    cc = shutil.which("cc") or shutil.which("gcc")
-    need(cc is not None, "a host C compiler to build the syscall prober")
-    d = tempfile.mkdtemp(prefix="wr-prober-")
-    src = os.path.join(d, "p.c")
-    with open(src, "w") as f:
-        f.write(PROBER)
-    r = subprocess.run([cc, "-static", "-O1", "-o", os.path.join(d, "p"), src],
-                       capture_output=True)
-    need(r.returncode == 0, "static linking with the host cc: %s" % r.stderr[-300:])
-    with open(os.path.join(d, "p"), "rb") as f:
-        data = f.read()
-    shutil.rmtree(d, ignore_errors=True)
-    return data
+    return static_binary(PROBER, "syscall prober")
 
 
 def probe(api, sid, data):
@@ -250,3 +256,162 @@ def test_cgroups_show_no_host_hierarchy(daemon, api):
         # the host's cgroup trees (every sandbox's groups) are not reachable
         assert sysfs.strip() == "", (kw, sysfs)
         assert "warren-" not in r and sid not in cgroup, (kw, r)
+
+
+# ---- each sandbox its own host uid block (issue 9 item 3) ----
+
+UID_CLAIMS = "/run/warren-uids"
+
+INOTIFY_PROBER = r"""
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/inotify.h>
+#include <unistd.h>
+/* open inotify instances until refused; print "COUNT ERRNO"; with "hold",
+ * keep them open */
+int main(int argc, char **argv) {
+  int n = 0, e = 0;
+  while (n < 100000) {
+    if (inotify_init1(IN_CLOEXEC) < 0) { e = errno; break; }
+    n++;
+  }
+  printf("%d %d\n", n, e);
+  fflush(stdout);
+  if (argc > 1)
+    for (;;) pause();
+  return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def inotify_prober():
+    return static_binary(INOTIFY_PROBER, "inotify prober")
+
+
+def host_uid_of(api, sid):
+    pid = api.raw("GET", f"/v1/sandboxes/{sid}").json()["pid"]
+    with open(f"/proc/{pid}/status") as f:
+        uids = [l for l in f if l.startswith("Uid:")][0].split()[1:]
+    assert len(set(uids)) == 1, uids  # real, effective, saved, fs
+    return int(uids[0])
+
+
+def released(uid, timeout=60.0):
+    """Destroy answers at once and frees the block when the sandbox is gone."""
+    import time
+    deadline = time.monotonic() + timeout
+    while claim_of(uid) is not None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return claim_of(uid) is None
+
+
+def claim_of(uid):
+    try:
+        with open(os.path.join(UID_CLAIMS, str(uid))) as f:
+            return f.read().split("\n")
+    except FileNotFoundError:
+        return None
+
+
+def test_each_sandbox_has_its_own_uid_block(daemon, api):
+    sids = [api.create() for _ in range(3)]
+    try:
+        uids = [host_uid_of(api, s) for s in sids]
+        assert len(set(uids)) == 3, uids
+        for sid, uid in zip(sids, uids):
+            assert uid % 65536 == 0 and uid != 100000, uid
+            base = sh(api, sid, "cat /proc/self/uid_map /proc/self/gid_map")["stdout"].split()
+            assert base == ["0", str(uid), "65536"] * 2, base
+            # claimed on the host for this daemon and sandbox
+            assert claim_of(uid)[:2] == [daemon.root, sid], claim_of(uid)
+        # blocks never overlap
+        for a in uids:
+            for b in uids:
+                assert a == b or abs(a - b) >= 65536
+        # destroy frees the block once the sandbox is gone; the next create
+        # takes the lowest free block again: the range in use does not grow
+        freed = uids[1]
+        assert api.delete(sids[1]).status == 204
+        assert released(freed)
+        sids[1] = api.create()
+        again = host_uid_of(api, sids[1])
+        assert again not in (uids[0], uids[2]) and again <= max(uids), (again, uids)
+    finally:
+        for s in sids:
+            api.delete(s)
+
+
+def test_inotify_exhaustion_stays_in_its_sandbox(api, inotify_prober):
+    """Per-user counts are charged to the sandbox's own uid: a sandbox that
+    uses up its inotify instances leaves others and host root theirs."""
+    import ctypes
+    limit = int(open("/proc/sys/fs/inotify/max_user_instances").read())
+    need(limit <= 4096, "max_user_instances is small enough to exhaust")
+    a, b = api.create(), api.create()
+    try:
+        for sid in (a, b):
+            r = api.raw("PUT", f"/v1/sandboxes/{sid}/files?path=/tmp/ino&mode=0755",
+                        inotify_prober)
+            assert r.status == 201, r
+        sh(api, a, "/tmp/ino hold > /tmp/out 2>&1 &")
+        out = ""
+        for _ in range(200):
+            out = sh(api, a, "cat /tmp/out")["stdout"]
+            if out:
+                break
+        n, e = map(int, out.split())
+        assert e == errno.EMFILE and 0 < n <= limit, out  # still bounded
+        # another sandbox still has its whole budget
+        n2, e2 = map(int, sh(api, b, "/tmp/ino")["stdout"].split())
+        assert n2 == limit and e2 == errno.EMFILE, (n2, e2, limit)
+        # and so has host root
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.inotify_init1(0o2000000)
+        assert fd >= 0, os.strerror(ctypes.get_errno())
+        os.close(fd)
+    finally:
+        api.delete(a)
+        api.delete(b)
+
+
+def test_other_uids_cannot_signal_sandbox(api):
+    """A host process running as the old shared uid 100000, or as another
+    sandbox's root, may not signal (or even probe) a sandbox's processes."""
+    a, b = api.create(), api.create()
+    try:
+        pid = api.raw("GET", f"/v1/sandboxes/{a}").json()["pid"]
+        for uid in (100000, host_uid_of(api, b)):
+            r = subprocess.run(["python3", "-c", f"import os; os.kill({pid}, 0)"],
+                               user=uid, group=uid, extra_groups=[], capture_output=True)
+            assert r.returncode != 0 and b"PermissionError" in r.stderr, (uid, r)
+        # its own uid is the one host identity that could (nothing else runs as it)
+        r = subprocess.run(["python3", "-c", f"import os; os.kill({pid}, 0)"],
+                           user=host_uid_of(api, a), group=host_uid_of(api, a),
+                           extra_groups=[], capture_output=True)
+        assert r.returncode == 0, r
+    finally:
+        api.delete(a)
+        api.delete(b)
+
+
+def test_uid_block_survives_restart(rootfs):
+    from conftest import start_daemon
+    d = start_daemon(rootfs)
+    try:
+        sid = d.api.create()
+        uid = host_uid_of(d.api, sid)
+        d.kill9()
+        d.start()
+        assert host_uid_of(d.api, sid) == uid
+        assert claim_of(uid)[:2] == [d.root, sid]
+        # a new sandbox does not get the adopted one's block
+        other = d.api.create()
+        assert host_uid_of(d.api, other) != uid
+        assert d.api.delete(sid).status == 204
+        assert released(uid)
+        d.api.delete(other)
+    finally:
+        d.stop()
+        shutil.rmtree(d.root, ignore_errors=True)
