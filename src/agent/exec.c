@@ -21,7 +21,6 @@
 
 #define container_of(p, type, member) ((type *)((char *)(p)-offsetof (type, member)))
 
-#define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #define DEFAULT_CAP (1u << 20)
 #define MAX_ARGS 65536
 
@@ -488,7 +487,7 @@ parse_spec (json_t *body, struct spec *s, wr_err_t *err)
   json_t *env = json_object_get (body, "env");
   if (env == NULL || json_is_null (env))
     {
-      static const char *defenv[] = { "PATH=" DEFAULT_PATH, "HOME=/root", "TERM=xterm" };
+      static const char *defenv[] = { "PATH=" WR_DEFAULT_PATH, "HOME=/root", "TERM=xterm" };
       for (size_t i = 0; i < WR_ARRAY_SIZE (defenv); i++)
         if (strv_push (&s->env, defenv[i], strlen (defenv[i])) < 0)
           return wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
@@ -737,7 +736,7 @@ ag_exec_start (uint32_t stream, json_t *body)
   char found[PATH_MAX];
   if (strchr (file, '/') == NULL)
     {
-      const char *pathvar = DEFAULT_PATH;
+      const char *pathvar = WR_DEFAULT_PATH;
       for (size_t i = 0; i < env.n; i++)
         if (strncmp (env.v[i], "PATH=", 5) == 0)
           pathvar = env.v[i] + 5;

@@ -16,7 +16,6 @@
 #include "sha256.h"
 
 #define DIGEST_PREFIX "sha256:"
-#define DEFAULT_PATH "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 struct layer_mount
 {
@@ -667,8 +666,8 @@ image_freep (struct wr_image **img)
 static json_t *
 default_config (void)
 {
-  return json_pack ("{s:[s],s:s,s:s,s:n,s:{}}", "env", DEFAULT_PATH, "workdir", "/", "user", "0",
-                    "entrypoint", "labels");
+  return json_pack ("{s:[s],s:s,s:s,s:n,s:{}}", "env", "PATH=" WR_DEFAULT_PATH, "workdir", "/",
+                    "user", "0", "entrypoint", "labels");
 }
 
 /* Merge caller config over the defaults, checking every field's type. */
