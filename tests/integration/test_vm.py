@@ -79,10 +79,17 @@ def wait_gone(pred, timeout=120):
     return pred()
 
 
-def snapshot_ready(root):
+def snapshots(root):
+    """The snapshot keys built so far on this daemon."""
     d = os.path.join(root, "vm", "snap")
-    return os.path.isdir(d) and any(
-        len(x) == 64 and os.path.exists(os.path.join(d, x, "state")) for x in os.listdir(d))
+    return {x for x in os.listdir(d) if len(x) == 64
+            and os.path.exists(os.path.join(d, x, "state"))} if os.path.isdir(d) else set()
+
+
+def snapshot_ready(root, before=frozenset()):
+    """A snapshot not among `before` exists (other tests of the module build
+    theirs for other configurations)."""
+    return bool(snapshots(root) - set(before))
 
 
 def test_microvm_exec_files_destroy(vmd):
@@ -226,12 +233,13 @@ def test_microvm_ttl_leaves_nothing(vmd):
 def test_snapshot_restore_clones(vmd):
     api = vmd.api
     # the second boot of a configuration builds its snapshot in the background
+    before = snapshots(vmd.root)
     for _ in range(2):
         first = api.create(backend="microvm", memory_mb=192)
         r = api.exec(first, ["cat", "/proc/cmdline"])
         assert f"warren.hostname={first}" in r["stdout"]  # booted, not restored
         api.delete(first)
-    assert wait_gone(lambda: snapshot_ready(vmd.root), 120), "no snapshot was built"
+    assert wait_gone(lambda: snapshot_ready(vmd.root, before), 300), "no snapshot was built"
     clones = []
     try:
         for _ in range(2):
