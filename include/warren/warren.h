@@ -41,6 +41,7 @@ extern "C"
 /* Codes the daemon sends (docs/api.md), one HTTP status each. */
 #define WARREN_E_INVALID "invalid_argument"     /* 400 */
 #define WARREN_E_UNAUTHORIZED "unauthorized"    /* 401 */
+#define WARREN_E_FORBIDDEN "forbidden"          /* 403: the token does not grant it */
 #define WARREN_E_NOT_FOUND "not_found"          /* 404 */
 #define WARREN_E_CONFLICT "conflict"            /* 409 */
 #define WARREN_E_GONE "gone"                    /* 410 */

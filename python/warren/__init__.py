@@ -8,7 +8,7 @@ clients of the warrend HTTP API (docs/api.md), standard library only.
 
 from .aio import AsyncClient, AsyncExecStream, AsyncImages, AsyncSandbox
 from .client import Client, ExecStream, Images, Sandbox
-from .errors import (Conflict, ConnectError, ConnectionLost, Gone, InternalError,
+from .errors import (Conflict, ConnectError, ConnectionLost, Forbidden, Gone, InternalError,
                      InvalidArgument, NotFound, PayloadTooLarge, ProtocolError, ResourceExhausted,
                      Timeout, Unauthorized, Unavailable, Unsupported, WarrenError)
 from .types import ExecResult, ExecUsage, FileStat, Image, OutputChunk, SandboxInfo
@@ -19,7 +19,7 @@ __all__ = [
     "Client", "Sandbox", "Images", "ExecStream",
     "AsyncClient", "AsyncSandbox", "AsyncImages", "AsyncExecStream",
     "ExecResult", "ExecUsage", "OutputChunk", "SandboxInfo", "FileStat", "Image",
-    "WarrenError", "InvalidArgument", "Unauthorized", "NotFound", "Conflict", "Gone",
+    "WarrenError", "InvalidArgument", "Unauthorized", "Forbidden", "NotFound", "Conflict", "Gone",
     "PayloadTooLarge", "ResourceExhausted", "InternalError", "Unsupported", "Unavailable",
     "Timeout", "ConnectError", "ConnectionLost", "ProtocolError",
 ]

@@ -54,6 +54,11 @@ class Unauthorized(WarrenError, PermissionError):
     code = "unauthorized"
 
 
+class Forbidden(WarrenError, PermissionError):
+    """403: the token does not grant this (host paths over TCP, docs/operations.md)."""
+    code = "forbidden"
+
+
 class NotFound(WarrenError, LookupError):
     """404: unknown sandbox, image, file or route."""
     code = "not_found"
@@ -118,10 +123,10 @@ class ProtocolError(WarrenError):
     code = "protocol_error"
 
 
-_BY_CODE = {c.code: c for c in (InvalidArgument, Unauthorized, NotFound, Conflict, Gone,
+_BY_CODE = {c.code: c for c in (InvalidArgument, Unauthorized, Forbidden, NotFound, Conflict, Gone,
                                 PayloadTooLarge, ResourceExhausted, InternalError, Unsupported,
                                 Unavailable, Timeout)}
-_BY_STATUS = {400: InvalidArgument, 401: Unauthorized, 404: NotFound, 409: Conflict, 410: Gone,
+_BY_STATUS = {400: InvalidArgument, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict, 410: Gone,
               413: PayloadTooLarge, 429: ResourceExhausted, 500: InternalError, 501: Unsupported,
               503: Unavailable, 504: Timeout}
 

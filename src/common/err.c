@@ -62,10 +62,10 @@ wr_code_http_status (const char *code)
     const char *code;
     int status;
   } map[] = {
-    { WR_E_INVALID, 400 },   { WR_E_TOO_LARGE, 413 },   { WR_E_UNAUTHORIZED, 401 },
-    { WR_E_NOT_FOUND, 404 }, { WR_E_CONFLICT, 409 },    { WR_E_GONE, 410 },
-    { WR_E_EXHAUSTED, 429 }, { WR_E_UNAVAILABLE, 503 }, { WR_E_TIMEOUT, 504 },
-    { WR_E_INTERNAL, 500 },  { WR_E_UNSUPPORTED, 501 },
+    { WR_E_INVALID, 400 },   { WR_E_TOO_LARGE, 413 }, { WR_E_UNAUTHORIZED, 401 },
+    { WR_E_FORBIDDEN, 403 }, { WR_E_NOT_FOUND, 404 }, { WR_E_CONFLICT, 409 },
+    { WR_E_GONE, 410 },      { WR_E_EXHAUSTED, 429 }, { WR_E_UNAVAILABLE, 503 },
+    { WR_E_TIMEOUT, 504 },   { WR_E_INTERNAL, 500 },  { WR_E_UNSUPPORTED, 501 },
   };
   if (code == NULL)
     return 500;

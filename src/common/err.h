@@ -22,6 +22,7 @@ typedef struct wr_err
 #define WR_E_INVALID "invalid_argument"     /* 400 */
 #define WR_E_TOO_LARGE "payload_too_large"  /* 413 */
 #define WR_E_UNAUTHORIZED "unauthorized"    /* 401 */
+#define WR_E_FORBIDDEN "forbidden"          /* 403: the credential does not grant it */
 #define WR_E_NOT_FOUND "not_found"          /* 404 */
 #define WR_E_CONFLICT "conflict"            /* 409 */
 #define WR_E_GONE "gone"                    /* 410: sandbox destroyed */

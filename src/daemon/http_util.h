@@ -21,7 +21,7 @@ int wrd_read_json_body (struct evhttp_request *req, bool required, json_t **ret,
 const char *wrd_query_get (struct evkeyvalq *q, const char *key);
 
 /* 403: the token does not grant everything (docs/operations.md). */
-#define WRD_E_FORBIDDEN "forbidden"
+#define WRD_E_FORBIDDEN WR_E_FORBIDDEN
 /* May this request name files on the daemon's host (import path, build
  * context)? Only over the owner-only unix socket, unless warrend runs with
  * --allow-host-paths. http.c checks import and build before routing; a new

@@ -52,7 +52,7 @@ wl_code_for_status (int status)
     case 401:
       return WARREN_E_UNAUTHORIZED;
     case 403:
-      return WARREN_E_UNAUTHORIZED;
+      return WARREN_E_FORBIDDEN;
     case 404:
       return WARREN_E_NOT_FOUND;
     case 409:
