@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/queue.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -1695,8 +1697,14 @@ wrd_http_listen (struct wrd *d, const char *spec, wr_err_t *err)
         return wr_error (err, 0, WR_E_INVALID, "bad port in %s", spec);
       if (d->http_tcp == NULL)
         d->http_tcp = http_new (d, true);
-      if (evhttp_bind_socket (d->http_tcp, host, (ev_uint16_t)port) < 0)
+      struct evhttp_bound_socket *bs
+          = evhttp_bind_socket_with_handle (d->http_tcp, host, (ev_uint16_t)port);
+      if (bs == NULL)
         return wr_error (err, errno, WR_E_INTERNAL, "bind %s", spec);
+      /* small request/answer exchanges: no Nagle delay (accepted sockets
+       * inherit the option from the listener on Linux) */
+      int one = 1;
+      setsockopt (evhttp_bound_socket_get_fd (bs), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       return 0;
     }
   return wr_error (err, 0, WR_E_INVALID, "listen spec must be unix:PATH or tcp:ADDR:PORT, got %s",
