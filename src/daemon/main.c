@@ -24,7 +24,7 @@ usage (FILE *f)
   fprintf (
       f,
       "usage: warrend --root DIR [--listen unix:PATH]... [--listen tcp:ADDR:PORT --token-file F]\n"
-      "               [--default-image REF] [--pool REF=N]... [--uid-base UID]\n"
+      "               [--default-image REF] [--pool REF=N]... [--uid-range START:COUNT]\n"
       "               [--fncall-pool REF=N[,python][,reuse][,memory=MB]]... [--fncall-size N]\n"
       "               [--fncall-queue N] [--fncall-max-calls N] [--fncall-idle S]\n"
       "               [--fncall-zygote PATH] [--fncall-preload MOD,...]\n"
@@ -67,7 +67,7 @@ main (int argc, char **argv)
   const char *pools[64];
   size_t n_pools = 0;
   const char *root = NULL, *token_file = NULL, *agent = NULL;
-  unsigned long uid_base = 100000;
+  unsigned long long uid_start = 0, uid_count = 0;
   snprintf (d.default_image, sizeof d.default_image, "busybox:latest");
   static const struct option opts[] = {
     { "root", required_argument, NULL, 'r' },
@@ -75,7 +75,8 @@ main (int argc, char **argv)
     { "token-file", required_argument, NULL, 't' },
     { "default-image", required_argument, NULL, 'i' },
     { "pool", required_argument, NULL, 'p' },
-    { "uid-base", required_argument, NULL, 'u' },
+    { "uid-base", required_argument, NULL, 'u' }, /* before per-sandbox blocks: ignored */
+    { "uid-range", required_argument, NULL, 'U' },
     { "agent", required_argument, NULL, 'a' },
     { "help", no_argument, NULL, 'h' },
     { "version", no_argument, NULL, 'V' },
@@ -168,8 +169,18 @@ main (int argc, char **argv)
           pools[n_pools++] = optarg;
         break;
       case 'u':
-        uid_base = strtoul (optarg, NULL, 10);
         break;
+      case 'U':
+        {
+          char *end;
+          uid_start = strtoull (optarg, &end, 10);
+          if (*end != ':' || (uid_count = strtoull (end + 1, &end, 10)) == 0 || *end)
+            {
+              fprintf (stderr, "warrend: --uid-range wants START:COUNT, got %s\n", optarg);
+              return 2;
+            }
+          break;
+        }
       case 'a':
         agent = optarg;
         break;
@@ -267,8 +278,8 @@ main (int argc, char **argv)
   struct wr_runtime_config rc = {
     .root = d.root,
     .agent_path = agent ? agent : agent_default,
-    .uid_base = (uid_t)uid_base,
-    .uid_count = 65536,
+    .uid_range_start = uid_start, /* 0 count: $WARREN_UID_RANGE, else the default */
+    .uid_range_count = uid_count,
   };
   if (wrd_db_open (&d, &err) < 0 || wr_runtime_new (&rc, &d.rt, &err) < 0
       || wr_store_open (d.root, d.db, wr_runtime_userns_fd (d.rt), &d.store, &err) < 0
