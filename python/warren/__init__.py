@@ -13,7 +13,7 @@ from .errors import (Conflict, ConnectError, ConnectionLost, Forbidden, Gone, In
                      Timeout, Unauthorized, Unavailable, Unsupported, WarrenError)
 from .types import ExecResult, ExecUsage, FileStat, Image, OutputChunk, SandboxInfo
 
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: E402
 
 __all__ = [
     "Client", "Sandbox", "Images", "ExecStream",

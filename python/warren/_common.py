@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import InvalidArgument, ProtocolError, error_from_response
 from .types import encode_field
+from ._version import __version__
 
 DEFAULT_SOCKET = "/var/lib/warren/warrend.sock"
 DEFAULT_TIMEOUT = 60.0         # seconds, for ordinary calls
@@ -109,7 +110,7 @@ class Request:
 
     def head(self, token: Optional[str], host: str) -> bytes:
         lines = [f"{self.method} {self.path} HTTP/1.1", f"Host: {host}",
-                 "User-Agent: warren-python/0.1.0"]
+                 "User-Agent: warren-python/" + __version__]
         if token:
             lines.append(f"Authorization: Bearer {token}")
         if self.body is not None or self.method in ("POST", "PUT"):

@@ -461,13 +461,7 @@ child_main (void *arg)
 bool
 wr_valid_id (const char *id)
 {
-  size_t n = id ? strlen (id) : 0;
-  if (n == 0 || n > 64)
-    return false;
-  for (size_t i = 0; i < n; i++)
-    if (!((id[i] >= 'a' && id[i] <= 'z') || (id[i] >= '0' && id[i] <= '9') || id[i] == '-'))
-      return false;
-  return true;
+  return id && wr_id_valid (id, strlen (id)); /* the one rule (common/util.c) */
 }
 
 static bool
@@ -877,8 +871,7 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
 
   static char arg0[] = "warren-agent", a1[] = "--listen-fd", a2[] = "3", a3[] = "--conn-fd",
               a4[] = "4", a5[] = "--keep-fd", a6[] = "7", a7[] = "--cgroup-fd", a8[] = "8";
-  static char e0[] = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-              e1[] = "HOME=/root", e2[] = "container=warren";
+  static char e0[] = "PATH=" WR_DEFAULT_PATH, e1[] = "HOME=/root", e2[] = "container=warren";
   static char *const argv[] = { arg0, a1, a2, a3, a4, a5, a6, NULL };
   static char *const argv_cg[] = { arg0, a1, a2, a3, a4, a5, a6, a7, a8, NULL };
   /* Delegate the sandbox's cgroup2 dir to the agent (its root is its block's

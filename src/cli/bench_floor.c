@@ -443,7 +443,7 @@ wr_bench_which (const char *name)
 {
   const char *path = getenv ("PATH");
   if (!path || !*path)
-    path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+    path = WR_DEFAULT_PATH;
   _cleanup_free_ char *copy = strdup (path);
   if (!copy)
     return NULL;

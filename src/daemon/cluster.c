@@ -176,7 +176,7 @@ status_json (struct wrd *d)
                     "memory_reserved_mb", mem, "memory_total_mb", (json_int_t)total,
                     "memory_free_mb", (json_int_t)avail, "cpus",
                     (json_int_t)sysconf (_SC_NPROCESSORS_ONLN), "projects", projects, "started_at",
-                    g.started_at, "version", "0.1.0");
+                    g.started_at, "version", WARREN_VERSION);
 }
 
 static json_t *

@@ -1552,7 +1552,7 @@ route (struct evhttp_request *req, void *arg, bool tcp)
   else if (strcmp (path, "/healthz") == 0)
     wrd_reply_json (req, 200,
                     json_pack ("{s:s,s:I,s:s}", "status", "ok", "sandboxes", (json_int_t)d->count,
-                               "version", "0.1.0"));
+                               "version", WARREN_VERSION));
   else if (strcmp (path, "/metrics") == 0)
     {
       char *text = wrd_metrics_text (d);

@@ -986,7 +986,7 @@ route (struct evhttp_request *req, void *arg)
                      json_pack ("{s:s,s:s,s:I,s:b,s:s,s:s}", "status", "ok", "role", "gateway",
                                 "nodes_ready", (json_int_t)ready, "synced", synced, "control_plane",
                                 gw_control_plane_ok (g) ? "ok" : "unavailable", "version",
-                                "0.1.0"));
+                                WARREN_VERSION));
     }
   else if (strcmp (path, "/metrics") == 0)
     gw_metrics_reply (g, req);

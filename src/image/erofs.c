@@ -130,8 +130,7 @@ wr_read_tail (int fd, char *errbuf, size_t errsz)
 static int
 run_capture (char *const argv[], char *errbuf, size_t errsz, wr_err_t *err)
 {
-  static char *const envp[]
-      = { "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C", NULL };
+  static char *const envp[] = { "PATH=" WR_DEFAULT_PATH, "LC_ALL=C", NULL };
   int pipefd[2];
   if (pipe2 (pipefd, O_CLOEXEC) < 0)
     return wr_sys_error (err, "pipe");

@@ -186,8 +186,7 @@ static void __attribute__ ((noreturn)) helper (unsigned flags, const struct wr_e
   if (fcntl (FD_OUT, F_GETFD) < 0)
     _exit (0); /* extraction only */
   /* mkfs.erofs sees the archive's own ids from inside the namespace */
-  static char *const envp[]
-      = { "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C", NULL };
+  static char *const envp[] = { "PATH=" WR_DEFAULT_PATH, "LC_ALL=C", NULL };
   char out[32];
   snprintf (out, sizeof out, "/proc/self/fd/%d", FD_OUT);
   /* mkfs.erofs opens the tree by path, and the daemon's root is not ours

@@ -716,3 +716,13 @@ def test_pip_install_offline(tmp_path):
                        capture_output=True, text=True, cwd=str(tmp_path),
                        env=dict(os.environ, PYTHONPATH=str(target)))
     assert r.returncode == 0 and str(target) in r.stdout and "0.1.0" in r.stdout, r.stderr
+
+
+def test_sdk_version_is_the_one_version():
+    """One version string: the SDK's is include/warren/version.h's."""
+    import re
+    import warren
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "..", "..", "include", "warren", "version.h")) as f:
+        want = re.search(r'#define WARREN_VERSION "([^"]+)"', f.read()).group(1)
+    assert warren.__version__ == want
