@@ -6,6 +6,7 @@
  * the lease alive every TTL/3 and writes the status when it changed, at most
  * once per second, so a burst of creates costs etcd one write a second. */
 #include "daemon/cluster.h"
+#include "daemon/log.h"
 
 #include <getopt.h>
 #include <pthread.h>
@@ -266,13 +267,12 @@ lease_main (void *arg WR_UNUSED)
           if (register_node (&lease, &gen, &err) < 0)
             {
               if (!complained)
-                fprintf (stderr, "warrend: cluster: registering %s: %s (retrying)\n", g.name,
-                         err.msg);
+                wrd_log (WRD_LOG_WARN, "cluster: registering %s: %s (retrying)\n", g.name, err.msg);
               complained = true;
               usleep (500 * 1000);
               continue;
             }
-          fprintf (stderr, "warrend: cluster: registered as %s (lease %llx, ttl %lds)\n", g.name,
+          wrd_log (WRD_LOG_INFO, "cluster: registered as %s (lease %llx, ttl %lds)\n", g.name,
                    (unsigned long long)lease, g.ttl_s);
           complained = false;
           atomic_store (&g.published, gen);
@@ -286,14 +286,14 @@ lease_main (void *arg WR_UNUSED)
             {
               /* etcd unreachable: keep trying until the lease would be gone */
               if (!complained)
-                fprintf (stderr, "warrend: cluster: keepalive: %s\n", err.msg);
+                wrd_log (WRD_LOG_WARN, "cluster: keepalive: %s\n", err.msg);
               complained = true;
               next_keepalive = now + 200;
             }
           else if (ttl <= 0)
             {
-              fprintf (stderr, "warrend: cluster: lease expired (the cluster declared this node "
-                               "lost), registering again\n");
+              wrd_log (WRD_LOG_ERROR, "cluster: lease expired (the cluster declared this node "
+                                      "lost), registering again\n");
               declared_lost ();
               atomic_store (&g.lease, 0);
               continue;

@@ -15,6 +15,7 @@
  * Calls wait in a bounded FIFO per pool; a member that dies mid-call has its
  * call retried once on another member. */
 #include "daemon/fncall.h"
+#include "daemon/log.h"
 
 #include <fcntl.h>
 #include <limits.h>
@@ -287,7 +288,7 @@ destroy_later_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
   struct sandbox *sb = arg;
   wr_err_t err;
   if (wrd_sandbox_destroy (sb->d, sb, &err) < 0)
-    fprintf (stderr, "warrend: fncall: destroy %s: %s\n", sb->id, err.msg);
+    wrd_log (WRD_LOG_WARN, "fncall: destroy %s: %s\n", sb->id, err.msg);
 }
 
 static void
@@ -375,7 +376,7 @@ zygote_on_data (void *ud, uint8_t type, const uint8_t *data, size_t len)
   struct wrd *d = m->sb->d;
   if (type == WR_MSG_STDERR)
     {
-      fprintf (stderr, "warrend: fncall zygote %s: %.*s", m->sb->id, (int)(len > 2000 ? 2000 : len),
+      wrd_log (WRD_LOG_WARN, "fncall zygote %s: %.*s", m->sb->id, (int)(len > 2000 ? 2000 : len),
                (const char *)data);
       return;
     }
@@ -672,7 +673,7 @@ fill_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
       wr_err_t err;
       if (member_add (d, p, &err) < 0)
         {
-          fprintf (stderr, "warrend: fncall pool %s: %s\n", p->key, err.msg);
+          wrd_log (WRD_LOG_WARN, "fncall pool %s: %s\n", p->key, err.msg);
           if (pool_broken (p) && pool_count (p, M_IDLE) + pool_count (p, M_BUSY) == 0)
             pool_fail_queue (p);
           struct timeval tv = { 0, 200000 }; /* back off */
@@ -1252,7 +1253,7 @@ wrd_fncall_http_calls (struct wrd *d, struct evhttp_request *req)
     {
       if (member_add (d, p, &err) < 0)
         {
-          fprintf (stderr, "warrend: fncall pool %s: %s\n", p->key, err.msg);
+          wrd_log (WRD_LOG_WARN, "fncall pool %s: %s\n", p->key, err.msg);
           if (pool_broken (p))
             {
               pool_fail_queue (p);

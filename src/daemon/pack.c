@@ -8,6 +8,7 @@
  * shifted back from host uids to the sandbox's own view, and build
  * leftovers are scrubbed (docs/images.md). */
 #include "daemon/images.h"
+#include "daemon/log.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -114,7 +115,7 @@ wrd_pack_end (struct wrd *d, struct pack_snap *p)
       wr_err_t err;
       if (p->froze && sb->state == SB_RUNNING && sb->has_container
           && sb->ops->freeze (d, &sb->c, false, &err) < 0)
-        fprintf (stderr, "warrend: thaw %s after pack: %s\n", sb->id, err.msg);
+        wrd_log (WRD_LOG_ERROR, "thaw %s after pack: %s\n", sb->id, err.msg);
     }
   if (p->upper_fd >= 0)
     close (p->upper_fd);

@@ -2,6 +2,7 @@
  * Every state change of a sandbox is written before the API answers, so a
  * daemon killed at any point restarts knowing every sandbox it created. */
 #include "daemon/daemon.h"
+#include "daemon/log.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -165,7 +166,7 @@ wrd_pools_load (struct wrd *d, wr_err_t *err)
   {
     wr_err_t e;
     if (wrd_pool_set (d, k, (unsigned)json_integer_value (v), &e) < 0)
-      fprintf (stderr, "warrend: pool %s: %s\n", k, e.msg);
+      wrd_log (WRD_LOG_WARN, "pool %s: %s\n", k, e.msg);
   }
   json_decref (pools);
   return 0;

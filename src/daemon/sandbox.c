@@ -1,6 +1,7 @@
 /* Sandbox lifecycle: create (from a warm pool or from scratch), TTL,
  * pause/resume, destroy, recovery after a daemon restart. */
 #include "daemon/daemon.h"
+#include "daemon/log.h"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -263,7 +264,7 @@ ttl_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
   struct sandbox *sb = arg;
   wr_err_t err;
   if (wrd_sandbox_destroy (sb->d, sb, &err) < 0)
-    fprintf (stderr, "warrend: ttl destroy %s: %s\n", sb->id, err.msg);
+    wrd_log (WRD_LOG_WARN, "ttl destroy %s: %s\n", sb->id, err.msg);
 }
 
 static void
@@ -291,7 +292,7 @@ agent_lost (void *ud)
     return; /* the pool refill notices and replaces it */
   wr_err_t err;
   if (wrd_db_put (sb->d, sb, &err) < 0)
-    fprintf (stderr, "warrend: %s\n", err.msg);
+    wrd_log (WRD_LOG_ERROR, "%s\n", err.msg);
 }
 
 /* The image's layers, then each extra image's (docs/images.md), at most
@@ -714,7 +715,7 @@ pool_built (struct wrd *d, struct sandbox *sb, wr_err_t *err, void *ud)
   d->pool_building = false;
   if (sb == NULL)
     {
-      fprintf (stderr, "warrend: pool %s: %s\n", p->image, err->msg);
+      wrd_log (WRD_LOG_WARN, "pool %s: %s\n", p->image, err->msg);
       struct timeval tv = { 1, 0 }; /* back off */
       if (d->pool_ev && !d->stopping)
         evtimer_add (d->pool_ev, &tv);
@@ -751,7 +752,7 @@ pool_fill_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
       if (build_async (d, p->spec, SB_POOLED, false, pool_built, p, &err) < 0)
         {
           d->pool_building = false;
-          fprintf (stderr, "warrend: pool %s: %s\n", p->image, err.msg);
+          wrd_log (WRD_LOG_WARN, "pool %s: %s\n", p->image, err.msg);
           struct timeval tv = { 1, 0 };
           evtimer_add (d->pool_ev, &tv);
         }
@@ -995,7 +996,7 @@ reap_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
           evtimer_add (sb->reap_ev, &tv);
           return;
         }
-      fprintf (stderr, "warrend: destroy %s: %s (a restart retries)\n", sb->id, err.msg);
+      wrd_log (WRD_LOG_ERROR, "destroy %s: %s (a restart retries)\n", sb->id, err.msg);
     }
   reaping_unlink (d, sb);
   sb_free (sb);
@@ -1147,7 +1148,7 @@ recover_row (struct wrd *d, json_t *row, void *ud WR_UNUSED)
         sb->c.agent_fd = -1; /* owned by the connection now */
       table_insert (d, sb);
       arm_ttl (sb);
-      fprintf (stderr, "warrend: re-adopted sandbox %s (pid %d)\n", id, (int)pid);
+      wrd_log (WRD_LOG_INFO, "re-adopted sandbox %s (pid %d)\n", id, (int)pid);
       return 0;
     }
   /* Reap: the sandbox is gone, pooled, expired or cannot be reached. */
@@ -1167,10 +1168,10 @@ recover_row (struct wrd *d, json_t *row, void *ud WR_UNUSED)
         }
     }
   if (sb->ops->destroy (d, &sb->c, sdir, &err) < 0)
-    fprintf (stderr, "warrend: reap %s: %s\n", id, err.msg);
+    wrd_log (WRD_LOG_WARN, "reap %s: %s\n", id, err.msg);
   wr_rm_rf_at (AT_FDCWD, sdir);
   wrd_db_delete (d, id, NULL);
-  fprintf (stderr, "warrend: reaped sandbox %s (%s)\n", id, state);
+  wrd_log (WRD_LOG_INFO, "reaped sandbox %s (%s)\n", id, state);
   free (sb);
   return 0;
 }
