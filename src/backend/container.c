@@ -29,12 +29,12 @@
 #include <sys/un.h>
 #include <sys/wait.h>
 
+#include "../common/limits.h" /* WR_MAX_LAYERS: one limit, store to backends */
 #include "../common/util.h"
 #include "backend.h"
 #include "syscalls.h"
 
 #define DEFAULT_DISK_MB 1024
-#define WR_MAX_LAYERS 128
 #define AGENT_SOCK "agent.sock"
 
 /* Docker's default capability set. */
