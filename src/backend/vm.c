@@ -22,7 +22,9 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sched.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -31,6 +33,7 @@
 #include "../common/proto.h"
 #include "backend.h"
 #include "syscalls.h"
+#include "jail.h"
 #include "vm.h"
 #include "../common/util.h"
 #include "../image/sha256.h"
@@ -59,8 +62,9 @@ static struct
   bool ready;
   char qemu[PATH_MAX];
   char kernel[PATH_MAX];
-  char initrd[PATH_MAX]; /* ROOT/vm/initrd.img */
-  char vmdir[PATH_MAX];  /* ROOT/vm */
+  char initrd[PATH_MAX];      /* ROOT/vm/initrd.img */
+  char vmdir[PATH_MAX];       /* ROOT/vm */
+  char jaildir[PATH_MAX + 8]; /* ROOT/vm/jail: where each jail's root is mounted */
   char accel[4];
   uint64_t tsc_khz;
   char ident[65]; /* hash of qemu + kernel + initrd: part of every snapshot key */
@@ -258,7 +262,8 @@ host_tsc_khz (void)
 }
 
 static int spawn_qemu (char **argv, int dirfd, int logfd, const struct wr_cg_sandbox *cgs,
-                       bool die_with_parent, pid_t *ret_pid, int *ret_pidfd, wr_err_t *err);
+                       bool die_with_parent, const struct wr_jail *j, int confd, int incoming_fd,
+                       pid_t *ret_pid, int *ret_pidfd, wr_err_t *err);
 
 static bool
 wait_exit (int pidfd, int timeout_ms)
@@ -309,7 +314,7 @@ probe_kvm (const char *kit_initramfs)
   pid_t pid;
   int pidfd;
   _cleanup_close_ int logfd = open ("/dev/null", O_WRONLY | O_CLOEXEC);
-  if (spawn_qemu (argv, dirfd, logfd, NULL, true, &pid, &pidfd, NULL) < 0)
+  if (spawn_qemu (argv, dirfd, logfd, NULL, true, NULL, -1, -1, &pid, &pidfd, NULL) < 0)
     return false;
   bool exited = wait_exit (pidfd, PROBE_TIMEOUT_MS);
   wr_kill_reap (pidfd);
@@ -340,6 +345,9 @@ vm_setup (struct wr_runtime *rt, wr_err_t *err)
   snprintf (vm.initrd, sizeof vm.initrd, "%s/initrd.img", vm.vmdir);
   if (mkdir (vm.vmdir, 0700) < 0 && errno != EEXIST)
     return wr_sys_error (err, "mkdir %s", vm.vmdir);
+  snprintf (vm.jaildir, sizeof vm.jaildir, "%s/jail", vm.vmdir);
+  if (mkdir (vm.jaildir, 0755) < 0 && errno != EEXIST)
+    return wr_sys_error (err, "mkdir %s", vm.jaildir);
   int r = build_initrd (rt, kit_initramfs, err);
   if (r < 0)
     return r;
@@ -533,13 +541,17 @@ path_shell_safe (const char *s)
   return true;
 }
 
-/* incoming: snapshot state file to restore from (NULL: boot). */
+/* incoming: restore from the snapshot state on fd 3 (else boot); spawn:
+ * QEMU may start processes (the template build's `migrate exec:`). */
 static int
-build_argv (const struct vm_params *p, const char *hostname, const char *incoming, struct strv *a,
-            wr_err_t *err)
+build_argv (const struct vm_params *p, const char *hostname, bool incoming, bool spawn,
+            struct strv *a, wr_err_t *err)
 {
   bool micro = p->kind == WR_VM_MICRO;
   strv_addf (a, "%s", vm.qemu);
+  strv_addf (a, "-sandbox");
+  strv_addf (a, "on,obsolete=deny,elevateprivileges=deny,spawn=%s,resourcecontrol=deny",
+             spawn ? "allow" : "deny");
   strv_addf (a, "-name");
   strv_addf (a, "warren-%s", hostname);
   strv_addf (a, "-nodefaults");
@@ -573,7 +585,8 @@ build_argv (const struct vm_params *p, const char *hostname, const char *incomin
                  vm.tsc_khz, p->n_layers, p->disk_mb, hostname);
     }
   strv_addf (a, "-serial");
-  strv_addf (a, "file:console.log");
+  /* a pipe to the log pump, which keeps the first WR_JAIL_LOG_CAP bytes */
+  strv_addf (a, "file:/proc/self/fd/%d", WR_JAIL_FD_CONSOLE);
   strv_addf (a, "-qmp");
   strv_addf (a, "unix:" QMP_SOCK ",server=on,wait=off");
   strv_addf (a, "-chardev");
@@ -617,7 +630,7 @@ build_argv (const struct vm_params *p, const char *hostname, const char *incomin
   if (incoming)
     {
       strv_addf (a, "-incoming");
-      strv_addf (a, "exec:cat %s", incoming);
+      strv_addf (a, "fd:%d", WR_JAIL_FD_INCOMING);
     }
   if (a->oom)
     return wr_error (err, ENOMEM, WR_E_INTERNAL, "argv");
@@ -626,9 +639,63 @@ build_argv (const struct vm_params *p, const char *hostname, const char *incomin
 
 /* ---- processes ---- */
 
+/* QEMU reads the shared inputs as its own uid: they stay root's, read-only */
+static void
+make_world_readable (const char *path)
+{
+  struct stat st;
+  if (stat (path, &st) == 0 && S_ISREG (st.st_mode) && (st.st_mode & S_IROTH) == 0)
+    chmod (path, 0444);
+}
+
+static void
+jail_init (struct wr_jail *j, const struct vm_params *p, const char *state_dir, uid_t uid)
+{
+  memset (j, 0, sizeof *j);
+  j->uid = uid;
+  j->gid = (gid_t)uid;
+  j->root = vm.jaildir;
+  j->state_dir = state_dir;
+  j->kvm = strcmp (vm.accel, "kvm") == 0;
+  if (strncmp (vm.qemu, "/usr/", 5) != 0)
+    j->ro[j->n_ro++] = vm.qemu;
+  if (p->disk[0])
+    {
+      make_world_readable (p->disk);
+      j->ro[j->n_ro++] = p->disk;
+      return;
+    }
+  j->ro[j->n_ro++] = vm.kernel;
+  j->ro[j->n_ro++] = vm.initrd;
+  for (size_t i = 0; i < p->n_layers && j->n_ro < WR_JAIL_MAX_RO; i++)
+    {
+      make_world_readable (p->layers[i]);
+      j->ro[j->n_ro++] = p->layers[i];
+    }
+}
+
+/* the jailed QEMU owns its state dir and the disks it writes */
+static int
+chown_state (int dirfd, uid_t uid, wr_err_t *err)
+{
+  if (fchownat (dirfd, "", uid, (gid_t)uid, AT_EMPTY_PATH) < 0)
+    return wr_sys_error (err, "chown state dir");
+  const char *files[] = { UPPER, OVERLAY };
+  for (size_t i = 0; i < WR_ARRAY_SIZE (files); i++)
+    if (fchownat (dirfd, files[i], uid, (gid_t)uid, AT_SYMLINK_NOFOLLOW) < 0 && errno != ENOENT)
+      return wr_sys_error (err, "chown %s", files[i]);
+  return 0;
+}
+
+/* Start argv[0]. Unjailed (j == NULL: the KVM probe, qemu-img): in the
+ * state dir, stdout/stderr to logfd. Jailed: in new mount/pid/net/ipc/uts
+ * namespaces as j->uid, with QEMU's stdout/stderr and console (fd 4) on
+ * pipes that a pump copies to logfd and confd up to WR_JAIL_LOG_CAP, and
+ * incoming_fd (or /dev/null) as fd 3. */
 static int
 spawn_qemu (char **argv, int dirfd, int logfd, const struct wr_cg_sandbox *cgs,
-            bool die_with_parent, pid_t *ret_pid, int *ret_pidfd, wr_err_t *err)
+            bool die_with_parent, const struct wr_jail *j, int confd, int incoming_fd,
+            pid_t *ret_pid, int *ret_pidfd, wr_err_t *err)
 {
   static char *const envp[] = { "PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL };
   int cg_fds[1 + WR_V1_N];
@@ -648,10 +715,33 @@ spawn_qemu (char **argv, int dirfd, int logfd, const struct wr_cg_sandbox *cgs,
   if (pipe2 (errp, O_CLOEXEC) < 0)
     return wr_sys_error (err, "pipe");
   _cleanup_close_ int err_r = errp[0], err_w = errp[1];
+  _cleanup_close_ int con_r = -1, con_w = -1, log_r = -1, log_w = -1;
+  if (j)
+    {
+      int cp[2], lp[2];
+      if (pipe2 (cp, O_CLOEXEC) < 0)
+        return wr_sys_error (err, "pipe");
+      con_r = cp[0];
+      con_w = cp[1];
+      if (pipe2 (lp, O_CLOEXEC) < 0)
+        return wr_sys_error (err, "pipe");
+      log_r = lp[0];
+      log_w = lp[1];
+      /* QEMU reopens the console pipe through /proc/self/fd as its own uid */
+      if (fchown (con_w, j->uid, j->gid) < 0)
+        return wr_sys_error (err, "chown console pipe");
+    }
   pid_t parent = getpid ();
-  pid_t pid = fork ();
+  pid_t pid;
+  if (j)
+    pid = (pid_t)syscall (
+        SYS_clone,
+        (long)(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | SIGCHLD),
+        0L, 0L, 0L, 0L);
+  else
+    pid = fork ();
   if (pid < 0)
-    return wr_sys_error (err, "fork");
+    return wr_sys_error (err, j ? "clone (namespaces)" : "fork");
   if (pid == 0)
     {
       /* async-signal-safe calls only: the daemon has threads */
@@ -659,7 +749,7 @@ spawn_qemu (char **argv, int dirfd, int logfd, const struct wr_cg_sandbox *cgs,
       if (die_with_parent)
         {
           prctl (PR_SET_PDEATHSIG, SIGKILL);
-          if (getppid () != parent)
+          if (!j && getppid () != parent)
             _exit (127);
         }
       setsid ();
@@ -672,8 +762,46 @@ spawn_qemu (char **argv, int dirfd, int logfd, const struct wr_cg_sandbox *cgs,
           close (fd);
         }
       step = 2;
-      if (fchdir (dirfd) < 0 || dup2 (nul, 0) < 0 || dup2 (logfd, 1) < 0 || dup2 (logfd, 2) < 0)
-        goto fail;
+      if (j == NULL)
+        {
+          if (fchdir (dirfd) < 0 || dup2 (nul, 0) < 0 || dup2 (logfd, 1) < 0 || dup2 (logfd, 2) < 0)
+            goto fail;
+        }
+      else
+        {
+          /* out of the way of the fd numbers QEMU gets (0-4) */
+          int fds[8] = { nul, err_w, con_r, con_w, log_r, log_w, logfd, confd };
+          for (int i = 0; i < 8; i++)
+            if ((fds[i] = fcntl (fds[i], F_DUPFD_CLOEXEC, 100)) < 0)
+              goto fail;
+          int inc = incoming_fd >= 0 ? fcntl (incoming_fd, F_DUPFD_CLOEXEC, 100) : fds[0];
+          if (inc < 0)
+            goto fail;
+          err_w = fds[1];
+          step = 4;
+          int r = wr_jail_enter (j);
+          if (r < 0)
+            {
+              errno = -r;
+              goto fail;
+            }
+          /* credentials changed: the parent-death signal was cleared */
+          if (die_with_parent)
+            prctl (PR_SET_PDEATHSIG, SIGKILL);
+          step = 5;
+          r = wr_jail_pump (fds[2], fds[7], fds[4], fds[6]);
+          if (r < 0)
+            {
+              errno = -r;
+              goto fail;
+            }
+          step = 2;
+          if (dup2 (fds[0], 0) < 0 || dup2 (fds[5], 1) < 0 || dup2 (fds[5], 2) < 0
+              || dup2 (inc, WR_JAIL_FD_INCOMING) < 0 || dup2 (fds[3], WR_JAIL_FD_CONSOLE) < 0)
+            goto fail;
+          /* nothing else of the daemon's crosses the exec */
+          syscall (__NR_close_range, 5u, ~0u, 4u /* CLOSE_RANGE_CLOEXEC */);
+        }
       struct sigaction sa = { .sa_handler = SIG_DFL };
       for (int s = 1; s < 65; s++)
         if (s != SIGKILL && s != SIGSTOP)
@@ -690,6 +818,11 @@ spawn_qemu (char **argv, int dirfd, int logfd, const struct wr_cg_sandbox *cgs,
       _exit (127);
     }
   close (TAKE_FD (err_w));
+  if (j)
+    {
+      close (TAKE_FD (con_w));
+      close (TAKE_FD (log_w));
+    }
   int e[2];
   ssize_t n = wr_read_all (err_r, e, sizeof e);
   int pidfd = wr_sys_pidfd_open (pid, 0);
@@ -698,9 +831,10 @@ spawn_qemu (char **argv, int dirfd, int logfd, const struct wr_cg_sandbox *cgs,
       waitpid (pid, NULL, 0);
       if (pidfd >= 0)
         close (pidfd);
-      static const char *steps[] = { "start", "join cgroup", "set up fds", "exec qemu" };
+      static const char *steps[]
+          = { "start", "join cgroup", "set up fds", "exec qemu", "enter jail", "start log pump" };
       return wr_error (err, e[1], WR_E_INTERNAL, "qemu child: %s",
-                       steps[e[0] >= 0 && e[0] < 4 ? e[0] : 0]);
+                       steps[e[0] >= 0 && e[0] < 6 ? e[0] : 0]);
     }
   if (pidfd < 0)
     {
@@ -1151,24 +1285,38 @@ snapshot_build (const struct vm_params *p, const char *key, wr_err_t *err)
     return wr_sys_error (err, "mkdir %s", snapdir);
   if (mkdir (dir, 0700) < 0)
     return wr_sys_error (err, "mkdir %s", dir);
+  /* the template runs no workload, only the kit's init and the agent: it
+   * may spawn the `cat` of `migrate exec:` (restores read an fd instead) */
   struct strv a = { 0 };
-  int r = build_argv (p, "warren", NULL, &a, err);
+  int r = build_argv (p, "warren", false, true, &a, err);
   _cleanup_close_ int dirfd = open (dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
-  _cleanup_close_ int logfd = -1;
+  _cleanup_close_ int logfd = -1, confd = -1;
   if (r == 0 && dirfd < 0)
     r = wr_sys_error (err, "open %s", dir);
   if (r == 0)
     {
       logfd = openat (dirfd, "qemu.log", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-      if (logfd < 0)
+      confd = openat (dirfd, "console.log", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+      if (logfd < 0 || confd < 0)
         r = wr_sys_error (err, "qemu.log");
     }
+  char uid_key[32];
+  snprintf (uid_key, sizeof uid_key, "build-%s", rnd);
+  uid_t uid = 0;
+  bool have_uid = false;
   if (r == 0)
     r = create_upper (p, dirfd, NULL, err);
+  if (r == 0)
+    r = wr_jail_uid_get (uid_key, &uid, err);
+  have_uid = r == 0;
+  if (r == 0)
+    r = chown_state (dirfd, uid, err);
+  struct wr_jail j;
+  jail_init (&j, p, dir, uid);
   pid_t pid = 0;
   int pidfd = -1;
   if (r == 0)
-    r = spawn_qemu (a.v, dirfd, logfd, NULL, true, &pid, &pidfd, err);
+    r = spawn_qemu (a.v, dirfd, logfd, NULL, true, &j, confd, -1, &pid, &pidfd, err);
   strv_free (&a);
   _cleanup_close_ int afd = -1;
   if (r == 0)
@@ -1216,6 +1364,13 @@ snapshot_build (const struct vm_params *p, const char *key, wr_err_t *err)
   wr_kill_reap (pidfd);
   if (pidfd >= 0)
     close (pidfd);
+  if (have_uid)
+    {
+      /* the snapshot is root's again before anyone restores from it */
+      fchownat (dirfd, "state", 0, 0, AT_SYMLINK_NOFOLLOW);
+      chown_state (dirfd, 0, NULL);
+      wr_jail_uid_put (uid_key);
+    }
   if (r == 0)
     {
       /* publish: snap/KEY appears whole or not at all */
@@ -1416,7 +1571,7 @@ create_overlay (const struct vm_params *p, int dirfd, int logfd, wr_err_t *err)
                    "-b", (char *)p->disk, OVERLAY, NULL };
   pid_t pid;
   int pidfd;
-  int r = spawn_qemu (argv, dirfd, logfd, NULL, true, &pid, &pidfd, err);
+  int r = spawn_qemu (argv, dirfd, logfd, NULL, true, NULL, -1, -1, &pid, &pidfd, err);
   if (r < 0)
     return r;
   int status = 0;
@@ -1444,8 +1599,19 @@ vm_start (struct wr_runtime *rt, const struct vm_params *p, const struct wr_cont
       = openat (dirfd, "qemu.log", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (logfd < 0)
     return wr_sys_error (err, "create %s/qemu.log", spec->state_dir);
+  _cleanup_close_ int confd
+      = openat (dirfd, "console.log", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (confd < 0)
+    return wr_sys_error (err, "create %s/console.log", spec->state_dir);
+  _cleanup_close_ int infd = -1;
+  if (incoming)
+    {
+      infd = open (incoming, O_RDONLY | O_CLOEXEC);
+      if (infd < 0)
+        return wr_sys_error (err, "open %s", incoming);
+    }
   struct strv a = { 0 };
-  int r = build_argv (p, p->hostname, incoming, &a, err);
+  int r = build_argv (p, p->hostname, incoming != NULL, false, &a, err);
   if (r == 0 && p->disk[0])
     r = create_overlay (p, dirfd, logfd, err);
   if (r == 0 && p->disk[0] == '\0')
@@ -1472,17 +1638,31 @@ vm_start (struct wr_runtime *rt, const struct vm_params *p, const struct wr_cont
     .pids_max = QEMU_PIDS_MAX,
     .cpus = spec->cpus,
   };
-  struct wr_cg_sandbox cgs;
-  r = wr_cg_create (&rt->cg, spec->id, &lim, &cgs, err);
+  uid_t uid = 0;
+  r = wr_jail_uid_get (spec->id, &uid, err);
+  if (r == 0)
+    r = chown_state (dirfd, uid, err);
   if (r < 0)
     {
+      wr_jail_uid_put (spec->id);
       strv_free (&a);
       unlinkat (dirfd, OVERLAY, 0);
       return r;
     }
+  struct wr_cg_sandbox cgs;
+  r = wr_cg_create (&rt->cg, spec->id, &lim, &cgs, err);
+  if (r < 0)
+    {
+      wr_jail_uid_put (spec->id);
+      strv_free (&a);
+      unlinkat (dirfd, OVERLAY, 0);
+      return r;
+    }
+  struct wr_jail j;
+  jail_init (&j, p, spec->state_dir, uid);
   pid_t pid = 0;
   int pidfd = -1;
-  r = spawn_qemu (a.v, dirfd, logfd, &cgs, false, &pid, &pidfd, err);
+  r = spawn_qemu (a.v, dirfd, logfd, &cgs, false, &j, confd, infd, &pid, &pidfd, err);
   strv_free (&a);
   _cleanup_close_ int afd = -1;
   if (r == 0)
@@ -1524,6 +1704,7 @@ vm_start (struct wr_runtime *rt, const struct vm_params *p, const struct wr_cont
       unlinkat (dirfd, QMP_SOCK, 0);
       unlinkat (dirfd, OVERLAY, 0);
       unlinkat (dirfd, UPPER, 0);
+      wr_jail_uid_put (spec->id);
       return r;
     }
   wr_cg_sandbox_close (&cgs);
@@ -1588,6 +1769,7 @@ wr_vm_destroy (struct wr_runtime *rt, struct wr_container *c, const char *state_
   if (r < 0)
     return r;
   r = wr_cg_remove (&rt->cg, c->id, err);
+  wr_jail_uid_put (c->id);
   if (state_dir)
     {
       _cleanup_close_ int dfd = open (state_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
@@ -1618,6 +1800,19 @@ wr_vm_adopt (struct wr_runtime *rt, const char *id, pid_t pid, uint64_t start_ti
       close (fd);
       return wr_sys_error (err, "O_NONBLOCK");
     }
+  /* the adopted QEMU keeps its uid; no new VM may take it */
+  char path[64];
+  snprintf (path, sizeof path, "/proc/%d/status", (int)pid);
+  _cleanup_fclose_ FILE *f = fopen (path, "re");
+  char line[256];
+  unsigned ruid;
+  while (f && fgets (line, sizeof line, f))
+    if (sscanf (line, "Uid: %u", &ruid) == 1)
+      {
+        if (ruid != 0)
+          wr_jail_uid_claim (id, (uid_t)ruid);
+        break;
+      }
   wr_container_fill (ret, id, pid, TAKE_FD (pidfd), start_time, fd);
   (void)rt;
   return 0;

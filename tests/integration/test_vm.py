@@ -506,3 +506,75 @@ def test_container_exec_and_files_suites_on_vms(rootfs, backend):
     out = r.stdout.decode(errors="replace")
     assert r.returncode == 0, out[-3000:]
     assert " passed" in out and "failed" not in out, out[-500:]
+
+
+def proc_status(pid):
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            out[k] = v.split()
+    return out
+
+
+def test_qemu_is_jailed(vmd):
+    """issue 9 item 9: each QEMU runs as its own unprivileged uid, without
+    capabilities, under QEMU's seccomp sandbox, in its own mount/pid/net
+    namespaces holding only its files, with a capped console log."""
+    api = vmd.api
+    a = api.create(backend="microvm", memory_mb=128, cpus=1)
+    b = api.create(backend="microvm", memory_mb=128, cpus=1)
+    try:
+        for s in (a, b):
+            assert api.exec(s, ["true"])["exit_code"] == 0
+        pa, pb = (api.raw("GET", f"/v1/sandboxes/{s}").json()["pid"] for s in (a, b))
+        sa, sb = proc_status(pa), proc_status(pb)
+        for st in (sa, sb):
+            assert all(int(x) != 0 for x in st["Uid"] + st["Gid"]), st["Uid"]
+            assert st["Groups"] == [], st["Groups"]
+            assert int(st["CapEff"][0], 16) == 0 and int(st["CapPrm"][0], 16) == 0
+            assert int(st["CapBnd"][0], 16) == 0
+            assert st["NoNewPrivs"] == ["1"]
+            assert st["Seccomp"] == ["2"]
+        assert sa["Uid"][0] != sb["Uid"][0] and sa["Gid"][0] != sb["Gid"][0]
+        # QEMU is PID 1 of its own pid namespace
+        assert sa["NSpid"][-1] == "1", sa["NSpid"]
+        for ns in ("mnt", "pid", "net", "ipc", "uts"):
+            mine = os.readlink(f"/proc/self/ns/{ns}")
+            assert os.readlink(f"/proc/{pa}/ns/{ns}") != mine, ns
+        assert os.readlink(f"/proc/{pa}/ns/mnt") != os.readlink(f"/proc/{pb}/ns/mnt")
+        # the jail's root holds its own state dir, not the other VM's
+        root = f"/proc/{pa}/root"
+        mine = os.path.join(vmd.root, "sandboxes", a)
+        other = os.path.join(vmd.root, "sandboxes", b)
+        assert os.path.exists(root + mine + "/agent.sock")
+        assert not os.path.exists(root + other)
+        assert os.listdir(root + os.path.join(vmd.root, "sandboxes")) == [a]
+        assert not os.path.exists(root + "/etc/shadow") and not os.path.exists(root + "/root")
+        assert not os.path.exists(root + os.path.join(vmd.root, "vm", "accel"))
+        # its net namespace has only lo (VMs have no network)
+        with open(f"/proc/{pa}/net/dev") as f:
+            ifaces = [line.split(":")[0].strip() for line in f.readlines()[2:]]
+        assert ifaces == ["lo"], ifaces
+        # QEMU's own files are its uid's; the shared inputs stay root's
+        assert os.stat(os.path.join(mine, "upper.img")).st_uid == int(sa["Uid"][0])
+        with open(f"/proc/{pa}/cmdline", "rb") as f:
+            cmd = f.read().split(b"\0")
+        assert any(x.startswith(b"on,") and b"spawn=deny" in x for x in cmd), cmd
+        # a guest flooding its console fills console.log up to the cap only
+        r = api.exec(a, ["sh", "-c", "timeout 20 sh -c 'yes flood > /dev/ttyS0'; true"],
+                     timeout_s=60)
+        assert r["exit_code"] == 0, r
+        cap = 1 << 20
+        log = os.path.join(mine, "console.log")
+        time.sleep(1)
+        size = os.path.getsize(log)
+        assert size > cap // 2, size  # the flood got through ...
+        assert size <= cap + 256, size  # ... up to the cap
+        with open(log, "rb") as f:
+            assert b"log capped" in f.read()
+        # and the VM still works afterwards
+        assert api.exec(a, ["echo", "ok"])["stdout"] == "ok\n"
+    finally:
+        for s in (a, b):
+            api.delete(s)
