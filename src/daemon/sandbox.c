@@ -427,9 +427,15 @@ build_prepare (struct wrd *d, json_t *spec, enum sb_state state, struct build **
   for (size_t k = 0; k < sb->n_layers; k++)
     {
       b->lowers[sb->n_layers - 1 - k] = dirs[k];
-      snprintf (b->files[k], sizeof b->files[k], "%s/layers/sha256/%s.erofs", d->root,
-                sb->layers[k] + strlen ("sha256:"));
       b->file_ptrs[k] = b->files[k];
+      if (r == 0)
+        r = wr_layer_file (d->store, sb->layers[k], b->files[k], sizeof b->files[k], err);
+    }
+  if (r < 0)
+    {
+      sb_free (sb);
+      free (b);
+      return r;
     }
   state_dir (d, sb->id, b->sdir, sizeof b->sdir);
   if (mkdir (b->sdir, 0700) < 0)

@@ -920,6 +920,18 @@ mount_unlink (struct wr_store *s, struct layer_mount *m)
 }
 
 int
+wr_layer_file (struct wr_store *s, const char *digest, char *buf, size_t size, wr_err_t *err)
+{
+  const char *hex = digest_hex (digest);
+  if (hex == NULL)
+    return wr_error (err, EINVAL, WR_E_INVALID, "invalid layer digest '%.100s'",
+                     digest ? digest : "(null)");
+  if (store_path (s, buf, size, "layers/sha256", hex, ".erofs") < 0)
+    return wr_error (err, ENAMETOOLONG, WR_E_INVALID, "store root path too long");
+  return 0;
+}
+
+int
 wr_layer_acquire (struct wr_store *s, const char *digest, const char **ret_dir, wr_err_t *err)
 {
   const char *hex = digest_hex (digest);

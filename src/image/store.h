@@ -172,6 +172,11 @@ int wr_store_describe (struct wr_store *s, json_t **ret, wr_err_t *err);
 int wr_layer_acquire (struct wr_store *s, const char *digest, const char **ret_dir, wr_err_t *err);
 void wr_layer_release (struct wr_store *s, const char *digest);
 
+/* The layer's EROFS image file, for backends that attach layers as block
+ * devices or files (the VM backends) instead of mounting them. The store
+ * owns the layout: callers never build layer paths themselves. */
+int wr_layer_file (struct wr_store *s, const char *digest, char *buf, size_t size, wr_err_t *err);
+
 /* Validate a reference without touching the store:
  * name(:tag)?(@sha256:hex)? or sha256:hex; name is [a-z0-9] with separators
  * [._/-] inside (not leading/trailing, no "//"), <= 200 chars; tag is
