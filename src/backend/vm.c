@@ -41,7 +41,6 @@
 #define AGENT_SOCK "agent.sock"
 #define QMP_SOCK "qmp.sock"
 #define OVERLAY "overlay.qcow2" /* per-VM overlay on a disk image's shared base */
-#define VM_MAX_LAYERS 64
 #define MIN_GUEST_MB 128
 /* guest RAM beyond the tasks' memory limit: kernel, agent, page cache */
 #define GUEST_RESERVE_MB 64
@@ -499,8 +498,10 @@ vm_params (enum wr_vm_kind kind, const struct wr_container_spec *spec, struct vm
   p->kind = kind;
   if (spec->n_layer_files == 0 || spec->layer_files == NULL)
     return wr_error (err, EINVAL, WR_E_INVALID, "no layer files");
-  if (spec->n_layer_files > VM_MAX_LAYERS)
-    return wr_error (err, E2BIG, WR_E_INVALID, "more than %d layers for a VM", VM_MAX_LAYERS);
+  size_t max_layers = kind == WR_VM_MICRO ? WR_MICROVM_MAX_LAYERS : WR_VM_MAX_LAYERS;
+  if (spec->n_layer_files > max_layers)
+    return wr_error (err, E2BIG, WR_E_INVALID, "%zu layers: a %s attaches at most %zu",
+                     spec->n_layer_files, kind == WR_VM_MICRO ? "microvm" : "vm", max_layers);
   for (size_t i = 0; i < spec->n_layer_files; i++)
     if (spec->layer_files[i] == NULL || spec->layer_files[i][0] != '/')
       return wr_error (err, EINVAL, WR_E_INVALID, "layer files must be absolute");

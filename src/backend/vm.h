@@ -21,6 +21,13 @@ enum wr_vm_kind
   WR_VM_FULL,  /* q35 + firmware */
 };
 
+/* Each layer is one virtio disk: microvm has 24 virtio-mmio transports and
+ * q35 30 free PCI slots, less the agent's serial port, the RNG and the
+ * writable disk. Images with more layers than these are refused at create
+ * (the container backend takes WR_MAX_LAYERS). */
+#define WR_MICROVM_MAX_LAYERS (24 - 3)
+#define WR_VM_MAX_LAYERS (30 - 3)
+
 /* Can this node run VMs at all (QEMU and the guest kit present)? On false,
  * err says what is missing (WR_E_UNSUPPORTED). Cheap: stat calls only. */
 bool wr_vm_available (enum wr_vm_kind kind, wr_err_t *err);

@@ -18,6 +18,8 @@ struct wrd_backend
 {
   const char *name;
   unsigned flags;
+  /* most read-only layers a sandbox may stack (0: WR_MAX_LAYERS) */
+  size_t max_layers;
   int (*create) (struct wrd *d, const struct wr_container_spec *spec, struct wr_container *ret,
                  wr_err_t *err);
   int (*destroy) (struct wrd *d, struct wr_container *c, const char *state_dir, wr_err_t *err);

@@ -346,6 +346,11 @@ resolve_layers (struct wrd *d, struct sandbox *sb, json_t *spec, const char **di
         memmove (sb->layers[m++], sb->layers[k], sizeof sb->layers[0]);
     }
   n = m;
+  if (sb->ops && sb->ops->max_layers && n > sb->ops->max_layers)
+    return wr_error (err, E2BIG, WR_E_INVALID,
+                     "the sandbox's image with its extra layers has %zu layers; the %s backend "
+                     "attaches at most %zu (one virtual disk each)",
+                     n, sb->ops->name, sb->ops->max_layers);
   sb->n_layers = 0;
   for (size_t k = 0; k < n; k++)
     {
