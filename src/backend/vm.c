@@ -532,27 +532,16 @@ vm_params (enum wr_vm_kind kind, const struct wr_container_spec *spec, struct vm
   return 0;
 }
 
-static bool
-path_shell_safe (const char *s)
-{
-  for (; *s; s++)
-    if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9')
-          || strchr ("/._-+", *s)))
-      return false;
-  return true;
-}
-
-/* incoming: restore from the snapshot state on fd 3 (else boot); spawn:
- * QEMU may start processes (the template build's `migrate exec:`). */
+/* incoming: restore from the snapshot state on fd 3 (else boot). No QEMU
+ * may spawn: the template build migrates to an fd passed over QMP. */
 static int
-build_argv (const struct vm_params *p, const char *hostname, bool incoming, bool spawn,
-            struct strv *a, wr_err_t *err)
+build_argv (const struct vm_params *p, const char *hostname, bool incoming, struct strv *a,
+            wr_err_t *err)
 {
   bool micro = p->kind == WR_VM_MICRO;
   strv_addf (a, "%s", vm.qemu);
   strv_addf (a, "-sandbox");
-  strv_addf (a, "on,obsolete=deny,elevateprivileges=deny,spawn=%s,resourcecontrol=deny",
-             spawn ? "allow" : "deny");
+  strv_addf (a, "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny");
   strv_addf (a, "-name");
   strv_addf (a, "warren-%s", hostname);
   strv_addf (a, "-nodefaults");
@@ -688,6 +677,25 @@ chown_state (int dirfd, uid_t uid, wr_err_t *err)
   return 0;
 }
 
+/* qemu.log opens with the command line, as libvirt's logs do: the record of
+ * how each QEMU, the template build's too, was sandboxed */
+static void
+log_argv (int logfd, char **argv)
+{
+  char *line = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream (&line, &len);
+  if (f == NULL)
+    return;
+  fputs ("warren: exec", f);
+  for (size_t i = 0; argv[i]; i++)
+    fprintf (f, " %s", argv[i]);
+  fputc ('\n', f);
+  if (fclose (f) == 0)
+    (void)wr_write_all (logfd, line, len);
+  free (line);
+}
+
 /* Start argv[0]. Unjailed (j == NULL: the KVM probe, qemu-img): in the
  * state dir, stdout/stderr to logfd. Jailed: in new mount/pid/net/ipc/uts
  * namespaces as j->uid, with QEMU's stdout/stderr and console (fd 4) on
@@ -732,6 +740,8 @@ spawn_qemu (char **argv, int dirfd, int logfd, const struct wr_cg_sandbox *cgs,
       if (fchown (con_w, j->uid, j->gid) < 0)
         return wr_sys_error (err, "chown console pipe");
     }
+  if (j)
+    log_argv (logfd, argv);
   pid_t parent = getpid ();
   pid_t pid;
   if (j)
@@ -942,9 +952,40 @@ qmp_read_msg (struct qmp *q, int timeout_ms, json_t **ret, wr_err_t *err)
     }
 }
 
-/* Send one command; *ret (may be NULL) gets its "return" value. */
+/* Write buf with pass_fd attached (SCM_RIGHTS) to its first byte. */
 static int
-qmp_cmd (struct qmp *q, const char *cmd, json_t *args, int timeout_ms, json_t **ret, wr_err_t *err)
+send_with_fd (int sock, const char *buf, size_t len, int pass_fd)
+{
+  union
+  {
+    char buf[CMSG_SPACE (sizeof (int))];
+    struct cmsghdr align;
+  } ctl;
+  memset (&ctl, 0, sizeof ctl);
+  struct iovec iov = { .iov_base = (void *)buf, .iov_len = len };
+  struct msghdr mh = {
+    .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof ctl.buf
+  };
+  struct cmsghdr *c = CMSG_FIRSTHDR (&mh);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN (sizeof (int));
+  memcpy (CMSG_DATA (c), &pass_fd, sizeof (int));
+  ssize_t n;
+  do
+    n = sendmsg (sock, &mh, MSG_NOSIGNAL);
+  while (n < 0 && errno == EINTR);
+  if (n < 0)
+    return -1;
+  /* the fd went with the first bytes; a short send finishes plainly */
+  return wr_write_all (sock, buf + n, len - (size_t)n) < 0 ? -1 : 0;
+}
+
+/* Send one command, with pass_fd (unless -1) attached for QMP's getfd;
+ * *ret (may be NULL) gets its "return" value. */
+static int
+qmp_cmd_fd (struct qmp *q, const char *cmd, json_t *args, int pass_fd, int timeout_ms, json_t **ret,
+            wr_err_t *err)
 {
   json_t *m = json_pack ("{s:s}", "execute", cmd);
   if (args)
@@ -955,7 +996,9 @@ qmp_cmd (struct qmp *q, const char *cmd, json_t *args, int timeout_ms, json_t **
     return wr_error (err, ENOMEM, WR_E_INTERNAL, "qmp");
   size_t tl = strlen (text);
   text[tl] = '\n';
-  if (wr_write_all (q->fd, text, tl + 1) < 0)
+  if ((pass_fd >= 0 ? send_with_fd (q->fd, text, tl + 1, pass_fd)
+                    : wr_write_all (q->fd, text, tl + 1))
+      < 0)
     return wr_sys_error (err, "write qmp");
   for (;;)
     {
@@ -981,6 +1024,12 @@ qmp_cmd (struct qmp *q, const char *cmd, json_t *args, int timeout_ms, json_t **
         }
       json_decref (j); /* an event */
     }
+}
+
+static int
+qmp_cmd (struct qmp *q, const char *cmd, json_t *args, int timeout_ms, json_t **ret, wr_err_t *err)
+{
+  return qmp_cmd_fd (q, cmd, args, -1, timeout_ms, ret, err);
 }
 
 static int
@@ -1195,7 +1244,7 @@ static bool
 snapshots_enabled (void)
 {
   const char *e = getenv ("WARREN_VM_SNAPSHOTS");
-  return !(e && strcmp (e, "0") == 0) && path_shell_safe (vm.vmdir);
+  return !(e && strcmp (e, "0") == 0);
 }
 
 static void
@@ -1275,7 +1324,7 @@ wait_agent_idle (int fd, int pidfd, int timeout_ms, wr_err_t *err)
 static int
 snapshot_build (const struct vm_params *p, const char *key, wr_err_t *err)
 {
-  char dir[PATH_MAX + 128], state[PATH_MAX + 160], final_dir[PATH_MAX + 128];
+  char dir[PATH_MAX + 128], final_dir[PATH_MAX + 128];
   char rnd[9];
   wr_random_hex (rnd, 8);
   snprintf (final_dir, sizeof final_dir, "%s/snap/%s", vm.vmdir, key);
@@ -1286,12 +1335,10 @@ snapshot_build (const struct vm_params *p, const char *key, wr_err_t *err)
     return wr_sys_error (err, "mkdir %s", snapdir);
   if (mkdir (dir, 0700) < 0)
     return wr_sys_error (err, "mkdir %s", dir);
-  /* the template runs no workload, only the kit's init and the agent: it
-   * may spawn the `cat` of `migrate exec:` (restores read an fd instead) */
   struct strv a = { 0 };
-  int r = build_argv (p, "warren", false, true, &a, err);
+  int r = build_argv (p, "warren", false, &a, err);
   _cleanup_close_ int dirfd = open (dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
-  _cleanup_close_ int logfd = -1, confd = -1;
+  _cleanup_close_ int logfd = -1, confd = -1, statefd = -1;
   if (r == 0 && dirfd < 0)
     r = wr_sys_error (err, "open %s", dir);
   if (r == 0)
@@ -1300,6 +1347,14 @@ snapshot_build (const struct vm_params *p, const char *key, wr_err_t *err)
       confd = openat (dirfd, "console.log", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
       if (logfd < 0 || confd < 0)
         r = wr_sys_error (err, "qemu.log");
+    }
+  /* root's from the start: QEMU (spawn=deny) writes it through the fd it
+   * gets over QMP, never by path */
+  if (r == 0)
+    {
+      statefd = openat (dirfd, "state", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+      if (statefd < 0)
+        r = wr_sys_error (err, "create %s/state", dir);
     }
   char uid_key[32];
   snprintf (uid_key, sizeof uid_key, "build-%s", rnd);
@@ -1334,10 +1389,13 @@ snapshot_build (const struct vm_params *p, const char *key, wr_err_t *err)
     r = qmp_cmd (&q, "stop", NULL, 10000, NULL, err);
   if (r == 0)
     {
-      snprintf (state, sizeof state, "%s/state", dir);
-      char uri[PATH_MAX + 200];
-      snprintf (uri, sizeof uri, "exec:cat > %s", state);
-      json_t *args = json_pack ("{s:s}", "uri", uri);
+      json_t *args = json_pack ("{s:s}", "fdname", "snapfd");
+      r = qmp_cmd_fd (&q, "getfd", args, statefd, 10000, NULL, err);
+      json_decref (args);
+    }
+  if (r == 0)
+    {
+      json_t *args = json_pack ("{s:s}", "uri", "fd:snapfd");
       r = qmp_cmd (&q, "migrate", args, 10000, NULL, err);
       json_decref (args);
     }
@@ -1367,10 +1425,19 @@ snapshot_build (const struct vm_params *p, const char *key, wr_err_t *err)
     close (pidfd);
   if (have_uid)
     {
-      /* the snapshot is root's again before anyone restores from it */
-      fchownat (dirfd, "state", 0, 0, AT_SYMLINK_NOFOLLOW);
+      /* the build dir is root's again before anyone restores from it */
       chown_state (dirfd, 0, NULL);
       wr_jail_uid_put (uid_key);
+    }
+  if (r == 0)
+    {
+      /* QEMU could write its dir: publish the file the daemon created, or
+       * nothing */
+      struct stat mine, now;
+      if (fstat (statefd, &mine) < 0 || fstatat (dirfd, "state", &now, AT_SYMLINK_NOFOLLOW) < 0
+          || mine.st_dev != now.st_dev || mine.st_ino != now.st_ino || now.st_nlink != 1
+          || now.st_uid != 0 || mine.st_size == 0)
+        r = wr_error (err, EPERM, WR_E_INTERNAL, "snapshot state was replaced");
     }
   if (r == 0)
     {
@@ -1526,8 +1593,6 @@ wr_vm_snapshot_build (struct wr_runtime *rt, enum wr_vm_kind kind,
     return r;
   if (p.disk[0])
     return wr_error (err, EINVAL, WR_E_UNSUPPORTED, "disk image VMs have no snapshots");
-  if (!path_shell_safe (vm.vmdir))
-    return wr_error (err, EINVAL, WR_E_UNSUPPORTED, "snapshots need a plain daemon root path");
   char key[65], path[PATH_MAX + 160];
   snapshot_key (&p, key);
   snapshot_path (key, path, sizeof path);
@@ -1612,7 +1677,7 @@ vm_start (struct wr_runtime *rt, const struct vm_params *p, const struct wr_cont
         return wr_sys_error (err, "open %s", incoming);
     }
   struct strv a = { 0 };
-  int r = build_argv (p, p->hostname, incoming != NULL, false, &a, err);
+  int r = build_argv (p, p->hostname, incoming != NULL, &a, err);
   if (r == 0 && p->disk[0])
     r = create_overlay (p, dirfd, logfd, err);
   if (r == 0 && p->disk[0] == '\0')

@@ -92,6 +92,31 @@ def snapshot_ready(root, before=frozenset()):
     return bool(snapshots(root) - set(before))
 
 
+def qemu_cmdlines(root):
+    """{pid: argv} of the daemon's QEMU processes now running."""
+    out = {}
+    for p in qemu_pids(root):
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                out[p] = f.read().split(b"\0")
+        except OSError:
+            pass
+    return out
+
+
+def sandbox_flags(argv):
+    """The argument of -sandbox in an argv (a list of bytes)."""
+    return [argv[i + 1] for i, x in enumerate(argv[:-1]) if x == b"-sandbox"]
+
+
+def logged_argv(state_dir):
+    """The command line the daemon logged as the first line of qemu.log."""
+    with open(os.path.join(state_dir, "qemu.log"), "rb") as f:
+        first = f.readline()
+    assert first.startswith(b"warren: exec "), first
+    return first.split()
+
+
 def test_microvm_exec_files_destroy(vmd):
     api = vmd.api
     sid = api.create(backend="microvm", memory_mb=256, cpus=1)
@@ -239,7 +264,25 @@ def test_snapshot_restore_clones(vmd):
         r = api.exec(first, ["cat", "/proc/cmdline"])
         assert f"warren.hostname={first}" in r["stdout"]  # booted, not restored
         api.delete(first)
-    assert wait_gone(lambda: snapshot_ready(vmd.root, before), 300), "no snapshot was built"
+    # every QEMU of the daemon, the template's while it builds too, runs
+    # with spawn=deny (its snapshot migrates to an fd passed over QMP)
+    seen = {}
+
+    def built():
+        seen.update(qemu_cmdlines(vmd.root))
+        return snapshot_ready(vmd.root, before)
+    assert wait_gone(built, 300), "no snapshot was built"
+    for pid, argv in seen.items():
+        assert [x for x in sandbox_flags(argv) if b"spawn=deny" in x], (pid, argv)
+    # deterministically: the template's own argv, logged in its qemu.log
+    for key in snapshots(vmd.root) - set(before):
+        snap = os.path.join(vmd.root, "vm", "snap", key)
+        flags = sandbox_flags(logged_argv(snap))
+        assert len(flags) == 1 and b"spawn=deny" in flags[0], flags
+        assert b"spawn=allow" not in flags[0], flags
+        # the state is the daemon's file, root's, not QEMU's uid's
+        st = os.stat(os.path.join(snap, "state"))
+        assert st.st_uid == 0 and st.st_size > 0 and st.st_nlink == 1, st
     clones = []
     try:
         for _ in range(2):
@@ -561,6 +604,7 @@ def test_qemu_is_jailed(vmd):
         with open(f"/proc/{pa}/cmdline", "rb") as f:
             cmd = f.read().split(b"\0")
         assert any(x.startswith(b"on,") and b"spawn=deny" in x for x in cmd), cmd
+        assert logged_argv(mine) == [b"warren:", b"exec"] + b" ".join(cmd).split(), cmd
         # a guest flooding its console fills console.log up to the cap only
         r = api.exec(a, ["sh", "-c", "timeout 20 sh -c 'yes flood > /dev/ttyS0'; true"],
                      timeout_s=60)
