@@ -18,7 +18,9 @@ CPPFLAGS += -D_GNU_SOURCE -Iinclude -Isrc
 CFLAGS += $(CSTD) $(OPT) $(WARN) -fPIC -MMD -MP
 DAEMON_LIBS := -levent -levent_pthreads -lsqlite3 -ljansson -lseccomp -larchive -lzstd -lz -lpthread -lm
 
-COMMON_SRC := $(wildcard src/common/*.c)
+# httpd.c (the hardened TCP listener, libevent) serves warrend and warren-gateway only
+HTTPD_SRC := src/common/httpd.c
+COMMON_SRC := $(filter-out $(HTTPD_SRC),$(wildcard src/common/*.c))
 AGENT_SRC := $(wildcard src/agent/*.c)
 BACKEND_SRC := $(wildcard src/backend/*.c)
 IMAGE_SRC := $(wildcard src/image/*.c)
@@ -32,7 +34,7 @@ GATEWAY_SRC := $(wildcard src/gateway/*.c)
 
 obj = $(patsubst %.c,$(B)/obj/%.o,$(1))
 COMMON_OBJ := $(call obj,$(COMMON_SRC))
-CORE_OBJ := $(COMMON_OBJ) $(call obj,$(BACKEND_SRC) $(IMAGE_SRC) $(DAEMON_SRC) $(CLUSTER_SRC))
+CORE_OBJ := $(COMMON_OBJ) $(call obj,$(HTTPD_SRC) $(BACKEND_SRC) $(IMAGE_SRC) $(DAEMON_SRC) $(CLUSTER_SRC))
 # libwarren's own copies of its objects and of src/common, compiled with
 # hidden visibility: libwarren.so exports only what include/warren/warren.h
 # marks WARREN_EXPORT (the daemon's objects keep the default).
@@ -87,7 +89,7 @@ $(B)/bin/warren: $(call obj,$(CLI_SRC)) $(B)/lib/libwarren.a
 	$(CC) $(SANFLAGS) -o $@ $^ -ljansson -lm
 
 # The cluster gateway: no root, no sandboxes; libevent, jansson and the etcd client.
-$(B)/bin/warren-gateway: $(call obj,$(GATEWAY_SRC) $(CLUSTER_SRC) src/image/sha256.c) $(COMMON_OBJ)
+$(B)/bin/warren-gateway: $(call obj,$(GATEWAY_SRC) $(CLUSTER_SRC) $(HTTPD_SRC) src/image/sha256.c) $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(SANFLAGS) -o $@ $^ -levent -levent_pthreads -ljansson -lpthread
 
@@ -124,7 +126,7 @@ $(FB)/obj/tests/fuzz/%.o: tests/fuzz/%.c
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(CPPFLAGS) $(FUZZ_CFLAGS) -Werror -c $< -o $@
 
-$(FB)/libfuzz-core.a: $(call fuzzobj,$(COMMON_SRC) $(BACKEND_SRC) $(IMAGE_SRC) $(DAEMON_SRC) $(CLUSTER_SRC) $(LIB_SRC))
+$(FB)/libfuzz-core.a: $(call fuzzobj,$(COMMON_SRC) $(HTTPD_SRC) $(BACKEND_SRC) $(IMAGE_SRC) $(DAEMON_SRC) $(CLUSTER_SRC) $(LIB_SRC))
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 

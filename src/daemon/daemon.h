@@ -87,12 +87,12 @@ struct wrd_http_config
   unsigned idle_timeout_s;   /* no request and no bytes for this long: closed */
   bool allow_host_paths;     /* TCP clients may name daemon host paths */
 };
-struct wrd_tcp_conn; /* http.c */
+struct wr_httpd; /* common/httpd.h */
 
 struct wrd
 {
   struct event_base *base;
-  struct evhttp *http_unix, *http_tcp;
+  struct evhttp *http_unix;
   sqlite3 *db;
   struct wr_runtime *rt;
   struct wr_store *store;
@@ -109,8 +109,8 @@ struct wrd
   struct wrd_metrics m;
   struct wrd_fncall *fncall; /* fncall.h */
   struct wrd_http_config http;
-  struct wrd_tcp_conn *tcp_conns; /* open TCP connections */
-  unsigned n_tcp_conns;           /* of them, those under the limit */
+  struct wr_httpd *tcp;    /* the TCP listener's guard (common/httpd.h) */
+  unsigned n_tcp_conns;    /* open TCP connections under the limit */
   bool allow_host_network; /* --allow-host-network: "network": "host" for sandboxes and builds */
   bool stopping;
 };

@@ -19,11 +19,13 @@
 #include <event2/util.h>
 
 #include "common/b64.h"
+#include "common/httpd.h"
 #include "common/proto.h"
 #include "common/util.h"
 #include "daemon/backends.h"
 #include "daemon/http_util.h"
 #include "daemon/fncall.h"
+#include "daemon/uploads.h"
 
 #define JSON_BODY_MAX (1u << 20)
 #define FILE_BODY_MAX (64u << 20)
@@ -33,15 +35,6 @@
 /* A streamed exec holds its sandbox's agent while more than this waits for
  * the client. */
 #define STREAM_QUEUE_MAX (4u << 20)
-/* TCP: a connection's first request must present its token within this many
- * header bytes; nothing of a body is read before. */
-#define TCP_HEADER_MAX (16u << 10)
-#define TCP_MAX_CONNECTIONS 512
-#define TCP_HEADER_TIMEOUT_S 10
-#define TCP_IDLE_TIMEOUT_S 60
-/* Bytes handed to the socket at once; the rest waits in evhttp's buffer, so
- * a reply produced piecewise (buffered exec) sees when the client reads. */
-#define TCP_SOCKET_QUEUE (1u << 20)
 
 /* ---- replies ---- */
 
@@ -1019,331 +1012,10 @@ handle_files (struct wrd *d, struct evhttp_request *req, struct sandbox *sb, str
     }
 }
 
-/* ---- TCP connection guard ----
- *
- * evhttp reads a whole request, body included, before anyone sees it, and
- * libevent 2.1 has no hook between headers and body for a server request.
- * So every TCP connection reads through a bufferevent filter that holds the
- * bytes of its first request until the header block is complete (at most
- * TCP_HEADER_MAX), checks the bearer token there, and only then lets evhttp
- * see anything. A refused connection never reaches evhttp's parser with its
- * own bytes: the filter discards them and feeds evhttp a minimal request of
- * its own that route_tcp answers with the error (401, 503, 413), then the
- * connection closes. The filter also owns the connection's timers (headers
- * within header_timeout_s, closed after idle_timeout_s without a request)
- * and counts connections against max_connections. */
-
-enum tcp_state
-{
-  TCP_HEADERS, /* first request's headers not complete yet */
-  TCP_OPEN,    /* authenticated: bytes pass through */
-  TCP_REFUSED, /* answered with an error; input is discarded */
-};
-
-struct wrd_tcp_conn
-{
-  struct wrd *d;
-  struct bufferevent *bev; /* the filter, evhttp's side */
-  struct event *timer;
-  struct event *kick; /* flushes the filter's output (see tcp_out_cb) */
-  enum tcp_state state;
-  const char *refuse; /* "401", "413", "503" once decided */
-  bool counted;       /* holds one of max_connections */
-  size_t scanned;     /* header bytes already searched for the blank line */
-  unsigned in_flight; /* requests routed and not answered yet */
-  uint64_t last_rx;   /* ns */
-  struct wrd_tcp_conn *prev, *next;
-};
-
-static bool
-token_matches (struct wrd *d, const char *h, size_t n)
-{
-  if (n < 7 || strncmp (h, "Bearer ", 7) != 0)
-    return false;
-  h += 7;
-  n -= 7;
-  size_t b = strlen (d->token);
-  unsigned char diff = n != b;
-  for (size_t i = 0; i < n && i < b; i++)
-    diff |= (unsigned char)(h[i] ^ d->token[i]);
-  return diff == 0 && b > 0;
-}
-
-/* Offset just past the blank line ending the header block in buf[0..n), or
- * 0. *scanned remembers how far earlier calls looked (slowloris clients send
- * one byte at a time: do not search the same bytes again). */
-static size_t
-header_block_end (const char *buf, size_t n, size_t *scanned)
-{
-  size_t i = *scanned > 2 ? *scanned - 2 : 0;
-  for (; i < n; i++)
-    if (buf[i] == '\n')
-      {
-        if (i + 1 < n && buf[i + 1] == '\n')
-          return i + 2;
-        if (i + 2 < n && buf[i + 1] == '\r' && buf[i + 2] == '\n')
-          return i + 3;
-      }
-  *scanned = n;
-  return 0;
-}
-
-/* Does the header block carry the daemon's token? The request line is
- * skipped; header names are case-insensitive. */
-static bool
-headers_have_token (struct wrd *d, const char *buf, size_t n)
-{
-  const char *p = memchr (buf, '\n', n), *end = buf + n;
-  while (p && ++p < end)
-    {
-      const char *eol = memchr (p, '\n', (size_t)(end - p));
-      if (eol == NULL)
-        break;
-      const char *v = p + 14;
-      if (eol - p > 14 && strncasecmp (p, "authorization:", 14) == 0)
-        {
-          while (v < eol && (*v == ' ' || *v == '\t'))
-            v++;
-          const char *ve = eol;
-          while (ve > v && (ve[-1] == '\r' || ve[-1] == ' ' || ve[-1] == '\t'))
-            ve--;
-          return token_matches (d, v, (size_t)(ve - v));
-        }
-      p = eol;
-    }
-  return false;
-}
-
-static void
-tcp_refuse (struct wrd_tcp_conn *t, struct evbuffer *dst, const char *why)
-{
-  t->state = TCP_REFUSED;
-  t->refuse = why;
-  if (strcmp (why, "401") == 0)
-    t->d->m.http_unauthorized++;
-  /* route_tcp answers it from t->refuse; the client's bytes never reach evhttp */
-  static const char req[] = "GET / HTTP/1.1\r\nHost: warrend\r\nConnection: close\r\n\r\n";
-  evbuffer_add (dst, req, sizeof req - 1);
-}
-
-static enum bufferevent_filter_result
-tcp_filter_in (struct evbuffer *src, struct evbuffer *dst, ev_ssize_t lim,
-               enum bufferevent_flush_mode mode WR_UNUSED, void *arg)
-{
-  struct wrd_tcp_conn *t = arg;
-  size_t len = evbuffer_get_length (src);
-  if (len)
-    t->last_rx = wr_now_ns ();
-  if (t->state == TCP_OPEN)
-    return evbuffer_remove_buffer (src, dst, lim < 0 ? len : (size_t)lim) >= 0 ? BEV_OK : BEV_ERROR;
-  if (t->state == TCP_REFUSED)
-    {
-      evbuffer_drain (src, len);
-      return BEV_NEED_MORE;
-    }
-  size_t n = len < TCP_HEADER_MAX ? len : TCP_HEADER_MAX;
-  const char *buf = (const char *)evbuffer_pullup (src, (ev_ssize_t)n);
-  size_t end = buf ? header_block_end (buf, n, &t->scanned) : 0;
-  if (end == 0 && len < TCP_HEADER_MAX)
-    return BEV_NEED_MORE;
-  if (end == 0)
-    tcp_refuse (t, dst, "413");
-  else if (t->refuse)
-    tcp_refuse (t, dst, t->refuse); /* over the connection limit */
-  else if (!headers_have_token (t->d, buf, end))
-    tcp_refuse (t, dst, "401");
-  if (t->state == TCP_REFUSED)
-    {
-      evbuffer_drain (src, len);
-      return BEV_OK;
-    }
-  t->state = TCP_OPEN;
-  struct timeval tv = { t->d->http.idle_timeout_s, 0 };
-  if (t->timer)
-    evtimer_add (t->timer, &tv);
-  return evbuffer_remove_buffer (src, dst, lim < 0 ? len : (size_t)lim) >= 0 ? BEV_OK : BEV_ERROR;
-}
-
-/* Is evhttp freeing the connection? (Its callbacks are gone; the filter and
- * t live on until libevent finalizes them.) */
-static bool
-tcp_closing (struct wrd_tcp_conn *t)
-{
-  bufferevent_data_cb rcb, wcb;
-  bufferevent_event_cb ecb;
-  void *cbarg;
-  bufferevent_getcb (t->bev, &rcb, &wcb, &ecb, &cbarg);
-  return ecb == NULL;
-}
-
-/* Close the connection the way a read timeout would. */
-static void
-tcp_drop (struct wrd_tcp_conn *t)
-{
-  t->d->m.http_timeouts++;
-  bufferevent_trigger_event (t->bev, BEV_EVENT_READING | BEV_EVENT_TIMEOUT, 0);
-}
-
-static void
-tcp_timer_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
-{
-  struct wrd_tcp_conn *t = arg;
-  if (tcp_closing (t))
-    return;
-  if (t->state != TCP_OPEN)
-    {
-      tcp_drop (t); /* headers too slow, or a refusal the client does not read */
-      return;
-    }
-  uint64_t idle = (uint64_t)t->d->http.idle_timeout_s * 1000000000u, now = wr_now_ns ();
-  if (t->in_flight == 0 && now - t->last_rx >= idle)
-    {
-      tcp_drop (t);
-      return;
-    }
-  uint64_t left = t->in_flight ? idle : idle - (now - t->last_rx);
-  struct timeval tv = { (time_t)(left / 1000000000u), (suseconds_t)(left % 1000000000u / 1000) };
-  evtimer_add (t->timer, &tv);
-}
-
-/* libevent 2.1's filter moves output to the socket only when data is added
- * while writing is enabled, and evhttp adds a reply first and enables
- * writing after: flush on the next loop turn. */
-static void
-tcp_kick_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
-{
-  struct wrd_tcp_conn *t = arg;
-  if (!tcp_closing (t))
-    bufferevent_flush (t->bev, EV_WRITE, BEV_NORMAL);
-}
-
-/* evhttp takes its bufferevent's write callback to mean "the peer has the
- * bytes" (then it may close the connection, or produce the next piece of a
- * reply). The filter would say so as soon as bytes moved to the socket's
- * buffer: it moves them silently (BEV_NEED_MORE), and tcp_sent_cb says so
- * when the socket's buffer is empty. */
-static enum bufferevent_filter_result
-tcp_filter_out (struct evbuffer *src, struct evbuffer *dst, ev_ssize_t lim,
-                enum bufferevent_flush_mode mode WR_UNUSED, void *arg WR_UNUSED)
-{
-  size_t len = evbuffer_get_length (src);
-  if (lim >= 0 && (size_t)lim < len)
-    len = (size_t)lim;
-  return evbuffer_remove_buffer (src, dst, len) >= 0 ? BEV_NEED_MORE : BEV_ERROR;
-}
-
-static void
-tcp_sent_cb (struct evbuffer *b, const struct evbuffer_cb_info *info, void *arg)
-{
-  struct wrd_tcp_conn *t = arg;
-  if (info->n_deleted && evbuffer_get_length (b) == 0
-      && evbuffer_get_length (bufferevent_get_output (t->bev)) == 0)
-    bufferevent_trigger (t->bev, EV_WRITE, 0);
-}
-
-static void
-tcp_out_cb (struct evbuffer *b WR_UNUSED, const struct evbuffer_cb_info *info, void *arg)
-{
-  struct wrd_tcp_conn *t = arg;
-  if (info->n_added && t->kick)
-    event_active (t->kick, EV_TIMEOUT, 0);
-}
-
-static void
-tcp_conn_free (void *arg)
-{
-  struct wrd_tcp_conn *t = arg;
-  if (t->counted)
-    t->d->n_tcp_conns--;
-  if (t->prev)
-    t->prev->next = t->next;
-  else
-    t->d->tcp_conns = t->next;
-  if (t->next)
-    t->next->prev = t->prev;
-  if (t->timer)
-    event_free (t->timer);
-  if (t->kick)
-    event_free (t->kick);
-  free (t);
-}
-
-static struct bufferevent *
-tcp_bevcb (struct event_base *base, void *arg)
-{
-  struct wrd *d = arg;
-  struct wrd_tcp_conn *t = calloc (1, sizeof *t);
-  if (t == NULL)
-    return NULL;
-  struct bufferevent *u = bufferevent_socket_new (base, -1, BEV_OPT_CLOSE_ON_FREE);
-  t->timer = evtimer_new (base, tcp_timer_cb, t);
-  t->kick = event_new (base, -1, 0, tcp_kick_cb, t);
-  if (u == NULL || t->timer == NULL || t->kick == NULL)
-    goto fail;
-  /* deferred callbacks: evhttp's write callback then means "moved towards
-   * the socket", never a re-entrant call from inside evhttp's own write */
-  t->bev
-      = bufferevent_filter_new (u, tcp_filter_in, tcp_filter_out,
-                                BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS, tcp_conn_free, t);
-  if (t->bev == NULL)
-    goto fail;
-  bufferevent_setwatermark (u, EV_WRITE, 0, TCP_SOCKET_QUEUE);
-  evbuffer_add_cb (bufferevent_get_output (t->bev), tcp_out_cb, t);
-  evbuffer_add_cb (bufferevent_get_output (u), tcp_sent_cb, t);
-  t->d = d;
-  t->last_rx = wr_now_ns ();
-  if (d->n_tcp_conns >= d->http.max_connections)
-    {
-      t->refuse = "503";
-      d->m.http_busy++;
-    }
-  else
-    {
-      t->counted = true;
-      d->n_tcp_conns++;
-    }
-  t->next = d->tcp_conns;
-  if (t->next)
-    t->next->prev = t;
-  d->tcp_conns = t;
-  struct timeval tv = { d->http.header_timeout_s, 0 };
-  evtimer_add (t->timer, &tv);
-  return t->bev;
-fail:
-  if (u)
-    bufferevent_free (u);
-  if (t->timer)
-    event_free (t->timer);
-  if (t->kick)
-    event_free (t->kick);
-  free (t);
-  return NULL; /* evhttp makes a plain socket; route_tcp refuses it */
-}
-
-static struct wrd_tcp_conn *
-tcp_conn_of (struct wrd *d, struct evhttp_request *req)
-{
-  struct evhttp_connection *evcon = evhttp_request_get_connection (req);
-  struct bufferevent *bev = evcon ? evhttp_connection_get_bufferevent (evcon) : NULL;
-  for (struct wrd_tcp_conn *t = d->tcp_conns; t; t = t->next)
-    if (t->bev == bev)
-      return t;
-  return NULL;
-}
-
-static void
-tcp_request_done (struct evhttp_request *req WR_UNUSED, void *arg)
-{
-  struct wrd_tcp_conn *t = arg;
-  if (t->in_flight)
-    t->in_flight--;
-  t->last_rx = wr_now_ns ();
-}
-
 bool
 wrd_http_host_paths_allowed (struct wrd *d, struct evhttp_request *req)
 {
-  return d->http.allow_host_paths || tcp_conn_of (d, req) == NULL;
+  return d->http.allow_host_paths || !wr_httpd_owns (d->tcp, req);
 }
 
 void
@@ -1387,7 +1059,7 @@ static bool
 token_ok (struct wrd *d, struct evhttp_request *req)
 {
   const char *h = evhttp_find_header (evhttp_request_get_input_headers (req), "Authorization");
-  return h && token_matches (d, h, strlen (h));
+  return h && wr_bearer_matches (h, strlen (h), d->token);
 }
 
 static void
@@ -1572,6 +1244,8 @@ route (struct evhttp_request *req, void *arg, bool tcp)
     wrd_http_images (d, req, NULL, &q);
   else if (strncmp (path, "/v1/images/", 11) == 0)
     wrd_http_images (d, req, path + 11, &q);
+  else if (strncmp (path, "/v1/uploads", 11) == 0 && (path[11] == '\0' || path[11] == '/'))
+    wrd_http_uploads (d, req, path[11] ? path + 12 : NULL, &q);
   else if (strcmp (path, "/v1/calls") == 0)
     wrd_fncall_http_calls (d, req);
   else if (strcmp (path, "/v1/fncall/pools") == 0)
@@ -1594,59 +1268,35 @@ route_unix (struct evhttp_request *req, void *arg)
 static void
 route_tcp (struct evhttp_request *req, void *arg)
 {
-  struct wrd *d = arg;
-  struct wrd_tcp_conn *t = tcp_conn_of (d, req);
-  if (t == NULL)
-    {
-      wrd_reply_error_code (req, WR_E_UNAVAILABLE, "out of memory for a new connection");
-      return;
-    }
-  if (t->state == TCP_REFUSED)
-    {
-      d->m.http_requests++;
-      char msg[128];
-      evhttp_add_header (evhttp_request_get_output_headers (req), "Connection", "close");
-      if (strcmp (t->refuse, "503") == 0)
-        {
-          snprintf (msg, sizeof msg, "too many connections (the limit is %u); retry later",
-                    d->http.max_connections);
-          wrd_reply_error_code (req, WR_E_UNAVAILABLE, msg);
-        }
-      else if (strcmp (t->refuse, "413") == 0)
-        {
-          snprintf (msg, sizeof msg, "request headers over %u bytes", TCP_HEADER_MAX);
-          wrd_reply_error_code (req, WR_E_TOO_LARGE, msg);
-        }
-      else
-        wrd_reply_error_code (req, WR_E_UNAUTHORIZED, "a valid bearer token is required");
-      return;
-    }
-  t->in_flight++;
-  evhttp_request_set_on_complete_cb (req, tcp_request_done, t);
   route (req, arg, true);
 }
 
+static void
+refused_tcp (struct evhttp_request *req, int status WR_UNUSED, const char *code, const char *msg,
+             void *arg)
+{
+  struct wrd *d = arg;
+  d->m.http_requests++;
+  wrd_reply_error_code (req, code, msg);
+}
+
+static bool
+authorized_tcp (void *arg, const char *value, size_t len)
+{
+  struct wrd *d = arg;
+  return wr_bearer_matches (value, len, d->token);
+}
+
 static struct evhttp *
-http_new (struct wrd *d, bool tcp)
+http_new_unix (struct wrd *d)
 {
   struct evhttp *h = evhttp_new (d->base);
-  evhttp_set_gencb (h, tcp ? route_tcp : route_unix, d);
+  evhttp_set_gencb (h, route_unix, d);
   evhttp_set_max_body_size (h, FILE_BODY_MAX + 4096);
-  evhttp_set_max_headers_size (h, tcp ? TCP_HEADER_MAX : 64 * 1024);
+  evhttp_set_max_headers_size (h, 64 * 1024);
   evhttp_set_allowed_methods (h, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_PUT
                                      | EVHTTP_REQ_DELETE | EVHTTP_REQ_HEAD);
-  /* a backstop against dead peers; TCP idleness is the guard's business */
-  evhttp_set_timeout (h, 3600);
-  if (tcp)
-    {
-      if (d->http.max_connections == 0)
-        d->http.max_connections = TCP_MAX_CONNECTIONS;
-      if (d->http.header_timeout_s == 0)
-        d->http.header_timeout_s = TCP_HEADER_TIMEOUT_S;
-      if (d->http.idle_timeout_s == 0)
-        d->http.idle_timeout_s = TCP_IDLE_TIMEOUT_S;
-      evhttp_set_bevcb (h, tcp_bevcb, d);
-    }
+  evhttp_set_timeout (h, 3600); /* a backstop against dead peers */
   return h;
 }
 
@@ -1674,7 +1324,7 @@ wrd_http_listen (struct wrd *d, const char *spec, wr_err_t *err)
           return r;
         }
       if (d->http_unix == NULL)
-        d->http_unix = http_new (d, false);
+        d->http_unix = http_new_unix (d);
       if (evhttp_accept_socket_with_handle (d->http_unix, fd) == NULL)
         {
           close (fd);
@@ -1686,26 +1336,27 @@ wrd_http_listen (struct wrd *d, const char *spec, wr_err_t *err)
     {
       if (d->token[0] == '\0')
         return wr_error (err, 0, WR_E_INVALID, "tcp listeners require --token-file");
-      char host[256];
-      snprintf (host, sizeof host, "%s", spec + 4);
-      char *colon = strrchr (host, ':');
-      if (colon == NULL)
-        return wr_error (err, 0, WR_E_INVALID, "expected tcp:ADDR:PORT, got %s", spec);
-      *colon = '\0';
-      int port = atoi (colon + 1);
-      if (port <= 0 || port > 65535)
-        return wr_error (err, 0, WR_E_INVALID, "bad port in %s", spec);
-      if (d->http_tcp == NULL)
-        d->http_tcp = http_new (d, true);
-      struct evhttp_bound_socket *bs
-          = evhttp_bind_socket_with_handle (d->http_tcp, host, (ev_uint16_t)port);
-      if (bs == NULL)
-        return wr_error (err, errno, WR_E_INTERNAL, "bind %s", spec);
-      /* small request/answer exchanges: no Nagle delay (accepted sockets
-       * inherit the option from the listener on Linux) */
-      int one = 1;
-      setsockopt (evhttp_bound_socket_get_fd (bs), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      return 0;
+      if (d->tcp == NULL)
+        {
+          struct wr_httpd_config cfg = {
+            .max_connections = d->http.max_connections,
+            .header_timeout_s = d->http.header_timeout_s,
+            .idle_timeout_s = d->http.idle_timeout_s,
+            .max_body = FILE_BODY_MAX + 4096,
+            .authorized = authorized_tcp,
+            .route = route_tcp,
+            .refused = refused_tcp,
+            .arg = d,
+            .unauthorized = &d->m.http_unauthorized,
+            .busy = &d->m.http_busy,
+            .timeouts = &d->m.http_timeouts,
+            .connections = &d->n_tcp_conns,
+          };
+          if (wr_httpd_new (d->base, &cfg, &d->tcp, err) < 0)
+            return -1;
+          d->http.max_connections = wr_httpd_config (d->tcp)->max_connections;
+        }
+      return wr_httpd_bind (d->tcp, spec, err);
     }
   return wr_error (err, 0, WR_E_INVALID, "listen spec must be unix:PATH or tcp:ADDR:PORT, got %s",
                    spec);
@@ -1716,17 +1367,7 @@ wrd_http_free (struct wrd *d)
 {
   if (d->http_unix)
     evhttp_free (d->http_unix);
-  if (d->http_tcp)
-    evhttp_free (d->http_tcp);
-  d->http_unix = d->http_tcp = NULL;
-  /* connections' filters are finalized later, maybe after the base: their
-   * timers go now */
-  for (struct wrd_tcp_conn *t = d->tcp_conns; t; t = t->next)
-    {
-      if (t->timer)
-        event_free (t->timer);
-      if (t->kick)
-        event_free (t->kick);
-      t->timer = t->kick = NULL;
-    }
+  d->http_unix = NULL;
+  wr_httpd_free (d->tcp);
+  d->tcp = NULL;
 }

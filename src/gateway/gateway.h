@@ -14,6 +14,7 @@
 #include "cluster/etcd.h"
 #include "cluster/keys.h"
 #include "common/err.h"
+#include "common/httpd.h"
 
 #define GW_MAX_NODES 4096
 #define GW_IDLE_MAX 64
@@ -63,7 +64,14 @@ struct gw
 {
   struct gw_metrics m;
   struct event_base *base;
-  struct evhttp *http;
+  struct wr_httpd *httpd; /* the guarded listener (common/httpd.h) */
+  struct
+  {
+    unsigned max_connections, header_timeout_s, idle_timeout_s; /* 0: defaults */
+  } http_limits;
+  /* loop only: connections refused by the guard, and those open */
+  uint64_t http_unauthorized, http_busy, http_timeouts;
+  unsigned http_conns;
   char token[256], node_token[256];
   struct wr_etcd *etcd;
   long long chunk; /* quota slots reserved per etcd transaction */

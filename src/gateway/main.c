@@ -18,6 +18,8 @@ usage (FILE *f)
 {
   fprintf (f, "usage: warren-gateway --cluster http://H:P[,http://H:P...] --listen tcp:ADDR:PORT\n"
               "                      --token-file F --node-token-file F2 [--quota-chunk N]\n"
+              "                      [--max-connections N] [--http-header-timeout S]\n"
+              "                      [--http-idle-timeout S]\n"
               "Serves the Warren API for a cluster: places creates on nodes, routes every\n"
               "other sandbox request to the node named in its id. F holds the admin token\n"
               "clients present; F2 the token the nodes' TCP listeners accept.\n");
@@ -80,6 +82,9 @@ main (int argc, char **argv)
     { "token-file", required_argument, NULL, 't' },
     { "node-token-file", required_argument, NULL, 'n' },
     { "quota-chunk", required_argument, NULL, 'q' },
+    { "max-connections", required_argument, NULL, 'C' },
+    { "http-header-timeout", required_argument, NULL, 'H' },
+    { "http-idle-timeout", required_argument, NULL, 'I' },
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 },
   };
@@ -108,6 +113,27 @@ main (int argc, char **argv)
             return 2;
           }
         break;
+      case 'C':
+      case 'H':
+      case 'I':
+        {
+          char *end;
+          unsigned long v = strtoul (optarg, &end, 10);
+          if (*end || v == 0 || v > 1000000)
+            {
+              fprintf (stderr, "warren-gateway: --%s wants a number in [1, 1000000]\n",
+                       opts[c == 'C'   ? 5
+                            : c == 'H' ? 6
+                                       : 7]
+                           .name);
+              return 2;
+            }
+          *(c == 'C'   ? &g.http_limits.max_connections
+            : c == 'H' ? &g.http_limits.header_timeout_s
+                       : &g.http_limits.idle_timeout_s)
+              = (unsigned)v;
+          break;
+        }
       case 'h':
         usage (stdout);
         return 0;
@@ -160,7 +186,7 @@ main (int argc, char **argv)
   event_add (lost, &(struct timeval){ 0, 250 * 1000 });
   fprintf (stderr, "warren-gateway: serving %s (cluster %s)\n", listens[0], urls);
   event_base_dispatch (g.base);
-  evhttp_free (g.http);
+  wr_httpd_free (g.httpd);
   gw_watch_stop (&g);
   gw_quota_release_all (&g);
   gw_nodes_free_conns (&g);

@@ -10,6 +10,7 @@
 #include <event2/buffer.h>
 #include <event2/keyvalq_struct.h>
 
+#include "common/httpd.h"
 #include "common/util.h"
 
 void
@@ -66,14 +67,24 @@ enum who
   WHO_PROJECT,
 };
 
-static bool
-token_eq (const char *a, const char *b)
+/* Who presents this Authorization value (not NUL-terminated)? */
+static enum who
+who_of (struct gw *g, const char *value, size_t len, struct gw_project **ret_p)
 {
-  size_t la = strlen (a), lb = strlen (b);
-  unsigned char diff = la != lb;
-  for (size_t i = 0; i < la && i < lb; i++)
-    diff |= (unsigned char)(a[i] ^ b[i]);
-  return diff == 0 && lb > 0;
+  *ret_p = NULL;
+  if (wr_bearer_matches (value, len, g->token))
+    return WHO_ADMIN;
+  char tok[256];
+  if (len < 7 + 4 || len - 7 >= sizeof tok || strncmp (value, "Bearer wrp_", 11) != 0)
+    return WHO_NONE;
+  memcpy (tok, value + 7, len - 7);
+  tok[len - 7] = '\0';
+  pthread_mutex_lock (&g->mu);
+  struct gw_project *p = gw_project_by_token (g, tok);
+  pthread_mutex_unlock (&g->mu);
+  explicit_bzero (tok, sizeof tok);
+  *ret_p = p;
+  return p ? WHO_PROJECT : WHO_NONE;
 }
 
 static enum who
@@ -81,18 +92,7 @@ authenticate (struct gw *g, struct evhttp_request *req, struct gw_project **ret_
 {
   const char *h = evhttp_find_header (evhttp_request_get_input_headers (req), "Authorization");
   *ret_p = NULL;
-  if (h == NULL || strncmp (h, "Bearer ", 7) != 0)
-    return WHO_NONE;
-  h += 7;
-  if (token_eq (h, g->token))
-    return WHO_ADMIN;
-  if (strncmp (h, "wrp_", 4) != 0)
-    return WHO_NONE;
-  pthread_mutex_lock (&g->mu);
-  struct gw_project *p = gw_project_by_token (g, h);
-  pthread_mutex_unlock (&g->mu);
-  *ret_p = p;
-  return p ? WHO_PROJECT : WHO_NONE;
+  return h ? who_of (g, h, strlen (h), ret_p) : WHO_NONE;
 }
 
 /* ---- create: quota, placement, forward, retry elsewhere if the node is gone ---- */
@@ -951,6 +951,16 @@ gw_metrics_reply (struct gw *g, struct evhttp_request *req)
                        "warren_gateway_nodes{state=\"drained\"} %zu\n"
                        "warren_gateway_nodes{state=\"lost\"} %zu\n",
                        ready, drained, lost);
+  evbuffer_add_printf (b,
+                       "# HELP warren_http_connections Open TCP connections counted against the "
+                       "limit.\n# TYPE warren_http_connections gauge\nwarren_http_connections %u\n"
+                       "# HELP warren_http_refused_total TCP connections closed before routing, "
+                       "by reason.\n# TYPE warren_http_refused_total counter\n"
+                       "warren_http_refused_total{reason=\"unauthorized\"} %llu\n"
+                       "warren_http_refused_total{reason=\"too_many_connections\"} %llu\n"
+                       "warren_http_refused_total{reason=\"timeout\"} %llu\n",
+                       g->http_conns, (unsigned long long)g->http_unauthorized,
+                       (unsigned long long)g->http_busy, (unsigned long long)g->http_timeouts);
   evhttp_add_header (evhttp_request_get_output_headers (req), "Content-Type",
                      "text/plain; version=0.0.4");
   evhttp_send_reply (req, 200, "OK", b);
@@ -1018,31 +1028,44 @@ route (struct evhttp_request *req, void *arg)
                     "%s is not served by the gateway yet; address a node directly", path);
 }
 
+/* The connection's first request is checked on its headers (common/httpd.c):
+ * an unauthenticated client cannot make the gateway read a body. */
+static bool
+header_authorized (void *arg, const char *value, size_t len)
+{
+  struct gw_project *p;
+  return who_of (arg, value, len, &p) != WHO_NONE;
+}
+
+static void
+refused (struct evhttp_request *req, int status, const char *code, const char *msg, void *arg)
+{
+  struct gw *g = arg;
+  g->m.requests++;
+  gw_reply_error (req, status, code, "%s", msg);
+}
+
 int
 gw_http_listen (struct gw *g, const char *spec, wr_err_t *err)
 {
-  if (strncmp (spec, "tcp:", 4) != 0)
-    return wr_error (err, 0, WR_E_INVALID, "--listen wants tcp:ADDR:PORT, got %s", spec);
-  char host[256];
-  snprintf (host, sizeof host, "%s", spec + 4);
-  char *colon = strrchr (host, ':');
-  if (colon == NULL)
-    return wr_error (err, 0, WR_E_INVALID, "expected tcp:ADDR:PORT, got %s", spec);
-  *colon = '\0';
-  int port = atoi (colon + 1);
-  if (port <= 0 || port > 65535)
-    return wr_error (err, 0, WR_E_INVALID, "bad port in %s", spec);
-  if (g->http == NULL)
+  if (g->httpd == NULL)
     {
-      g->http = evhttp_new (g->base);
-      evhttp_set_gencb (g->http, route, g);
-      evhttp_set_max_body_size (g->http, (64u << 20) + 4096);
-      evhttp_set_max_headers_size (g->http, 64 * 1024);
-      evhttp_set_allowed_methods (g->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_PUT
-                                               | EVHTTP_REQ_DELETE | EVHTTP_REQ_HEAD);
-      evhttp_set_timeout (g->http, 3600);
+      struct wr_httpd_config cfg = {
+        .max_connections = g->http_limits.max_connections,
+        .header_timeout_s = g->http_limits.header_timeout_s,
+        .idle_timeout_s = g->http_limits.idle_timeout_s,
+        .max_body = (64u << 20) + 4096,
+        .authorized = header_authorized,
+        .route = route,
+        .refused = refused,
+        .arg = g,
+        .unauthorized = &g->http_unauthorized,
+        .busy = &g->http_busy,
+        .timeouts = &g->http_timeouts,
+        .connections = &g->http_conns,
+      };
+      if (wr_httpd_new (g->base, &cfg, &g->httpd, err) < 0)
+        return -1;
     }
-  if (evhttp_bind_socket (g->http, host, (ev_uint16_t)port) < 0)
-    return wr_error (err, errno, WR_E_INTERNAL, "bind %s", spec);
-  return 0;
+  return wr_httpd_bind (g->httpd, spec, err);
 }

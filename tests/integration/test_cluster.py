@@ -20,6 +20,7 @@ import time
 import pytest
 
 from conftest import BUILD, need, start_daemon
+from test_http_limits import MiB, read_response, reset_peak, status_of
 
 ETCD = "/usr/bin/etcd"
 ADMIN = "admin-token-0123456789abcdef"
@@ -144,13 +145,13 @@ class Etcd:
 
 
 class Gateway:
-    def __init__(self, urls, tokdir):
+    def __init__(self, urls, tokdir, *extra):
         self.port = free_port()
         self.log_path = os.path.join(tokdir, f"gateway-{self.port}.log")
         self.proc = subprocess.Popen([
             os.path.join(os.path.abspath(BUILD), "bin", "warren-gateway"), "--cluster", urls,
             "--listen", f"tcp:127.0.0.1:{self.port}", "--token-file", os.path.join(tokdir, "admin"),
-            "--node-token-file", os.path.join(tokdir, "node")],
+            "--node-token-file", os.path.join(tokdir, "node")] + list(extra),
             stdout=open(self.log_path, "ab"), stderr=subprocess.STDOUT)
         self.api = Http(self.port, ADMIN)
         wait_for("gateway healthy and synced", self.synced, timeout=30)
@@ -212,7 +213,7 @@ def cluster(rootfs):
             wait_for("both nodes ready on a gateway",
                      lambda g=g: all(n["state"] == "ready" for n in g.nodes().values())
                      and len(g.nodes()) == 2)
-        yield {"etcd": etcd, "nodes": nodes, "gws": gws}
+        yield {"etcd": etcd, "nodes": nodes, "gws": gws, "tokdir": tokdir}
     finally:
         keep = os.environ.get("WARREN_CLUSTER_LOGS")  # a directory to keep the logs in
         for g in gws:
@@ -782,3 +783,79 @@ def test_killed_node_leaves_placement(cluster):
             g1.api.raw("DELETE", f"/v1/sandboxes/{sid}")
         # back up: it adopts its sandbox again, and the teardown removes it
         cluster["nodes"]["node-b"].start()
+
+
+# ---- the gateway's listener (issue 9): the same guard as warrend's TCP listener ----
+
+def raw_request(port, head, sock=None, timeout=20):
+    """Send head (bytes, the whole request) and read one response: (status, headers, body)."""
+    s = sock or socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    try:
+        s.sendall(head)
+        return read_response(s)
+    finally:
+        if sock is None:
+            s.close()
+
+
+def get_healthz(token):
+    return (f"GET /healthz HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n").encode()
+
+
+def test_gateway_refuses_unauthenticated_bodies_and_caps_connections(cluster):
+    gw = Gateway(cluster["etcd"].urls, cluster["tokdir"], "--max-connections", "4")
+    try:
+        # headers promise 64 MiB and nothing follows: 401 without waiting for the body
+        st, _, body = raw_request(gw.port, b"POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\n"
+                                           b"Content-Length: 67108864\r\n\r\n", timeout=15)
+        assert st == 401 and json.loads(body)["error"]["code"] == "unauthorized", (st, body)
+        # a project-looking token that no project has is refused the same way
+        st, _, _ = raw_request(gw.port, get_healthz("wrp_" + "0" * 64))
+        assert st == 401
+        pid = gw.proc.pid
+        reset_peak(pid)
+        before = status_of(pid)["VmHWM"]
+        chunk = b"\x01" * MiB
+
+        def flood():
+            try:
+                s = socket.create_connection(("127.0.0.1", gw.port), timeout=30)
+                s.sendall(b"POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\n"
+                          b"Content-Length: 67108864\r\n\r\n")
+                for _ in range(64):
+                    s.sendall(chunk)
+                s.close()
+            except OSError:
+                pass  # refused and closed: the point
+
+        threads = [threading.Thread(target=flood) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        grown = status_of(pid)["VmHWM"] - before
+        # a gateway without the header-stage check read all six bodies: 6 x 64 MiB
+        assert grown < 32 * MiB, f"gateway peak RSS grew by {grown >> 20} MiB"
+
+        # the connection limit: four kept-alive connections, the fifth gets a clear 503
+        wait_for("the flood's connections closed",
+                 lambda: raw_request(gw.port, get_healthz(ADMIN))[0] == 200)
+        held = []
+        for _ in range(4):
+            s = socket.create_connection(("127.0.0.1", gw.port), timeout=20)
+            assert raw_request(gw.port, get_healthz(ADMIN), sock=s)[0] == 200
+            held.append(s)
+        st, hdrs, body = raw_request(gw.port, get_healthz(ADMIN))
+        err = json.loads(body)
+        assert st == 503 and err["error"]["code"] == "unavailable", (st, body)
+        assert "too many connections" in err["error"]["message"] and err["infra_failure"]
+        m = raw_request(gw.port, f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                                 f"{ADMIN}\r\n\r\n".encode(), sock=held[0])[2].decode()
+        assert 'warren_http_refused_total{reason="too_many_connections"} 1' in m, m
+        assert "warren_http_connections 4" in m, m
+        for s in held:
+            s.close()
+        wait_for("slots back once the gateway sees the closes",
+                 lambda: raw_request(gw.port, get_healthz(ADMIN))[0] == 200)
+    finally:
+        gw.stop()

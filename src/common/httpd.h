@@ -1,0 +1,62 @@
+/* A hardened TCP front for evhttp, shared by warrend's TCP listener and
+ * warren-gateway (docs/operations.md, docs/cluster.md): a connection's
+ * first request is authenticated on its headers before any byte of a body
+ * is read, headers must arrive within a timeout, idle connections close,
+ * and connections beyond a limit are answered 503. Linked only into the
+ * binaries that serve HTTP (not the agent, not libwarren). */
+#ifndef WR_HTTPD_H
+#define WR_HTTPD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <event2/event.h>
+#include <event2/http.h>
+
+#include "common/err.h"
+
+/* Header bytes a connection's first request may use to present its token. */
+#define WR_HTTPD_HEADER_MAX (16u << 10)
+#define WR_HTTPD_MAX_CONNECTIONS 512
+#define WR_HTTPD_HEADER_TIMEOUT_S 10
+#define WR_HTTPD_IDLE_TIMEOUT_S 60
+
+struct wr_httpd;
+
+struct wr_httpd_config
+{
+  unsigned max_connections;  /* 0: WR_HTTPD_MAX_CONNECTIONS */
+  unsigned header_timeout_s; /* a connection's first request headers; 0: default */
+  unsigned idle_timeout_s;   /* no request and no bytes for this long: closed; 0: default */
+  size_t max_body;           /* evhttp's body limit for admitted connections */
+  /* Header stage: does this Authorization header value admit the connection? */
+  bool (*authorized) (void *arg, const char *value, size_t len);
+  /* Requests of admitted connections (they still carry their headers). */
+  void (*route) (struct evhttp_request *req, void *arg);
+  /* Answer a refused connection (401, 413 or 503 with code and message). */
+  void (*refused) (struct evhttp_request *req, int status, const char *code, const char *msg,
+                   void *arg);
+  void *arg;
+  /* Counters bumped by the guard (any may be NULL): refused for a bad
+   * token, for the connection limit, closed by a timeout; and the open
+   * connections counted against the limit. */
+  uint64_t *unauthorized, *busy, *timeouts;
+  unsigned *connections;
+};
+
+int wr_httpd_new (struct event_base *base, const struct wr_httpd_config *cfg, struct wr_httpd **ret,
+                  wr_err_t *err);
+/* Listen on "tcp:ADDR:PORT" (TCP_NODELAY on the listener: accepted sockets
+ * inherit it). */
+int wr_httpd_bind (struct wr_httpd *h, const char *spec, wr_err_t *err);
+/* The limits in force (defaults filled in). */
+const struct wr_httpd_config *wr_httpd_config (const struct wr_httpd *h);
+/* Did req arrive through this guard? */
+bool wr_httpd_owns (struct wr_httpd *h, struct evhttp_request *req);
+void wr_httpd_free (struct wr_httpd *h); /* accepts NULL */
+
+/* "Bearer TOKEN" (value[0..len)) against token, in constant time for a
+ * given length; an empty token matches nothing. */
+bool wr_bearer_matches (const char *value, size_t len, const char *token);
+
+#endif
