@@ -159,6 +159,23 @@ run_capture (char *const argv[], char *errbuf, size_t errsz, wr_err_t *err)
 int
 wr_erofs_build (const char *src_dir, const char *out_path, wr_err_t *err)
 {
+  /* a tree from a user or a sandbox: read by an unprivileged mkfs.erofs */
+  _cleanup_close_ int tree = open (src_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (tree < 0)
+    return wr_sys_error (err, "open %s", src_dir);
+  _cleanup_close_ int fd
+      = open (out_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0)
+    return wr_sys_error (err, "create %s", out_path);
+  int r = wr_unpack_mkfs (tree, fd, err);
+  if (r < 0)
+    return r;
+  return wr_erofs_seal (fd, out_path, err);
+}
+
+int
+wr_erofs_build_here (const char *src_dir, const char *out_path, wr_err_t *err)
+{
   /* Uncompressed: readers pay no decompression CPU and building is ~2.5x
    * faster; see docs/images.md for the measurements behind the choice. */
   char *const argv[] = { "mkfs.erofs",

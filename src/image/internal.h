@@ -81,8 +81,12 @@ int wr_tar_sha256 (int fd, const struct wr_extract_limits *lim, char hex[65], wr
 
 /* Build a deterministic EROFS image of src_dir at out_path with mkfs.erofs
  * (uncompressed, fixed UUID, per-file mtimes kept, build time zeroed), then
- * fsync it. Identical trees give byte-identical images. */
+ * fsync it. Identical trees give byte-identical images. mkfs.erofs runs
+ * unprivileged (wr_unpack_mkfs): src_dir's ids must be 0-65535, others
+ * read as nobody (65534). */
 int wr_erofs_build (const char *src_dir, const char *out_path, wr_err_t *err);
+/* The same with mkfs.erofs run by this process (fuzzing only). */
+int wr_erofs_build_here (const char *src_dir, const char *out_path, wr_err_t *err);
 
 /* Zero the superblock build time of an EROFS image and fix its checksum. */
 int wr_erofs_canonicalize (int fd, wr_err_t *err);
@@ -99,6 +103,8 @@ int wr_erofs_seal (int fd, const char *path, wr_err_t *err);
 /* tests: the extractor checks its chroot, then calls socket(2), which its
  * seccomp filter must answer by killing it (SIGSYS) */
 #define WR_UNPACK_SELFTEST (1u << 10)
+/* wr_unpack_mkfs: no extraction, mkfs.erofs of the daemon's tree only */
+#define WR_UNPACK_MKFS (1u << 11)
 
 /* unpack.c: extract the archive src (read from its start) into root_dfd in
  * an unprivileged, seccomp-confined helper (docs/images.md, Confined
@@ -107,6 +113,11 @@ int wr_erofs_seal (int fd, const char *path, wr_err_t *err);
  * the daemon fed the helper. The tree is left owned by the helper's ids. */
 int wr_unpack (int src, int root_dfd, int out_fd, unsigned flags,
                const struct wr_extract_limits *lim, struct wr_extract_stats *stats, wr_err_t *err);
+/* unpack.c: write the EROFS image of the tree at tree_dfd to out_fd (not
+ * yet sealed) with mkfs.erofs in the helper's user namespace, which sees an
+ * idmapped read-only clone of the tree: ids 0-65535 as themselves, no host
+ * privilege (needs a file system with idmapped mounts). */
+int wr_unpack_mkfs (int tree_dfd, int out_fd, wr_err_t *err);
 /* first host uid (and gid) of the helper's 65536 ids */
 uint32_t wr_unpack_uid_base (void);
 

@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include "../backend/syscalls.h"
 #include "../common/util.h"
 #include "sha256.h"
 
@@ -176,6 +177,42 @@ extractor (unsigned flags, const struct wr_extract_limits *lim)
   _exit (rep.r < 0 ? 1 : 0);
 }
 
+/* Exec mkfs.erofs on the tree at /tmp of our mount namespace, writing
+ * FD_OUT: it sees the ids of our user namespace, the tree's own. */
+static void __attribute__ ((noreturn)) run_mkfs (void)
+{
+  static char *const envp[] = { "PATH=" WR_DEFAULT_PATH, "LC_ALL=C", NULL };
+  char out[32];
+  snprintf (out, sizeof out, "/proc/self/fd/%d", FD_OUT);
+  char *const argv[] = {
+    "mkfs.erofs", "--quiet", "--preserve-mtime", "-U", "00000000-0000-0000-0000-000000000000", out,
+    "/tmp",       NULL
+  };
+  if (chdir ("/") < 0 || dup2 (FD_ERR, 2) < 0)
+    _exit (4);
+  execvpe (argv[0], argv, envp);
+  _exit (5);
+}
+
+/* The one byte of the sync socket, and the fd that may come with it. */
+static ssize_t
+recv_fd (int sock, char *c, int *ret_fd)
+{
+  union
+  {
+    struct cmsghdr h;
+    char buf[CMSG_SPACE (sizeof (int))];
+  } u;
+  struct iovec iov = { c, 1 };
+  struct msghdr m
+      = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf };
+  ssize_t n = recvmsg (sock, &m, MSG_CMSG_CLOEXEC);
+  struct cmsghdr *h = n == 1 ? CMSG_FIRSTHDR (&m) : NULL;
+  if (h && h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS)
+    memcpy (ret_fd, CMSG_DATA (h), sizeof (int));
+  return n;
+}
+
 /* The helper: namespaces, ids, then the extractor and mkfs.erofs. Runs in a
  * fork of a threaded process: it only execs or _exits. */
 static void __attribute__ ((noreturn)) helper (unsigned flags, const struct wr_extract_limits *lim)
@@ -187,16 +224,34 @@ static void __attribute__ ((noreturn)) helper (unsigned flags, const struct wr_e
   if (devnull < 0 || dup2 (devnull, 0) < 0 || dup2 (devnull, 1) < 0 || dup2 (devnull, 2) < 0)
     _exit (2);
   close (devnull);
+  bool mkfs_only = flags & WR_UNPACK_MKFS;
   /* the cwd follows into the new mount namespace (an fd stays in the old
    * one): mkfs.erofs needs the tree there */
-  if (fchdir (FD_ROOT) < 0)
+  if (!mkfs_only && fchdir (FD_ROOT) < 0)
     _exit (2);
+  int tree = -1;
   if (unshare (CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS) < 0
-      || write (FD_READY, "n", 1) != 1 || read (FD_SYNC, &c, 1) != 1 || setresgid (0, 0, 0) < 0
-      || setresuid (0, 0, 0) < 0)
+      || write (FD_READY, "n", 1) != 1 || recv_fd (FD_SYNC, &c, &tree) != 1
+      || setresgid (0, 0, 0) < 0 || setresuid (0, 0, 0) < 0)
     _exit (2);
   close (FD_READY);
   close (FD_SYNC);
+  if (mkfs_only)
+    {
+      /* the daemon's idmapped, read-only clone of the tree: ours to attach
+       * in our own mount namespace, where ids are the tree's own */
+      struct reply rep = { 0 };
+      wr_write_all (FD_REPLY, &rep, sizeof rep);
+      close (FD_REPLY);
+      close (FD_IN);
+      if (tree < 0 || wr_sys_move_mount (tree, "", AT_FDCWD, "/tmp", MOVE_MOUNT_F_EMPTY_PATH) < 0)
+        {
+          dprintf (FD_ERR, "attach the tree: %s", strerror (tree < 0 ? EBADF : errno));
+          _exit (4);
+        }
+      close (tree);
+      run_mkfs ();
+    }
   pid_t pid = fork ();
   if (pid < 0)
     _exit (2);
@@ -220,24 +275,13 @@ static void __attribute__ ((noreturn)) helper (unsigned flags, const struct wr_e
     _exit (3);
   if (fcntl (FD_OUT, F_GETFD) < 0)
     _exit (0); /* extraction only */
-  /* mkfs.erofs sees the archive's own ids from inside the namespace */
-  static char *const envp[] = { "PATH=" WR_DEFAULT_PATH, "LC_ALL=C", NULL };
-  char out[32];
-  snprintf (out, sizeof out, "/proc/self/fd/%d", FD_OUT);
   /* mkfs.erofs opens the tree by path, and the daemon's root is not ours
    * to traverse: show the staging directory at /tmp of our mount
    * namespace (nothing propagates back to the daemon's) */
   if (mount (".", "/tmp", NULL, MS_BIND | MS_REC, NULL) < 0)
     _exit (4);
-  char *const argv[] = {
-    "mkfs.erofs", "--quiet", "--preserve-mtime", "-U", "00000000-0000-0000-0000-000000000000", out,
-    "/tmp",       NULL
-  };
-  if (chdir ("/") < 0 || dup2 (FD_ERR, 2) < 0)
-    _exit (4);
   close (FD_ROOT);
-  execvpe (argv[0], argv, envp);
-  _exit (5);
+  run_mkfs ();
 }
 
 static void
@@ -318,8 +362,62 @@ unpack_here (int src, int root_dfd, int out_fd, unsigned flags, const struct wr_
   char tree[64], out[64];
   snprintf (tree, sizeof tree, "/proc/self/fd/%d", root_dfd);
   snprintf (out, sizeof out, "/proc/self/fd/%d", out_fd);
-  return wr_erofs_build (tree, out, err);
+  return wr_erofs_build_here (tree, out, err);
 }
+
+/* A detached, read-only clone of the tree at tree_dfd whose ids are
+ * shifted into the helper's range (the helper's user namespace pid's), so
+ * that inside the helper they read as the tree's own. */
+static int
+idmapped_tree (int tree_dfd, pid_t pid, wr_err_t *err)
+{
+  char ns[64];
+  snprintf (ns, sizeof ns, "/proc/%d/ns/user", (int)pid);
+  _cleanup_close_ int userns = open (ns, O_RDONLY | O_CLOEXEC);
+  if (userns < 0)
+    return wr_sys_error (err, "open %s", ns);
+  _cleanup_close_ int t = wr_sys_open_tree (
+      tree_dfd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE | AT_EMPTY_PATH);
+  if (t < 0)
+    return wr_sys_error (err, "clone the tree for mkfs.erofs");
+  struct mount_attr attr = { .attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID
+                                         | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+                             .userns_fd = (uint64_t)userns };
+  if (wr_sys_mount_setattr (t, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr) < 0)
+    return wr_error (err, errno, errno == EINVAL ? WR_E_UNSUPPORTED : WR_E_INTERNAL,
+                     "idmap the tree for the unprivileged mkfs.erofs (its file system needs "
+                     "idmapped mounts; import a tarball of it instead)");
+  return TAKE_FD (t);
+}
+
+/* The sync byte, with fd (if >= 0) attached. */
+static ssize_t
+send_fd (int sock, int fd)
+{
+  union
+  {
+    struct cmsghdr h;
+    char buf[CMSG_SPACE (sizeof (int))];
+  } u;
+  struct iovec iov = { "u", 1 };
+  struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
+  if (fd >= 0)
+    {
+      memset (&u, 0, sizeof u);
+      m.msg_control = u.buf;
+      m.msg_controllen = sizeof u.buf;
+      struct cmsghdr *h = CMSG_FIRSTHDR (&m);
+      h->cmsg_level = SOL_SOCKET;
+      h->cmsg_type = SCM_RIGHTS;
+      h->cmsg_len = CMSG_LEN (sizeof (int));
+      memcpy (CMSG_DATA (h), &fd, sizeof (int));
+    }
+  return sendmsg (sock, &m, MSG_NOSIGNAL);
+}
+
+static int confined (int src, int root_dfd, int tree_dfd, int out_fd, unsigned flags,
+                     const struct wr_extract_limits *lim, struct wr_extract_stats *stats,
+                     wr_err_t *err);
 
 int
 wr_unpack (int src, int root_dfd, int out_fd, unsigned flags, const struct wr_extract_limits *lim,
@@ -330,11 +428,28 @@ wr_unpack (int src, int root_dfd, int out_fd, unsigned flags, const struct wr_ex
     lim = &wr_extract_defaults;
   if (lim->in_process)
     return unpack_here (src, root_dfd, out_fd, flags, lim, stats, err);
+  return confined (src, root_dfd, -1, out_fd, flags & ~WR_UNPACK_MKFS, lim, stats, err);
+}
+
+int
+wr_unpack_mkfs (int tree_dfd, int out_fd, wr_err_t *err)
+{
+  struct wr_extract_stats stats;
+  memset (&stats, 0, sizeof stats);
+  return confined (-1, -1, tree_dfd, out_fd, WR_UNPACK_MKFS, &wr_extract_defaults, &stats, err);
+}
+
+static int
+confined (int src, int root_dfd, int tree_dfd, int out_fd, unsigned flags,
+          const struct wr_extract_limits *lim, struct wr_extract_stats *stats, wr_err_t *err)
+{
   uint32_t base = wr_unpack_uid_base ();
   /* the helper owns its staging directory and the image it writes, nothing
    * else */
-  if (fchown (root_dfd, base, base) < 0 || (out_fd >= 0 && fchown (out_fd, base, base) < 0))
+  if ((root_dfd >= 0 && fchown (root_dfd, base, base) < 0)
+      || (out_fd >= 0 && fchown (out_fd, base, base) < 0))
     return wr_sys_error (err, "hand the staging directory to the unpack helper");
+  _cleanup_close_ int tree = -1;
   int in[2] = { -1, -1 }, reply[2] = { -1, -1 }, errp[2] = { -1, -1 }, sync[2] = { -1, -1 },
       ready[2] = { -1, -1 };
   int r = 0;
@@ -381,13 +496,22 @@ wr_unpack (int src, int root_dfd, int out_fd, unsigned flags, const struct wr_ex
       snprintf (path, sizeof path, "/proc/%d/%s", (int)pid, files[i]);
       mapped = wr_write_file_at (AT_FDCWD, path, i == 1 ? "deny" : map) == 0;
     }
-  if (mapped && send (sync[1], "u", 1, MSG_NOSIGNAL) == 1)
+  if (mapped && tree_dfd >= 0)
     {
-      int fr = feed (src, in[0], stats->source);
+      tree = idmapped_tree (tree_dfd, pid, err);
+      if (tree < 0)
+        {
+          r = tree;
+          mapped = false;
+        }
+    }
+  if (mapped && send_fd (sync[1], tree) == 1)
+    {
+      int fr = src >= 0 ? feed (src, in[0], stats->source) : 0;
       if (fr < 0)
         r = wr_error (err, -fr, WR_E_INTERNAL, "read the archive");
     }
-  else
+  else if (r == 0)
     r = wr_error (err, errno, WR_E_UNSUPPORTED,
                   "cannot start the unpack helper (user namespaces unavailable?)");
   close (in[0]);
@@ -428,6 +552,12 @@ wr_unpack (int src, int root_dfd, int out_fd, unsigned flags, const struct wr_ex
                       code - 100 == SIGSYS ? " (a call outside its seccomp filter)" : "");
       else if (code == 3 || !have)
         r = wr_error (err, 0, WR_E_INTERNAL, "the unpack helper failed (status %d)", code);
+      else if ((flags & WR_UNPACK_MKFS) && strstr (errbuf, "Permission denied"))
+        r = wr_error (err, EACCES, WR_E_INVALID,
+                      "mkfs.erofs, run unprivileged, cannot read part of the tree: a file of "
+                      "an id outside 0-65535 (what a sandbox can hold) that is not "
+                      "world-readable? (%s)",
+                      errbuf);
       else
         r = wr_error (err, e, e ? WR_E_EXHAUSTED : WR_E_INTERNAL, "mkfs.erofs failed (%d): %s",
                       code, errbuf[0] ? errbuf : "no message");

@@ -244,6 +244,39 @@ def test_compose_layers_at_create(api, work):
         api.delete(sid)
 
 
+def test_directory_import_runs_mkfs_unprivileged(api, daemon, work):
+    # mkfs.erofs reads the tree in the unpack helper's user namespace through
+    # an idmapped clone: ids 0-65535 are kept (a 0600 file of one is readable
+    # to it), a file of an id outside the sandbox range is not: host root
+    # would have read it.
+    d = os.path.join(work, "dirids")
+    os.makedirs(os.path.join(d, "ids"))
+    p = os.path.join(d, "ids", "own")
+    with open(p, "w") as f:
+        f.write("own\n")
+    os.chown(p, 1234, 1235)
+    os.chmod(p, 0o600)
+    r = imp(api, "dirids:1", d)
+    assert r.status == 201, r
+    sid = api.create(image="busybox:latest", layers=["dirids:1"])
+    try:
+        out = api.sh(sid, "cat /ids/own; stat -c '%u:%g:%a' /ids/own")
+        assert out["stdout"].split() == ["own", "1234:1235:600"], out
+    finally:
+        api.delete(sid)
+    assert api.raw("DELETE", "/v1/images/dirids:1").status in (200, 204)
+    p = os.path.join(d, "ids", "far")
+    with open(p, "w") as f:
+        f.write("far\n")
+    os.chown(p, 70000, 70000)
+    os.chmod(p, 0o600)
+    before = store_state(daemon.root), images(api)
+    r = imp(api, "dirids:2", d)
+    assert r.status == 400, r
+    assert "65535" in r.json()["error"]["message"], r.json()
+    assert (store_state(daemon.root), images(api)) == before
+
+
 # ---------------------------------------------------------------- tag, rm, gc
 
 def test_tag_rm_gc_keeps_layers_in_use(api, daemon, work):
