@@ -40,7 +40,8 @@ CORE_OBJ := $(COMMON_OBJ) $(call obj,$(HTTPD_SRC) $(BACKEND_SRC) $(IMAGE_SRC) $(
 # marks WARREN_EXPORT (the daemon's objects keep the default).
 LIB_OBJ := $(patsubst %.c,$(B)/lib-obj/%.o,$(LIB_SRC) $(COMMON_SRC))
 
-BINS := $(B)/bin/warrend $(B)/bin/warren $(B)/bin/warren-agent $(B)/bin/warren-gateway
+BINS := $(B)/bin/warrend $(B)/bin/warren $(B)/bin/warren-agent $(B)/bin/warren-gateway \
+	$(B)/bin/warren-sim
 LIBS := $(B)/lib/libwarren.a $(B)/lib/libwarren.so $(B)/lib/pkgconfig/warren.pc
 UNIT_BINS := $(patsubst tests/unit/%.c,$(B)/tests/%,$(UNIT_SRC))
 
@@ -90,6 +91,12 @@ $(B)/bin/warren: $(call obj,$(CLI_SRC)) $(B)/lib/libwarren.a
 
 # The cluster gateway: no root, no sandboxes; libevent, jansson and the etcd client.
 $(B)/bin/warren-gateway: $(call obj,$(GATEWAY_SRC) $(CLUSTER_SRC) $(HTTPD_SRC) src/image/sha256.c) $(COMMON_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(SANFLAGS) -o $@ $^ -levent -levent_pthreads -ljansson -lpthread
+
+# Simulated nodes for scale tests (docs/cluster.md): the etcd client and the
+# membership records warrend publishes, no sandboxes.
+$(B)/bin/warren-sim: $(call obj,src/sim/main.c $(CLUSTER_SRC)) $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(SANFLAGS) -o $@ $^ -levent -levent_pthreads -ljansson -lpthread
 

@@ -788,6 +788,7 @@ usage (FILE *f)
          "       warren bench call [options]   (fncall; see warren bench call --help)\n"
          "       warren bench image [options]  (layers; see warren bench image --help)\n"
          "       warren bench vm [options]     (VM boot/restore; see warren bench vm --help)\n"
+         "       warren bench cluster [options] (simulated nodes; warren bench cluster --help)\n"
          "  -n, --count N          warren iterations (default 200)\n"
          "  -c, --concurrency C    client threads (default 4; exec: 1)\n"
          "      --image REF        image (default: the daemon's default image)\n"
@@ -957,6 +958,8 @@ wr_cli_bench (warren_client_t *c, int argc, char **argv)
       int wr_cli_bench_call (warren_client_t * c, int argc, char **argv); /* bench_call.c */
       return c ? wr_cli_bench_call (c, argc, argv) : 1;
     }
+  if (strcmp (sub, "cluster") == 0)
+    return wr_cli_bench_cluster (argc, argv); /* bench_cluster.c: needs no daemon */
   if (strcmp (sub, "-h") == 0 || strcmp (sub, "--help") == 0 || strcmp (sub, "help") == 0)
     {
       usage (stdout);

@@ -9,5 +9,8 @@
  * Prints the report to stdout; returns the process exit status (0 ok,
  * 1 a measurement failed, 2 usage, 3 --check and a target was missed). */
 int wr_cli_bench (warren_client_t *c, int argc, char **argv);
+/* `warren bench cluster` (bench_cluster.c): starts its own etcd, simulated
+ * nodes and gateways; argv[0] is "cluster". */
+int wr_cli_bench_cluster (int argc, char **argv);
 
 #endif

@@ -19,10 +19,10 @@
 
 #include "cluster/etcd.h"
 #include "cluster/keys.h"
+#include "cluster/member.h"
 #include "common/util.h"
 #include "daemon/backends.h"
 
-#define PUBLISH_MIN_MS 1000
 #define IMAGES_EVERY 5
 #define IMAGES_MAX 256
 
@@ -158,43 +158,36 @@ status_json (struct wrd *d)
         mem += m;
         const char *p = json_string_value (
             json_object_get (json_object_get (s->spec, "labels"), WR_LABEL_PROJECT));
-        if (p == NULL)
-          continue;
-        json_t *pj = json_object_get (projects, p);
-        if (pj == NULL)
-          json_object_set_new (
-              projects, p,
-              pj = json_pack ("{s:I,s:I}", "sandboxes", (json_int_t)0, "memory_mb", (json_int_t)0));
-        json_object_set_new (
-            pj, "sandboxes",
-            json_integer (json_integer_value (json_object_get (pj, "sandboxes")) + 1));
-        json_object_set_new (
-            pj, "memory_mb",
-            json_integer (json_integer_value (json_object_get (pj, "memory_mb")) + m));
+        if (p)
+          wr_node_status_count_project (projects, p, m);
       }
-  return json_pack ("{s:s,s:s,s:O,s:o,s:I,s:I,s:I,s:I,s:I,s:o,s:f,s:s}", "name", g.name, "address",
-                    g.advertise, "labels", g.labels, "backends", backends, "sandboxes", n,
-                    "memory_reserved_mb", mem, "memory_total_mb", (json_int_t)total,
-                    "memory_free_mb", (json_int_t)avail, "cpus",
-                    (json_int_t)sysconf (_SC_NPROCESSORS_ONLN), "projects", projects, "started_at",
-                    g.started_at, "version", WARREN_VERSION);
-}
-
-static json_t *
-status_with_images (struct wrd *d)
-{
-  json_t *j = status_json (d);
-  json_object_set_new (j, "images", image_names (d));
-  int64_t lost = atomic_load (&g.lost_at_ms);
-  if (lost)
-    json_object_set_new (j, "lost_at", json_real ((double)lost / 1000.0));
+  json_t *images = image_names (d);
+  struct wr_node_status st = {
+    .name = g.name,
+    .advertise = g.advertise,
+    .labels = g.labels,
+    .backends = backends,
+    .projects = projects,
+    .images = images,
+    .sandboxes = n,
+    .memory_reserved_mb = mem,
+    .memory_total_mb = total,
+    .memory_free_mb = avail,
+    .cpus = sysconf (_SC_NPROCESSORS_ONLN),
+    .started_at = g.started_at,
+    .lost_at_ms = atomic_load (&g.lost_at_ms),
+  };
+  json_t *j = wr_node_status_json (&st);
+  json_decref (backends);
+  json_decref (projects);
+  json_decref (images);
   return j;
 }
 
 static void
 snapshot (struct wrd *d)
 {
-  json_t *j = status_with_images (d);
+  json_t *j = status_json (d);
   char *text = json_dumps (j, JSON_COMPACT | JSON_SORT_KEYS);
   json_decref (j);
   if (text == NULL)
@@ -221,19 +214,11 @@ tick_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
 static int
 register_node (int64_t *lease, unsigned long *gen, wr_err_t *err)
 {
-  int r = wr_etcd_lease_grant (g.etcd, g.ttl_s, lease, err);
-  if (r < 0)
-    return r;
-  char key[128];
-  snprintf (key, sizeof key, "%s%s", WR_KEY_NODES, g.name);
   pthread_mutex_lock (&g.mu);
   _cleanup_free_ char *text = strdup (g.status);
   *gen = g.status_gen;
   pthread_mutex_unlock (&g.mu);
-  r = wr_etcd_put (g.etcd, key, text, *lease, err);
-  if (r < 0)
-    *lease = 0;
-  return r;
+  return wr_node_register (g.etcd, g.name, text, g.ttl_s, lease, err);
 }
 
 static void
@@ -319,13 +304,13 @@ status_main (void *arg WR_UNUSED)
 {
   uint64_t last_put = 0;
   char key[128];
-  snprintf (key, sizeof key, "%s%s", WR_KEY_NODES, g.name);
+  wr_node_key (key, sizeof key, g.name);
   while (!g.stop)
     {
       usleep (100 * 1000);
       int64_t lease = atomic_load (&g.lease);
       uint64_t now = wr_now_ms ();
-      if (lease == 0 || now - last_put < PUBLISH_MIN_MS)
+      if (lease == 0 || now - last_put < WR_NODE_PUBLISH_MIN_MS)
         continue;
       pthread_mutex_lock (&g.mu);
       unsigned long gen = g.status_gen;

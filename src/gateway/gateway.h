@@ -28,6 +28,7 @@ struct gw_node
   json_t *status; /* the node's last published status */
   char host[256];
   int port;
+  char path[64];     /* advertise URL's path ("/n/NAME" for warren-sim), prefixed to requests */
   unsigned long gen; /* bumped when status changes */
   /* loop only */
   unsigned long seen_gen;

@@ -74,14 +74,19 @@ gw_project_by_token (struct gw *g, const char *token)
 static void
 set_address (struct gw_node *n, const char *addr)
 {
-  n->host[0] = '\0';
+  n->host[0] = n->path[0] = '\0';
   n->port = 0;
   if (addr == NULL || strncmp (addr, "http://", 7) != 0)
     return;
   snprintf (n->host, sizeof n->host, "%s", addr + 7);
   char *slash = strchr (n->host, '/');
   if (slash)
-    *slash = '\0';
+    {
+      /* several (simulated) nodes behind one listener: requests go under the path */
+      if (strlen (slash) < sizeof n->path && slash[1] != '\0')
+        snprintf (n->path, sizeof n->path, "%s", slash);
+      *slash = '\0';
+    }
   char *colon = strrchr (n->host, ':');
   if (colon)
     {

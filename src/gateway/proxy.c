@@ -362,7 +362,11 @@ forward (struct gw *g, struct gw_node *n, struct evhttp_request *client,
   if (n->inflight)
     n->inflight->inflight_prev = f;
   n->inflight = f;
-  if (evhttp_make_request (conn, out, method, uri) < 0)
+  char target[2048]; /* the node's advertised path first (the watch thread writes it) */
+  pthread_mutex_lock (&g->mu);
+  snprintf (target, sizeof target, "%s%s", n->path, uri);
+  pthread_mutex_unlock (&g->mu);
+  if (evhttp_make_request (conn, out, method, target) < 0)
     {
       /* libevent freed out */
       f->out_done = true;
