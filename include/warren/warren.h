@@ -53,17 +53,24 @@ extern "C"
 #define WARREN_E_TIMEOUT "timeout"              /* 504, or the client's own deadline (status 0) */
 /* Client-side codes (status 0). */
 #define WARREN_E_CONNECT "connect_failed"  /* cannot reach the daemon */
+/* The request was sent, then the connection broke before an answer; a
+ * non-idempotent request (exec) is not replayed: it may or may not have run.
+ * Like connect_failed, an infrastructure failure, not the task's. */
+#define WARREN_E_CONNECTION_LOST "connection_lost"
 #define WARREN_E_PROTOCOL "protocol_error" /* malformed, oversized or truncated response */
 #define WARREN_E_IO "io_error"             /* local file or fd failure */
 #define WARREN_E_CANCELLED "cancelled"     /* the cancel flag was raised */
 
-  /* host: "unix:/path/sock" or "http://host:port"; NULL -> $WARREN_HOST, else
+  /* host: "unix:/path/sock", "http://host:port" or "tcp:host:port", or a
+   * comma-separated list of them (gateways of one cluster: the client fails
+   * over between them, docs/cluster.md); NULL -> $WARREN_HOST, else
    * unix:$WARREN_ROOT/warrend.sock, else unix:/var/lib/warren/warrend.sock.
    * token: NULL -> $WARREN_TOKEN (none when unset or empty). Does not connect. */
   WARREN_EXPORT warren_client_t *warren_client_new (const char *host, const char *token,
                                                     warren_error_t *err);
   WARREN_EXPORT void warren_client_free (warren_client_t *c); /* accepts NULL */
-  /* The resolved host string ("unix:/..." or "http://..."). */
+  /* The resolved host string ("unix:/..." or "http://..."); with a host
+   * list, the one requests go to now. */
   WARREN_EXPORT const char *warren_client_host (const warren_client_t *c);
   /* Deadline for one whole request/response in ms (default 60000; 0 = none).
    * exec, call, image import and pack extend it to what they need. */

@@ -9,15 +9,18 @@ import socket
 import time
 from typing import AsyncIterator, List, Optional, Tuple
 
-from ._common import (MAX_HEAD, MAX_BODY, Request, Response, Target, body_mode, keep_alive,
-                      parse_chunk_size, parse_header_line, parse_status_line)
+from ._common import (FAILOVER_CONNECT, MAX_HEAD, MAX_BODY, Failover, Request, Response, Target,
+                      body_mode, keep_alive, parse_chunk_size, parse_header_line,
+                      parse_status_line)
 from .errors import ConnectError, ConnectionLost, ProtocolError, Timeout, WarrenError
 
 
 class _AConn:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 where: int = 0) -> None:
         self.r = reader
         self.w = writer
+        self.where = where  # index of its host in the transport's list
         self.got_bytes = False
 
     def close(self) -> None:
@@ -98,12 +101,16 @@ def _short(req: Request) -> str:
 
 
 class AsyncTransport:
-    """Connection pool for one event loop. ``max_connections`` bounds the
-    sockets open at once (requests beyond it wait for a free one)."""
+    """Connection pool for one event loop, to one daemon or to the current host
+    of a list of gateways (failing over as :class:`Failover` says).
+    ``max_connections`` bounds the sockets open at once (requests beyond it
+    wait for a free one)."""
 
     def __init__(self, target: Target, token: Optional[str], max_connections: int = 256,
                  max_idle: Optional[int] = None) -> None:
         self.target = target
+        self.targets = target.all()
+        self._cur = 0  # the host requests go to; moves on failure only
         self.token = token
         self.max_connections = max_connections
         self.max_idle = max_idle if max_idle is not None else max_connections
@@ -117,34 +124,51 @@ class AsyncTransport:
             self._sem = asyncio.Semaphore(self.max_connections)
         return self._sem
 
-    async def _connect(self) -> _AConn:
+    @property
+    def current(self) -> Target:
+        return self.targets[self._cur]
+
+    def _advance(self, frm: int) -> None:
+        """Leave host frm for the next one (unless another task already did)."""
+        if self._cur == frm:
+            self._cur = (frm + 1) % len(self.targets)
+
+    async def _connect(self, where: int) -> _AConn:
+        t = self.targets[where]
         try:
-            if self.target.unix_path:
-                r, w = await asyncio.open_unix_connection(self.target.unix_path, limit=MAX_HEAD * 4)
+            if t.unix_path:
+                opening = asyncio.open_unix_connection(t.unix_path, limit=MAX_HEAD * 4)
             else:
-                r, w = await asyncio.open_connection(self.target.host, self.target.port,
-                                                     limit=MAX_HEAD * 4)
+                opening = asyncio.open_connection(t.host, t.port, limit=MAX_HEAD * 4)
+            if len(self.targets) > 1:  # one silent host must not eat the deadline
+                r, w = await asyncio.wait_for(opening, FAILOVER_CONNECT)
+            else:
+                r, w = await opening
+            if not t.unix_path:
                 sock = w.get_extra_info("socket")
                 if sock is not None:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except asyncio.TimeoutError:
+            raise ConnectError(f"connecting to {t} timed out") from None
         except OSError as e:
-            raise ConnectError(f"cannot connect to warrend at {self.target}: {e.strerror or e}") from None
+            raise ConnectError(f"cannot connect to warrend at {t}: {e.strerror or e}") from None
         self.opened += 1
-        return _AConn(r, w)
+        return _AConn(r, w, where)
 
-    async def _get(self) -> _AConn:
+    async def _get(self, where: int) -> _AConn:
         if self._closed:
             raise ConnectError("the client is closed")
         while self._idle:
             c = self._idle.pop()
-            if c.stale():
+            if c.where != where or c.stale():
                 c.close()
                 continue
             return c
-        return await self._connect()
+        return await self._connect(where)
 
     def _put(self, c: _AConn) -> None:
-        if not self._closed and len(self._idle) < self.max_idle and not c.stale():
+        if not self._closed and len(self._idle) < self.max_idle and not c.stale() \
+                and c.where == self._cur:
             c.got_bytes = False
             self._idle.append(c)
         else:
@@ -161,12 +185,18 @@ class AsyncTransport:
             except (OSError, RuntimeError):
                 pass
 
-    async def _start(self, req: Request) -> Tuple[_AConn, int, dict]:
-        attempts = 2 if req.retryable else 1
-        head = req.head(self.token, "localhost" if self.target.unix_path else
-                        f"{self.target.host}:{self.target.port}")
-        for attempt in range(attempts):
-            c = await self._get()
+    async def _start(self, req: Request, fo: Failover) -> Tuple[_AConn, int, dict]:
+        while True:
+            where = self._cur
+            t = self.targets[where]
+            try:
+                c = await self._get(where)
+            except ConnectError:
+                if fo.connect_failed():
+                    self._advance(where)
+                    continue
+                raise
+            head = req.head(self.token, "localhost" if t.unix_path else f"{t.host}:{t.port}")
             try:
                 try:
                     c.w.write(head + req.body if req.body else head)
@@ -174,46 +204,61 @@ class AsyncTransport:
                     status, headers = await _read_head(c)
                     return c, status, headers
                 except (ConnectionLost, OSError) as e:
-                    if attempt + 1 < attempts and not c.got_bytes:
-                        c.close()
+                    c.close()
+                    step = fo.lost(c.got_bytes)
+                    if step == "same":
                         continue
-                    if isinstance(e, WarrenError):
+                    if step == "next":
+                        self._advance(where)
+                        continue
+                    if isinstance(e, WarrenError) and c.got_bytes:
                         raise
-                    raise ConnectionLost(f"{_short(req)}: {e}") from None
+                    raise ConnectionLost(fo.lost_message(t) + f" ({e})") from None
             except BaseException:
                 # cancelled or failed mid-request: the connection's state is unknown
                 c.close()
                 raise
-        raise AssertionError("unreachable")
 
     async def call(self, req: Request) -> object:
         """Run one request to completion under its deadline."""
         sem = self._semaphore()
-        try:
-            async with asyncio.timeout(req.timeout):
-                async with sem:
-                    c, status, headers = await self._start(req)
-                    try:
-                        body = bytearray()
-                        async for part in _body_chunks(c, req.method, status, headers):
-                            body += part
-                            if len(body) > MAX_BODY:
-                                raise ProtocolError("response body too large")
-                    except OSError as e:
-                        c.close()
-                        raise ConnectionLost(f"{_short(req)}: {e}") from None
-                    except BaseException:
-                        c.close()
-                        raise
-                    if keep_alive(headers) and body_mode(req.method, status, headers)[0] != "close":
-                        self._put(c)
-                    else:
-                        c.close()
-        except TimeoutError as e:
-            if isinstance(e, WarrenError):
-                raise
-            raise Timeout(f"{_short(req)}: no complete answer within {req.timeout:g}s") from None
-        return req.result(Response(status, headers, bytes(body)))
+        fo = Failover(req, len(self.targets))
+        deadline = time.monotonic() + req.timeout
+        while True:
+            where = self._cur
+            try:
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    async with sem:
+                        c, status, headers = await self._start(req, fo)
+                        try:
+                            body = bytearray()
+                            async for part in _body_chunks(c, req.method, status, headers):
+                                body += part
+                                if len(body) > MAX_BODY:
+                                    raise ProtocolError("response body too large")
+                        except OSError as e:
+                            c.close()
+                            raise ConnectionLost(f"{_short(req)}: {e}") from None
+                        except BaseException:
+                            c.close()
+                            raise
+                        if keep_alive(headers) and body_mode(req.method, status, headers)[0] != "close":
+                            self._put(c)
+                        else:
+                            c.close()
+            except TimeoutError as e:
+                if isinstance(e, WarrenError):
+                    raise
+                raise Timeout(f"{_short(req)}: no complete answer within {req.timeout:g}s") from None
+            resp = Response(status, headers, bytes(body))
+            step = fo.answered(resp, deadline, time.monotonic())
+            if step == "next":
+                self._advance(where)
+                continue
+            if step is not None:
+                await asyncio.sleep(step)
+                continue
+            return req.result(resp)
 
     async def stream(self, req: Request) -> "AsyncStream":
         """Start a streaming request; holds a connection slot until closed."""
@@ -223,7 +268,7 @@ class AsyncTransport:
             async with asyncio.timeout(req.timeout):
                 await sem.acquire()
                 try:
-                    c, status, headers = await self._start(req)
+                    c, status, headers = await self._start(req, Failover(req, len(self.targets)))
                 except BaseException:
                     sem.release()
                     raise

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import urllib.parse
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -29,24 +30,27 @@ Json = Dict[str, Any]
 
 @dataclass(frozen=True)
 class Target:
-    """Where the daemon listens: a unix socket path or a TCP host and port."""
+    """Where the daemon listens: a unix socket path or a TCP host and port.
+    A host list is its first entry with the others in ``more`` (gateways of
+    one cluster; the transports fail over between them, docs/cluster.md)."""
     unix_path: Optional[str] = None
     host: Optional[str] = None
     port: int = 0
+    more: Tuple["Target", ...] = ()
 
     def __str__(self) -> str:
-        return f"unix:{self.unix_path}" if self.unix_path else f"http://{self.host}:{self.port}"
+        one = f"unix:{self.unix_path}" if self.unix_path else f"http://{self.host}:{self.port}"
+        return ",".join([one] + [str(t) for t in self.more])
+
+    def all(self) -> List["Target"]:
+        """Every host of the list, this one first (each without ``more``)."""
+        return [Target(self.unix_path, self.host, self.port)] + [t for t in self.more]
 
 
-def resolve_target(host: Optional[str]) -> Target:
-    """``unix:/path``, ``http://host:port`` (or a bare ``/path``); None ->
-    ``$WARREN_HOST``, else ``unix:$WARREN_ROOT/warrend.sock``, else the
-    default socket ``/var/lib/warren/warrend.sock``."""
-    if not host:
-        host = os.environ.get("WARREN_HOST") or ""
-    if not host:
-        root = os.environ.get("WARREN_ROOT")
-        host = "unix:" + (os.path.join(root, "warrend.sock") if root else DEFAULT_SOCKET)
+MAX_HOSTS = 16  # as libwarren's WL_MAX_HOSTS
+
+
+def _one_target(host: str) -> Target:
     if host.startswith("unix:"):
         path = host[5:]
         if path.startswith("//"):
@@ -56,6 +60,8 @@ def resolve_target(host: Optional[str]) -> Target:
         return Target(unix_path=path)
     if host.startswith("/"):
         return Target(unix_path=host)
+    if host.startswith("tcp:"):  # the daemon's --listen syntax
+        host = "http://" + host[4:]
     if host.startswith("http://"):
         u = urllib.parse.urlsplit(host)
         if not u.hostname or u.path not in ("", "/"):
@@ -65,7 +71,26 @@ def resolve_target(host: Optional[str]) -> Target:
         except ValueError:
             raise InvalidArgument(f"bad host {host!r}: bad port") from None
         return Target(host=u.hostname, port=port)
-    raise InvalidArgument(f"bad host {host!r}: want unix:/path/sock or http://host:port")
+    raise InvalidArgument(f"bad host {host!r}: want unix:/path/sock, http://host:port or tcp:host:port")
+
+
+def resolve_target(host: Union[None, str, Sequence[str]]) -> Target:
+    """``unix:/path``, ``http://host:port``, ``tcp:host:port`` (or a bare
+    ``/path``), or several of them as a list or a comma-separated string;
+    None -> ``$WARREN_HOST``, else ``unix:$WARREN_ROOT/warrend.sock``, else
+    the default socket ``/var/lib/warren/warrend.sock``."""
+    if not host:
+        host = os.environ.get("WARREN_HOST") or ""
+    if not host:
+        root = os.environ.get("WARREN_ROOT")
+        host = "unix:" + (os.path.join(root, "warrend.sock") if root else DEFAULT_SOCKET)
+    entries = host.split(",") if isinstance(host, str) else list(host)
+    if not all(isinstance(h, str) and h.strip() for h in entries):
+        raise InvalidArgument(f"bad host list {host!r}: empty entry")
+    if len(entries) > MAX_HOSTS:
+        raise InvalidArgument(f"more than {MAX_HOSTS} hosts in {host!r}")
+    targets = [_one_target(h.strip()) for h in entries]
+    return Target(targets[0].unix_path, targets[0].host, targets[0].port, tuple(targets[1:]))
 
 
 def resolve_token(token: Optional[str]) -> Optional[str]:
@@ -103,6 +128,7 @@ class Request:
     ok: Tuple[int, ...] = (200,)
     parse: Callable[[Response], Any] = field(default=lambda r: r.json())
     stream: bool = False
+    idempotency_key: Optional[str] = None  # a create's; lets it be replayed on another gateway
 
     @property
     def retryable(self) -> bool:
@@ -119,6 +145,8 @@ class Request:
             lines.append(f"Content-Type: {self.content_type}")
         if self.stream:
             lines.append("Accept: application/x-ndjson")
+        if self.idempotency_key:
+            lines.append(f"Idempotency-Key: {self.idempotency_key}")
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
     def result(self, resp: Response) -> Any:
@@ -126,6 +154,89 @@ class Request:
         if resp.status not in self.ok:
             raise_for(resp)
         return self.parse(resp)
+
+
+IDEM_WAIT = 30.0  # s a replayed create waits for its first attempt (libwarren's WL_IDEM_WAIT_MS)
+FAILOVER_CONNECT = 5.0  # s of connect per host when there are several
+
+
+def error_code(resp: Response) -> Optional[str]:
+    try:
+        e = json.loads(resp.body).get("error") if resp.body else None
+    except (ValueError, AttributeError):
+        return None
+    return e.get("code") if isinstance(e, dict) else None
+
+
+class Failover:
+    """One request's way through a host list (docs/cluster.md, "Clients and
+    failover"); both transports ask it what to do after each attempt.
+
+    - a connect failure (nothing sent): the next host, for any request;
+    - the connection closed or reset before any answer: a retryable request
+      (idempotent) is tried once more on the same host on a new connection
+      (the daemon may have closed an idle keep-alive one); a replayable one (idempotent, or a create with an idempotency
+      key when there are several hosts) goes to the next host; any other
+      request (exec) fails with :class:`ConnectionLost`, never re-sent;
+    - ``503 control_plane_unavailable`` (that gateway lost etcd and did
+      nothing): the next host;
+    - ``409 conflict`` to a create replayed with its key: the first attempt
+      is still being made; ask again with backoff, up to ``IDEM_WAIT``.
+    Every host is tried at most once per request; the transport stays on
+    the host that answered."""
+
+    def __init__(self, req: Request, nhosts: int) -> None:
+        self.req = req
+        self.n = nhosts
+        self.replayable = req.retryable or (req.idempotency_key is not None and nhosts > 1)
+        self.hops = 0
+        self.stale_retried = False
+        self.replayed = False
+        self.waited = 0.0
+        self.backoff = 0.025
+
+    def connect_failed(self) -> bool:
+        """True: try the next host."""
+        if self.hops + 1 < self.n:
+            self.hops += 1
+            return True
+        return False
+
+    def lost(self, got_bytes: bool) -> str:
+        """After a broken attempt: "same" host again, "next" host, or "fail"."""
+        if got_bytes:
+            return "fail"
+        if self.req.retryable and not self.stale_retried:
+            self.stale_retried = True
+            return "same"
+        if self.replayable and self.hops + 1 < self.n:
+            self.hops += 1
+            self.replayed = True
+            return "next"
+        return "fail"
+
+    def lost_message(self, target: object) -> str:
+        what = f"{self.req.method} {self.req.path.split('?')[0]}"
+        if self.replayable:
+            return f"{what}: connection to {target} closed before an answer"
+        return (f"{what}: connection to {target} closed before an answer: it may or may not "
+                "have run, and is not sent again (an infrastructure failure)")
+
+    def answered(self, resp: Response, deadline: float, now: float) -> Union[None, str, float]:
+        """After a complete answer: None (done), "next" host, or seconds to
+        wait before asking the same host again."""
+        if resp.status == 503 and self.hops + 1 < self.n \
+                and error_code(resp) == "control_plane_unavailable":
+            self.hops += 1
+            return "next"
+        if resp.status == 409 and self.replayed and self.req.idempotency_key \
+                and self.waited < IDEM_WAIT and now + self.backoff < deadline \
+                and error_code(resp) == "conflict":
+            delay = self.backoff
+            self.waited += delay
+            self.backoff = min(self.backoff * 2, 1.0)
+            return delay
+        return None
 
 
 def raise_for(resp: Response) -> None:
@@ -246,7 +357,25 @@ def json_req(method: str, path: str, body: Optional[Json] = None, **kw: Any) -> 
     if body is not None:
         data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
         ctype = "application/json"
-    return Request(method, path, data, ctype, **kw)
+    req = Request(method, path, data, ctype, **kw)
+    if method == "POST" and path == "/v1/sandboxes":
+        req.idempotency_key = create_key(body)
+    return req
+
+
+_KEY_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
+
+
+def create_key(body: Optional[Json]) -> Optional[str]:
+    """Every create carries an idempotency key, the caller's
+    (``idempotency_key=`` on create) or a random one, so that a create sent
+    again through another gateway never makes a second sandbox."""
+    given = (body or {}).get("idempotency_key")
+    if isinstance(given, str):
+        # a malformed key is the gateway's to refuse; it must not reach the header
+        ok = 0 < len(given) <= 128 and all(c in _KEY_CHARS for c in given)
+        return given if ok else None
+    return "py-" + uuid.uuid4().hex
 
 
 def exec_body(cmd: Union[None, str, Sequence[str]], shell: Optional[str], env: Optional[Mapping[str, str]],

@@ -9,16 +9,17 @@ import threading
 import time
 from typing import Iterator, List, Optional, Tuple
 
-from ._common import (MAX_HEAD, Request, Response, Target, body_mode, keep_alive,
-                      parse_chunk_size, parse_header_line, parse_status_line)
+from ._common import (FAILOVER_CONNECT, MAX_HEAD, Failover, Request, Response, Target, body_mode,
+                      keep_alive, parse_chunk_size, parse_header_line, parse_status_line)
 from .errors import ConnectError, ConnectionLost, ProtocolError, Timeout, WarrenError
 
 
 class _Conn:
     """One socket with a read buffer; every read honours the call's deadline."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, where: int = 0) -> None:
         self.sock = sock
+        self.where = where       # index of its host in the transport's list
         self.buf = bytearray()
         self.got_bytes = False   # any response byte seen for the current request
         self.reused = False
@@ -130,54 +131,74 @@ def _body_chunks(c: _Conn, method: str, status: int, headers: dict,
 
 
 class SyncTransport:
-    """Pool of keep-alive connections to one daemon, safe to share by threads."""
+    """Pool of keep-alive connections to one daemon, or to the current host of
+    a list of gateways (failing over as :class:`Failover` says), safe to
+    share by threads."""
 
     def __init__(self, target: Target, token: Optional[str], max_idle: int = 16) -> None:
         self.target = target
+        self.targets = target.all()
         self.token = token
         self.max_idle = max_idle
         self._idle: List[_Conn] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._cur = 0  # the host requests go to; moves on failure only
 
-    def _connect(self, deadline: float) -> _Conn:
+    @property
+    def current(self) -> Target:
+        return self.targets[self._cur]
+
+    def _advance(self, frm: int) -> None:
+        """Leave host frm for the next one (unless another thread already did)."""
+        with self._lock:
+            if self._cur == frm:
+                self._cur = (frm + 1) % len(self.targets)
+
+    def _connect(self, deadline: float, where: int) -> _Conn:
+        t = self.targets[where]
         left = deadline - time.monotonic()
         if left <= 0:
             raise Timeout("the call's deadline passed before connecting")
+        if len(self.targets) > 1:
+            left = min(left, FAILOVER_CONNECT)  # one silent host must not eat the deadline
         try:
-            if self.target.unix_path:
+            if t.unix_path:
                 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 s.settimeout(left)
                 try:
-                    s.connect(self.target.unix_path)
+                    s.connect(t.unix_path)
                 except BaseException:
                     s.close()
                     raise
             else:
-                s = socket.create_connection((self.target.host, self.target.port), timeout=left)
+                s = socket.create_connection((t.host, t.port), timeout=left)
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except socket.timeout:
-            raise Timeout(f"connecting to {self.target} timed out") from None
+            if len(self.targets) > 1:
+                raise ConnectError(f"connecting to {t} timed out") from None
+            raise Timeout(f"connecting to {t} timed out") from None
         except OSError as e:
-            raise ConnectError(f"cannot connect to warrend at {self.target}: {e.strerror or e}") from None
-        return _Conn(s)
+            raise ConnectError(f"cannot connect to warrend at {t}: {e.strerror or e}") from None
+        return _Conn(s, where)
 
-    def _get(self, deadline: float) -> _Conn:
+    def _get(self, deadline: float, where: int) -> _Conn:
         with self._lock:
             if self._closed:
                 raise ConnectError("the client is closed")
             while self._idle:
                 c = self._idle.pop()
-                if c.stale():
+                if c.where != where or c.stale():
                     c.close()
                     continue
                 c.reused = True
                 return c
-        return self._connect(deadline)
+        return self._connect(deadline, where)
 
     def _put(self, c: _Conn) -> None:
         with self._lock:
-            if not self._closed and len(self._idle) < self.max_idle and not c.buf:
+            if not self._closed and len(self._idle) < self.max_idle and not c.buf \
+                    and c.where == self._cur:
                 c.got_bytes = False
                 self._idle.append(c)
                 return
@@ -190,15 +211,20 @@ class SyncTransport:
         for c in idle:
             c.close()
 
-    def _start(self, req: Request, deadline: float) -> Tuple[_Conn, int, dict]:
-        """Send the request and read the response head, retrying an idempotent
-        request once on a fresh connection if a reused one turned out dead
-        before any response byte arrived."""
-        attempts = 2 if req.retryable else 1
-        head = req.head(self.token, "localhost" if self.target.unix_path else
-                        f"{self.target.host}:{self.target.port}")
-        for attempt in range(attempts):
-            c = self._get(deadline)
+    def _start(self, req: Request, deadline: float, fo: Failover) -> Tuple[_Conn, int, dict]:
+        """Send the request and read the response head, on the current host
+        or the next ones as fo decides."""
+        while True:
+            where = self._cur
+            t = self.targets[where]
+            try:
+                c = self._get(deadline, where)
+            except ConnectError:
+                if fo.connect_failed():
+                    self._advance(where)
+                    continue
+                raise
+            head = req.head(self.token, "localhost" if t.unix_path else f"{t.host}:{t.port}")
             try:
                 try:
                     if req.body and len(req.body) < 65536:
@@ -212,46 +238,60 @@ class SyncTransport:
                 except socket.timeout:
                     raise Timeout(f"{req.method} {req.path.split('?')[0]}: no answer before the deadline") from None
                 except (ConnectionLost, OSError) as e:
-                    if attempt + 1 < attempts and not c.got_bytes:
-                        c.close()
+                    c.close()
+                    step = fo.lost(c.got_bytes)
+                    if step == "same":
                         continue
-                    if isinstance(e, WarrenError):
+                    if step == "next":
+                        self._advance(where)
+                        continue
+                    if isinstance(e, WarrenError) and c.got_bytes:
                         raise
-                    raise ConnectionLost(f"{req.method} {req.path.split('?')[0]}: {e}") from None
+                    raise ConnectionLost(fo.lost_message(t) + f" ({e})") from None
             except BaseException:
                 c.close()
                 raise
-        raise AssertionError("unreachable")
 
     def call(self, req: Request) -> object:
         """Run one request to completion and return its parsed result."""
         deadline = time.monotonic() + req.timeout
-        c, status, headers = self._start(req, deadline)
-        try:
-            body = bytearray()
-            for part in _body_chunks(c, req.method, status, headers, deadline):
-                body += part
-                if len(body) > 256 * 1024 * 1024:
-                    raise ProtocolError("response body too large")
-        except socket.timeout:
-            c.close()
-            raise Timeout(f"{req.method} {req.path.split('?')[0]}: response not complete before the deadline") from None
-        except OSError as e:
-            c.close()
-            raise ConnectionLost(f"{req.method} {req.path.split('?')[0]}: {e}") from None
-        except BaseException:
-            c.close()
-            raise
-        if keep_alive(headers) and body_mode(req.method, status, headers)[0] != "close":
-            self._put(c)
-        else:
-            c.close()
-        return req.result(Response(status, headers, bytes(body)))
+        fo = Failover(req, len(self.targets))
+        while True:
+            where = self._cur
+            c, status, headers = self._start(req, deadline, fo)
+            try:
+                body = bytearray()
+                for part in _body_chunks(c, req.method, status, headers, deadline):
+                    body += part
+                    if len(body) > 256 * 1024 * 1024:
+                        raise ProtocolError("response body too large")
+            except socket.timeout:
+                c.close()
+                raise Timeout(f"{req.method} {req.path.split('?')[0]}: response not complete before the deadline") from None
+            except OSError as e:
+                c.close()
+                raise ConnectionLost(f"{req.method} {req.path.split('?')[0]}: {e}") from None
+            except BaseException:
+                c.close()
+                raise
+            if keep_alive(headers) and body_mode(req.method, status, headers)[0] != "close":
+                self._put(c)
+            else:
+                c.close()
+            resp = Response(status, headers, bytes(body))
+            step = fo.answered(resp, deadline, time.monotonic())
+            if step == "next":
+                self._advance(where)
+                continue
+            if step is not None:
+                time.sleep(step)
+                continue
+            return req.result(resp)
 
     def stream(self, req: Request) -> "SyncStream":
         """Start a streaming request; the caller iterates the body chunks."""
         deadline = time.monotonic() + req.timeout
-        c, status, headers = self._start(req, deadline)
+        c, status, headers = self._start(req, deadline, Failover(req, len(self.targets)))
         return SyncStream(self, req, c, status, headers, deadline)
 
 

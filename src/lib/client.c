@@ -1,6 +1,7 @@
 /* The client handle: host resolution, JSON round trips, small helpers. */
 #include "internal.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -20,7 +21,7 @@ warren_id_valid (const char *id)
 }
 
 static int
-parse_host (warren_client_t *c, const char *host, warren_error_t *err)
+parse_host (wl_host_t *out, const char *host, warren_error_t *err)
 {
   if (strncmp (host, "unix:", 5) == 0 || host[0] == '/')
     {
@@ -29,11 +30,11 @@ parse_host (warren_client_t *c, const char *host, warren_error_t *err)
         p += 2; /* unix:///path */
       if (*p == '\0')
         return wl_error (err, 0, WARREN_E_INVALID, 0, "empty socket path in host '%s'", host);
-      c->unix_path = strdup (p);
-      c->host_header = strdup ("localhost");
-      if (asprintf (&c->host, "unix:%s", p) < 0)
-        c->host = NULL;
-      if (!c->unix_path || !c->host_header || !c->host)
+      out->unix_path = strdup (p);
+      out->host_header = strdup ("localhost");
+      if (asprintf (&out->name, "unix:%s", p) < 0)
+        out->name = NULL;
+      if (!out->unix_path || !out->host_header || !out->name)
         return wl_error (err, ENOMEM, WARREN_E_INTERNAL, 0, "host");
       return 0;
     }
@@ -82,15 +83,80 @@ parse_host (warren_client_t *c, const char *host, warren_error_t *err)
   if (*end != '\0' || pn <= 0 || pn > 65535)
     return wl_error (err, 0, WARREN_E_INVALID, 0, "bad host '%s': bad port", host);
   bool v6 = strchr (h, ':') != NULL;
-  c->tcp_host = strdup (h);
-  c->tcp_port = strdup (port);
-  if (asprintf (&c->host_header, v6 ? "[%s]:%s" : "%s:%s", h, port) < 0)
-    c->host_header = NULL;
-  if (asprintf (&c->host, "http://%s", c->host_header ? c->host_header : "") < 0)
-    c->host = NULL;
-  if (!c->tcp_host || !c->tcp_port || !c->host_header || !c->host)
+  out->tcp_host = strdup (h);
+  out->tcp_port = strdup (port);
+  if (asprintf (&out->host_header, v6 ? "[%s]:%s" : "%s:%s", h, port) < 0)
+    out->host_header = NULL;
+  if (asprintf (&out->name, "http://%s", out->host_header ? out->host_header : "") < 0)
+    out->name = NULL;
+  if (!out->tcp_host || !out->tcp_port || !out->host_header || !out->name)
     return wl_error (err, ENOMEM, WARREN_E_INTERNAL, 0, "host");
   return 0;
+}
+
+void
+wl_hosts_free (wl_host_t *hosts, size_t n)
+{
+  for (size_t i = 0; hosts && i < n; i++)
+    {
+      free (hosts[i].name);
+      free (hosts[i].unix_path);
+      free (hosts[i].tcp_host);
+      free (hosts[i].tcp_port);
+      free (hosts[i].host_header);
+    }
+  free (hosts);
+}
+
+int
+wl_hosts_parse (const char *spec, wl_host_t **ret, size_t *ret_n, warren_error_t *err)
+{
+  size_t n = 1;
+  for (const char *p = spec; *p; p++)
+    n += *p == ',';
+  if (n > WL_MAX_HOSTS)
+    return wl_error (err, 0, WARREN_E_INVALID, 0, "more than %d hosts in '%.200s'", WL_MAX_HOSTS,
+                     spec);
+  wl_host_t *hosts = calloc (n, sizeof *hosts);
+  if (hosts == NULL)
+    return wl_error (err, ENOMEM, WARREN_E_INTERNAL, 0, "host");
+  const char *p = spec;
+  for (size_t i = 0; i < n; i++)
+    {
+      size_t len = strcspn (p, ",");
+      const char *b = p, *e = p + len;
+      while (b < e && (*b == ' ' || *b == '\t'))
+        b++;
+      while (e > b && (e[-1] == ' ' || e[-1] == '\t'))
+        e--;
+      _cleanup_free_ char *one = strndup (b, (size_t)(e - b));
+      int r = one == NULL    ? wl_error (err, ENOMEM, WARREN_E_INTERNAL, 0, "host")
+              : *one == '\0' ? wl_error (err, 0, WARREN_E_INVALID, 0,
+                                         "empty entry in host list '%.200s'", spec)
+                             : parse_host (&hosts[i], one, err);
+      if (r < 0)
+        {
+          wl_hosts_free (hosts, n);
+          return r;
+        }
+      p += len + (p[len] == ',');
+    }
+  *ret = hosts;
+  *ret_n = n;
+  return 0;
+}
+
+void
+wl_use_host (warren_client_t *c, size_t i)
+{
+  if (c->fd >= 0 && i != c->cur)
+    warren_client_disconnect (c);
+  c->cur = i;
+  c->host = c->hosts[i].name;
+  c->unix_path = c->hosts[i].unix_path;
+  c->tcp_host = c->hosts[i].tcp_host;
+  c->tcp_port = c->hosts[i].tcp_port;
+  c->host_header = c->hosts[i].host_header;
 }
 
 warren_client_t *
@@ -123,11 +189,12 @@ warren_client_new (const char *host, const char *token, warren_error_t *err)
       warren_client_free (c);
       return NULL;
     }
-  if (parse_host (c, host, err) < 0)
+  if (wl_hosts_parse (host, &c->hosts, &c->nhosts, err) < 0)
     {
       warren_client_free (c);
       return NULL;
     }
+  wl_use_host (c, 0);
   if (token && *token)
     {
       c->token = strdup (token);
@@ -147,11 +214,7 @@ warren_client_free (warren_client_t *c)
   if (c == NULL)
     return;
   warren_client_disconnect (c);
-  free (c->host);
-  free (c->unix_path);
-  free (c->tcp_host);
-  free (c->tcp_port);
-  free (c->host_header);
+  wl_hosts_free (c->hosts, c->nhosts);
   if (c->token)
     explicit_bzero (c->token, strlen (c->token));
   free (c->token);
@@ -206,6 +269,30 @@ wl_stream_begin (warren_client_t *c, const char *target, const json_t *req, int 
   return wl_http_request (c, &hreq, resp, err);
 }
 
+/* Every create carries an idempotency key, the caller's ("idempotency_key"
+ * in the body) or a random one, so that a create sent again through another
+ * gateway after a lost connection never makes a second sandbox. */
+static const char *
+create_idem_key (const char *method, const char *target, const json_t *body, char key[static 40])
+{
+  if (strcmp (method, "POST") != 0 || strcmp (target, "/v1/sandboxes") != 0)
+    return NULL;
+  const char *given = json_string_value (json_object_get (body, "idempotency_key"));
+  if (given)
+    {
+      /* the gateway rejects a malformed key; it must not reach the header */
+      size_t n = strlen (given);
+      bool ok = n > 0 && n <= 128;
+      for (size_t i = 0; ok && i < n; i++)
+        ok = isalnum ((unsigned char)given[i]) || strchr ("._:-", given[i]);
+      return ok ? given : NULL;
+    }
+  memcpy (key, "wl-", 3);
+  if (wr_random_hex (key + 3, 32) < 0)
+    return NULL; /* no key: the create is not replayed */
+  return key;
+}
+
 int
 wl_json_call (warren_client_t *c, const char *method, const char *target, const json_t *body,
               int timeout_ms, json_t **ret, warren_error_t *err)
@@ -217,6 +304,7 @@ wl_json_call (warren_client_t *c, const char *method, const char *target, const 
       if (text == NULL)
         return wl_error (err, 0, WARREN_E_INVALID, 0, "request body is not serializable JSON");
     }
+  char key[40];
   wl_request_t req = {
     .method = method,
     .target = target,
@@ -225,6 +313,7 @@ wl_json_call (warren_client_t *c, const char *method, const char *target, const 
     .body_fd = -1,
     .body_len = text ? strlen (text) : 0,
     .timeout_ms = timeout_ms,
+    .idem_key = create_idem_key (method, target, body, key),
   };
   wl_response_t resp;
   int hr = wl_http_request (c, &req, &resp, err);

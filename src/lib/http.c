@@ -356,12 +356,14 @@ send_request (warren_client_t *c, const wl_request_t *req, warren_error_t *err)
   _cleanup_free_ char *head = NULL;
   int hl = asprintf (&head,
                      "%s %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: libwarren/" WARREN_VERSION
-                     "\r\nAccept: */*\r\n%s%s%s%s%s%s\r\n",
+                     "\r\nAccept: */*\r\n%s%s%s%s%s%s%s%s%s\r\n",
                      req->method, req->target, c->host_header,
                      c->token ? "Authorization: Bearer " : "", c->token ? c->token : "",
                      c->token ? "\r\n" : "", req->content_type && has_body ? "Content-Type: " : "",
                      req->content_type && has_body ? req->content_type : "",
-                     req->content_type && has_body ? "\r\n" : "");
+                     req->content_type && has_body ? "\r\n" : "",
+                     req->idem_key ? "Idempotency-Key: " : "", req->idem_key ? req->idem_key : "",
+                     req->idem_key ? "\r\n" : "");
   if (hl < 0)
     return wl_error (err, ENOMEM, WARREN_E_INTERNAL, 0, "request");
   /* Append lenhdr right before the final CRLF. */
@@ -549,6 +551,20 @@ read_head (warren_client_t *c, const wl_request_t *req, wl_response_t *resp, war
     }
 }
 
+static void
+next_host (warren_client_t *c)
+{
+  wl_use_host (c, (c->cur + 1) % c->nhosts);
+}
+
+static int
+copy_error (warren_error_t *err, const warren_error_t *e, int r)
+{
+  if (err)
+    *err = *e;
+  return r < 0 ? r : -EIO;
+}
+
 int
 wl_http_begin (warren_client_t *c, const wl_request_t *req, wl_response_t *resp,
                warren_error_t *err)
@@ -556,11 +572,19 @@ wl_http_begin (warren_client_t *c, const wl_request_t *req, wl_response_t *resp,
   if (c->token && !token_char_ok (c->token))
     return wl_error (err, 0, WARREN_E_INVALID, 0, "the token contains invalid characters");
   int timeout = req->timeout_ms ? req->timeout_ms : c->timeout_ms;
-  c->deadline_ns = timeout > 0 ? wr_now_ns () + (uint64_t)timeout * 1000000ull : 0;
+  uint64_t deadline = timeout > 0 ? wr_now_ns () + (uint64_t)timeout * 1000000ull : 0;
+  c->deadline_ns = deadline;
   bool idempotent = strcmp (req->method, "GET") == 0 || strcmp (req->method, "PUT") == 0
                     || strcmp (req->method, "DELETE") == 0 || strcmp (req->method, "HEAD") == 0;
-  for (int attempt = 0;; attempt++)
+  /* A create with a key may go out twice only to gateways, which answer the
+   * second with the first one's sandbox; a node ignores the key. Several
+   * hosts are gateways of one cluster (docs/cluster.md). */
+  bool replayable = idempotent || (req->idem_key && c->nhosts > 1);
+  size_t hops = 0; /* hosts this request gave up on */
+  bool stale_retried = false;
+  for (;;)
     {
+      warren_error_t e;
       bool reused = false;
       if (c->fd >= 0)
         {
@@ -571,25 +595,57 @@ wl_http_begin (warren_client_t *c, const wl_request_t *req, wl_response_t *resp,
         }
       if (c->fd < 0)
         {
-          int r = c->unix_path ? connect_unix (c, err) : connect_tcp (c, err);
+          /* One silent host must not eat the whole deadline of a list. */
+          if (c->nhosts > 1)
+            {
+              uint64_t cap = wr_now_ns () + WL_FAILOVER_CONNECT_MS * 1000000ull;
+              if (deadline == 0 || cap < deadline)
+                c->deadline_ns = cap;
+            }
+          int r = c->unix_path ? connect_unix (c, &e) : connect_tcp (c, &e);
+          c->deadline_ns = deadline;
           if (r < 0)
-            return r;
+            {
+              /* nothing was sent: any request may go to the next host */
+              if (strcmp (e.code, WARREN_E_CONNECT) == 0 && hops + 1 < c->nhosts)
+                {
+                  next_host (c);
+                  hops++;
+                  continue;
+                }
+              return copy_error (err, &e, r);
+            }
         }
       c->rpos = c->rlen = 0;
       c->conn_failed = false;
       c->got_bytes = false;
-      int r = send_request (c, req, err);
+      int r = send_request (c, req, &e);
       if (r == 0)
-        r = read_head (c, req, resp, err);
+        r = read_head (c, req, resp, &e);
       if (r == 0)
         return 0;
-      /* The daemon may close an idle keep-alive connection at any moment; a
-       * request that died with it before any answer is safe to repeat only
-       * when it is idempotent. */
-      bool retry = reused && attempt == 0 && idempotent && c->conn_failed && !c->got_bytes;
+      /* The peer went away before answering: the daemon closing an idle
+       * keep-alive connection at that moment, or a crashed gateway. */
+      bool lost = c->conn_failed && !c->got_bytes;
       conn_close (c);
-      if (!retry)
-        return r < 0 ? r : -EIO;
+      if (lost && reused && !stale_retried && idempotent)
+        {
+          stale_retried = true; /* the same host, once, on a new connection */
+          continue;
+        }
+      if (lost && replayable && hops + 1 < c->nhosts)
+        {
+          next_host (c);
+          hops++;
+          c->replayed = true;
+          continue;
+        }
+      if (lost && !replayable)
+        return wl_error (err, 0, WARREN_E_CONNECTION_LOST, 0,
+                         "connection to %s closed before an answer to %s %s: it may or may not "
+                         "have run, and is not sent again (an infrastructure failure)",
+                         c->host, req->method, req->target);
+      return copy_error (err, &e, r);
     }
 }
 
@@ -821,15 +877,63 @@ wl_http_error (warren_client_t *c, wl_response_t *resp, warren_error_t *err)
                    status, k ? ": " : "", snip);
 }
 
+/* Sleep ms, or less when the deadline or a cancel comes first; -1 then. */
+static int
+pause_ms (warren_client_t *c, int ms, uint64_t deadline, warren_error_t *err)
+{
+  uint64_t until = wr_now_ns () + (uint64_t)ms * 1000000ull;
+  if (deadline && until >= deadline)
+    return wl_error (err, 0, WARREN_E_TIMEOUT, 0, "no answer from %s in time", c->host);
+  while (wr_now_ns () < until)
+    {
+      if (c->cancel && *c->cancel)
+        return wl_error (err, 0, WARREN_E_CANCELLED, 0, "request to %s cancelled", c->host);
+      nanosleep (&(struct timespec){ .tv_nsec = 10000000 }, NULL);
+    }
+  return 0;
+}
+
 int
 wl_http_request (warren_client_t *c, const wl_request_t *req, wl_response_t *resp,
                  warren_error_t *err)
 {
-  if (wl_http_begin (c, req, resp, err) < 0)
-    return -1;
-  if (resp->status >= 400)
-    return wl_http_error (c, resp, err);
-  return 0;
+  c->replayed = false;
+  int timeout = req->timeout_ms ? req->timeout_ms : c->timeout_ms;
+  uint64_t deadline = timeout > 0 ? wr_now_ns () + (uint64_t)timeout * 1000000ull : 0;
+  size_t hops = 0;
+  int waited_ms = 0, backoff_ms = 25;
+  for (;;)
+    {
+      if (wl_http_begin (c, req, resp, err) < 0)
+        return -1;
+      if (resp->status < 400)
+        return 0;
+      warren_error_t e;
+      int r = wl_http_error (c, resp, &e);
+      /* A gateway that lost etcd did nothing with the request; another
+       * gateway may still reach it. */
+      if (resp->status == 503 && strcmp (e.code, "control_plane_unavailable") == 0
+          && hops + 1 < c->nhosts)
+        {
+          next_host (c);
+          hops++;
+          continue;
+        }
+      /* A replayed create whose first attempt (through a gateway that died)
+       * is still being made: the key answers with that sandbox once it
+       * exists. */
+      if (resp->status == 409 && req->idem_key && c->replayed
+          && strcmp (e.code, WARREN_E_CONFLICT) == 0 && waited_ms < WL_IDEM_WAIT_MS)
+        {
+          int pr = pause_ms (c, backoff_ms, deadline, err);
+          if (pr < 0)
+            return pr;
+          waited_ms += backoff_ms;
+          backoff_ms = backoff_ms * 2 > 1000 ? 1000 : backoff_ms * 2;
+          continue;
+        }
+      return copy_error (err, &e, r);
+    }
 }
 
 char *

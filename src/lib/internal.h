@@ -15,14 +15,35 @@
 #define WL_ERROR_BODY_MAX (1u << 20)
 #define WL_DEFAULT_TIMEOUT_MS 60000
 #define WL_SLOW_TIMEOUT_MS (3600 * 1000) /* image import, pack */
+#define WL_MAX_HOSTS 16                  /* gateways in one host list */
+#define WL_FAILOVER_CONNECT_MS 5000      /* connect budget per host when there are several */
+#define WL_IDEM_WAIT_MS 30000 /* a replayed create whose first attempt is still in flight */
 
-struct warren_client
+/* One entry of a host list ("unix:/path", "http://h:p" or "tcp:h:p"). */
+typedef struct wl_host
 {
-  char *host;      /* as resolved, for messages */
+  char *name;      /* as resolved, for messages */
   char *unix_path; /* unix socket, or NULL for TCP */
   char *tcp_host;  /* TCP host and port */
   char *tcp_port;
   char *host_header;
+} wl_host_t;
+
+/* Parse a comma-separated host list (blanks around entries allowed; at most
+ * WL_MAX_HOSTS, no empty entries). */
+int wl_hosts_parse (const char *spec, wl_host_t **ret, size_t *ret_n, warren_error_t *err);
+void wl_hosts_free (wl_host_t *hosts, size_t n);
+
+struct warren_client
+{
+  wl_host_t *hosts; /* the host list; requests go to hosts[cur] */
+  size_t nhosts, cur;
+  /* hosts[cur]'s fields, borrowed: */
+  const char *host;
+  const char *unix_path;
+  const char *tcp_host;
+  const char *tcp_port;
+  const char *host_header;
   char *token;
   int timeout_ms;
   const volatile sig_atomic_t *cancel;
@@ -32,6 +53,7 @@ struct warren_client
   uint64_t deadline_ns; /* of the request in progress, 0 = none */
   bool conn_failed;     /* the last transport error was the peer going away */
   bool got_bytes;       /* some response bytes arrived for the request in progress */
+  bool replayed;        /* the request in progress was sent again after a lost connection */
   char *rbuf;
   size_t rpos, rlen;
 };
@@ -45,7 +67,8 @@ typedef struct wl_request
   int body_fd;      /* -1, or a seekable fd streamed from body_off */
   off_t body_off;
   uint64_t body_len;
-  int timeout_ms; /* 0 = the client's default */
+  int timeout_ms;       /* 0 = the client's default */
+  const char *idem_key; /* Idempotency-Key header of a create, or NULL */
 } wl_request_t;
 
 typedef struct wl_response
@@ -66,8 +89,16 @@ int wl_error (warren_error_t *err, int errnum, const char *code, int status, con
     __attribute__ ((format (printf, 5, 6)));
 const char *wl_code_for_status (int status);
 
+/* Make hosts[i] the current host (drops the connection to the old one). */
+void wl_use_host (warren_client_t *c, size_t i);
+
 /* Send a request and read the response head. On a reused connection found
- * dead, idempotent requests (GET/PUT/DELETE) are retried once on a new one. */
+ * dead, idempotent requests (GET/PUT/DELETE) are retried once on a new one.
+ * With several hosts it fails over (docs/cluster.md, "Clients and
+ * failover"): a connect failure moves any request to the next host; a
+ * connection lost before the answer moves a replayable request (idempotent,
+ * or a create with idem_key) there, and fails any other one with
+ * WARREN_E_CONNECTION_LOST. */
 int wl_http_begin (warren_client_t *c, const wl_request_t *req, wl_response_t *resp,
                    warren_error_t *err);
 /* Read body bytes; 0 at the end of the body. */
