@@ -79,7 +79,7 @@ $(B)/lib/libwarren.a: $(LIB_OBJ)
 
 $(B)/lib/libwarren.so: $(LIB_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(SANFLAGS) -shared -Wl,-soname,libwarren.so.0 -o $@ $^ -ljansson
+	$(CC) $(SANFLAGS) -shared -Wl,-soname,libwarren.so.0 -o $@ $^ -ljansson -larchive
 
 $(B)/lib/pkgconfig/warren.pc: warren.pc.in
 	@mkdir -p $(dir $@)
@@ -87,7 +87,7 @@ $(B)/lib/pkgconfig/warren.pc: warren.pc.in
 
 $(B)/bin/warren: $(call obj,$(CLI_SRC)) $(B)/lib/libwarren.a
 	@mkdir -p $(dir $@)
-	$(CC) $(SANFLAGS) -o $@ $^ -ljansson -lm
+	$(CC) $(SANFLAGS) -o $@ $^ -ljansson -larchive -lm
 
 # The cluster gateway: no root, no sandboxes; libevent, jansson and the etcd client.
 $(B)/bin/warren-gateway: $(call obj,$(GATEWAY_SRC) $(CLUSTER_SRC) $(HTTPD_SRC) src/image/sha256.c) $(COMMON_OBJ)

@@ -193,6 +193,26 @@ extern "C"
   WARREN_EXPORT json_t *warren_image_build (warren_client_t *c, const char *name, const char *spec,
                                             const char *context, warren_progress_fn fn, void *ud,
                                             warren_error_t *err);
+  /* Uploads (/v1/uploads): how a client that does not share the daemon's
+   * filesystem (TCP) hands it a file, in chunks, resuming where the daemon
+   * is after a refused offset or a broken connection. warren_upload_fd sends
+   * the regular file fd (from offset 0); warren_upload_path a local file as
+   * is, or a local directory as a tar (symlinks not followed). ret_id gets
+   * the upload's id (32 hex characters). */
+  WARREN_EXPORT int warren_upload_fd (warren_client_t *c, int fd, warren_progress_fn fn, void *ud,
+                                      char ret_id[33], warren_error_t *err);
+  WARREN_EXPORT int warren_upload_path (warren_client_t *c, const char *path,
+                                        warren_progress_fn fn, void *ud, char ret_id[33],
+                                        warren_error_t *err);
+  /* Import / build from a local path (file, or directory tarred) through an
+   * upload: what the CLI does over TCP. */
+  WARREN_EXPORT json_t *warren_image_import_upload (warren_client_t *c, const char *name,
+                                                    const char *path, warren_progress_fn fn,
+                                                    void *ud, warren_error_t *err);
+  WARREN_EXPORT json_t *warren_image_build_upload (warren_client_t *c, const char *name,
+                                                   const char *spec, const char *context,
+                                                   warren_progress_fn fn, void *ud,
+                                                   warren_error_t *err);
   WARREN_EXPORT json_t *warren_sandbox_pack_progress (warren_client_t *c, const char *id,
                                                       const char *name, warren_progress_fn fn,
                                                       void *ud, warren_error_t *err);

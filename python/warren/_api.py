@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Dict, List, Optional
+import os
+import tarfile
+import tempfile
+from typing import IO, Any, Callable, Dict, Generator, List, Optional, Tuple
 
 from ._common import (DEFAULT_TIMEOUT, SLOW_TIMEOUT, Json, Request, Response, check_id,
                       files_path, json_req, quote)
@@ -193,6 +196,80 @@ def image_build(name: str, spec: str, context: Optional[str], timeout: Optional[
         body["stream"] = True
     return json_req("POST", "/v1/images/build", body, ok=(201, 200), stream=stream,
                     timeout=_t(timeout, SLOW_TIMEOUT), parse=lambda r: Image.from_json(_obj(r)))
+
+
+def image_import_upload(name: str, upload: str, timeout: Optional[float],
+                        stream: bool = False) -> Request:
+    body: Dict[str, Any] = {"name": name, "upload": upload}
+    if stream:
+        body["stream"] = True
+    return json_req("POST", "/v1/images/import", body, ok=(201, 200), stream=stream,
+                    timeout=_t(timeout, SLOW_TIMEOUT), parse=lambda r: Image.from_json(_obj(r)))
+
+
+def image_build_upload(name: str, spec: str, upload: str, timeout: Optional[float],
+                       stream: bool = False) -> Request:
+    body: Dict[str, Any] = {"name": name, "spec": spec, "context_upload": upload}
+    if stream:
+        body["stream"] = True
+    return json_req("POST", "/v1/images/build", body, ok=(201, 200), stream=stream,
+                    timeout=_t(timeout, SLOW_TIMEOUT), parse=lambda r: Image.from_json(_obj(r)))
+
+
+# ---- uploads (docs/api.md, Uploads) ----
+
+UPLOAD_CHUNK = 8 << 20  # the daemon's limit per request
+UPLOAD_RESUMES = 5
+
+
+def upload_source(path: str) -> Tuple[IO[bytes], int]:
+    """The bytes to upload for a local ``path``: a file as is, a directory as
+    a tar (symlinks kept as links) in an anonymous temporary file."""
+    if not isinstance(path, str) or not path:
+        raise InvalidArgument("a local path is required")
+    if os.path.isdir(path):
+        f = tempfile.TemporaryFile()
+        with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tf:
+            for name in sorted(os.listdir(path)):
+                tf.add(os.path.join(path, name), arcname="./" + name)
+    else:
+        f = open(path, "rb")
+    size = f.seek(0, os.SEEK_END)
+    f.seek(0)
+    return f, size
+
+
+def upload_steps(f: IO[bytes], size: int, progress: Optional[Callable[[str, int, int], Any]]
+                 ) -> Generator[Request, Any, str]:
+    """The requests of one upload, for either client: send each request
+    yielded and send its parsed answer back; returns the upload id. A chunk
+    refused for its offset (416) resumes from the size the daemon has."""
+    created = yield json_req("POST", "/v1/uploads", {"size": size}, ok=(201,),
+                             timeout=DEFAULT_TIMEOUT, parse=_obj)
+    uid = created.get("id")
+    if not isinstance(uid, str) or len(uid) != 32:
+        raise ProtocolError("no upload id in the answer")
+    off, resumes = 0, 0
+    if progress is not None:
+        progress("upload", 0, size)
+    while off < size:
+        f.seek(off)
+        data = f.read(min(UPLOAD_CHUNK, size - off))
+        status, j = yield Request("PUT", f"/v1/uploads/{uid}?offset={off}", body=data,
+                                  content_type="application/octet-stream",
+                                  timeout=SLOW_TIMEOUT, idempotent=True, ok=(202, 200, 416),
+                                  parse=lambda r: (r.status, _obj(r)))
+        if status == 416:
+            resumes += 1
+            if resumes > UPLOAD_RESUMES:
+                raise ProtocolError(f"upload {uid}: the daemon keeps refusing offset {off}")
+            j = yield json_req("GET", f"/v1/uploads/{uid}", timeout=DEFAULT_TIMEOUT, parse=_obj)
+        if not isinstance(j.get("size"), int) or j["size"] > size:
+            raise ProtocolError(f"upload {uid}: bad size in the answer")
+        off = j["size"]
+        if progress is not None:
+            progress("upload", off, size)
+    return uid
 
 
 def image_tag(source: str, name: str, timeout: Optional[float]) -> Request:

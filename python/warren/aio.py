@@ -234,8 +234,13 @@ class AsyncImages:
             return False
 
     async def import_(self, name: str, path: str, *, timeout: Optional[float] = None,
-                      progress: Optional[Progress] = None) -> Image:
-        return await self._job(_api.image_import(name, path, timeout, progress is not None),
+                      progress: Optional[Progress] = None, upload: Optional[bool] = None
+                      ) -> Image:
+        if not self._uploads(upload):
+            return await self._job(_api.image_import(name, path, timeout, progress is not None),
+                                   progress)
+        uid = await self._upload(path, progress)
+        return await self._job(_api.image_import_upload(name, uid, timeout, progress is not None),
                                progress)
 
     async def pull(self, ref: str, *, name: Optional[str] = None, insecure: bool = False,
@@ -244,9 +249,28 @@ class AsyncImages:
                                progress)
 
     async def build(self, name: str, spec: str, *, context: Optional[str] = None,
-                    timeout: Optional[float] = None, progress: Optional[Progress] = None) -> Image:
-        return await self._job(_api.image_build(name, spec, context, timeout,
-                                                progress is not None), progress)
+                    timeout: Optional[float] = None, progress: Optional[Progress] = None,
+                    upload: Optional[bool] = None) -> Image:
+        if context is None or not self._uploads(upload):
+            return await self._job(_api.image_build(name, spec, context, timeout,
+                                                    progress is not None), progress)
+        uid = await self._upload(context, progress)
+        return await self._job(_api.image_build_upload(name, spec, uid, timeout,
+                                                       progress is not None), progress)
+
+    def _uploads(self, upload: Optional[bool]) -> bool:
+        return self._c.target.unix_path is None if upload is None else bool(upload)
+
+    async def _upload(self, path: str, progress: Optional[Progress]) -> str:
+        f, size = _api.upload_source(path)
+        with f:
+            steps = _api.upload_steps(f, size, progress)
+            try:
+                req = next(steps)
+                while True:
+                    req = steps.send(await self._c._call(req))
+            except StopIteration as done:
+                return done.value
 
     async def tag(self, source: str, name: str, *, timeout: Optional[float] = None) -> Image:
         return await self._c._call(_api.image_tag(source, name, self._c._to(timeout)))

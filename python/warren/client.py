@@ -186,11 +186,18 @@ class Images:
             return False
 
     def import_(self, name: str, path: str, *, timeout: Optional[float] = None,
-                progress: Optional[Progress] = None) -> Image:
+                progress: Optional[Progress] = None, upload: Optional[bool] = None) -> Image:
         """Import a rootfs directory or an archive (tar, tar.gz, tar.zst, OCI
-        layout, docker-save) at ``path`` on the daemon's host as ``name``.
+        layout, docker-save) at ``path`` as ``name``. Over the unix socket
+        ``path`` is read by the daemon; over TCP (or with ``upload=True``) it
+        is a local path, sent through ``/v1/uploads`` (a directory as a tar).
         ``progress(step, done, total)`` is called as the daemon reports."""
-        return self._job(_api.image_import(name, path, timeout, progress is not None), progress)
+        if not self._uploads(upload):
+            return self._job(_api.image_import(name, path, timeout, progress is not None),
+                             progress)
+        uid = self._upload(path, progress)
+        return self._job(_api.image_import_upload(name, uid, timeout, progress is not None),
+                         progress)
 
     def pull(self, ref: str, *, name: Optional[str] = None, insecure: bool = False,
              timeout: Optional[float] = None, progress: Optional[Progress] = None) -> Image:
@@ -200,11 +207,33 @@ class Images:
                          progress)
 
     def build(self, name: str, spec: str, *, context: Optional[str] = None,
-              timeout: Optional[float] = None, progress: Optional[Progress] = None) -> Image:
+              timeout: Optional[float] = None, progress: Optional[Progress] = None,
+              upload: Optional[bool] = None) -> Image:
         """Build ``name`` from a spec text (FROM / RUN / COPY / ENV / WORKDIR);
-        ``context`` is the host directory COPY reads from."""
-        return self._job(_api.image_build(name, spec, context, timeout, progress is not None),
+        ``context`` is the directory COPY reads from: on the daemon's host over
+        the unix socket, local over TCP (or with ``upload=True``: sent as a tar
+        through ``/v1/uploads``; a tar file is sent as is)."""
+        if context is None or not self._uploads(upload):
+            return self._job(_api.image_build(name, spec, context, timeout, progress is not None),
+                             progress)
+        uid = self._upload(context, progress)
+        return self._job(_api.image_build_upload(name, spec, uid, timeout, progress is not None),
                          progress)
+
+    def _uploads(self, upload: Optional[bool]) -> bool:
+        return self._c.target.unix_path is None if upload is None else bool(upload)
+
+    def _upload(self, path: str, progress: Optional[Progress]) -> str:
+        """Send a local file or directory through /v1/uploads; its id."""
+        f, size = _api.upload_source(path)
+        with f:
+            steps = _api.upload_steps(f, size, progress)
+            try:
+                req = next(steps)
+                while True:
+                    req = steps.send(self._c._call(req))
+            except StopIteration as done:
+                return done.value
 
     def tag(self, source: str, name: str, *, timeout: Optional[float] = None) -> Image:
         """Give the image ``source`` the additional name ``name``."""

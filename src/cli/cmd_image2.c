@@ -73,12 +73,12 @@ print_result (const json_t *img, bool as_json)
 
 struct image_flags
 {
-  bool as_json, quiet, insecure;
+  bool as_json, quiet, insecure, upload;
   const char *file, *context;
 };
 
 /* Parse the flags of table o (a subset of --json, --quiet (no progress),
- * --insecure, --file, --context, --help) into f. Returns optind, or < 0 with
+ * --insecure, --file, --context, --upload, --help) into f. Returns optind, or < 0 with
  * *ret the exit status to stop with. */
 static int
 image_opts (const char *verb, int argc, char **argv, const struct option *o, const char *shortopts,
@@ -103,6 +103,9 @@ image_opts (const char *verb, int argc, char **argv, const struct option *o, con
         break;
       case 'c':
         f->context = optarg;
+        break;
+      case 'u':
+        f->upload = true;
         break;
       case 'h':
         cli_help (verb, stdout);
@@ -212,10 +215,13 @@ image_pull (cli_t *cli, int argc, char **argv)
 static int
 image_build (cli_t *cli, int argc, char **argv)
 {
-  static const struct option o[]
-      = { { "json", no_argument, NULL, 'j' },       { "quiet", no_argument, NULL, 'q' },
-          { "file", required_argument, NULL, 'f' }, { "context", required_argument, NULL, 'c' },
-          { "help", no_argument, NULL, 'h' },       { NULL, 0, NULL, 0 } };
+  static const struct option o[] = { { "json", no_argument, NULL, 'j' },
+                                     { "quiet", no_argument, NULL, 'q' },
+                                     { "file", required_argument, NULL, 'f' },
+                                     { "context", required_argument, NULL, 'c' },
+                                     { "upload", no_argument, NULL, 'u' },
+                                     { "help", no_argument, NULL, 'h' },
+                                     { NULL, 0, NULL, 0 } };
   struct image_flags fl = { 0 };
   int ret;
   if (image_opts ("image build", argc, argv, o, "qhf:c:", &fl, &ret) < 0)
@@ -223,7 +229,7 @@ image_build (cli_t *cli, int argc, char **argv)
   bool as_json = fl.as_json, quiet = fl.quiet;
   const char *file = fl.file, *context = fl.context;
   if (argc - optind != 1 || file == NULL)
-    return cli_usage ("image build", "expected NAME[:TAG] -f SPEC [--context DIR]");
+    return cli_usage ("image build", "expected NAME[:TAG] -f SPEC [--context DIR] [--upload]");
   int fd = strcmp (file, "-") == 0 ? dup (0) : open (file, O_RDONLY | O_CLOEXEC);
   if (fd < 0)
     {
@@ -243,11 +249,14 @@ image_build (cli_t *cli, int argc, char **argv)
   warren_client_t *cl = cli_client (cli);
   if (cl == NULL)
     return CLI_EXIT_FAIL;
-  /* The daemon reads the context: over a unix socket it shares our
-   * filesystem, so resolve it here; default: the spec's directory. */
+  /* Over a unix socket the daemon reads the context itself (it shares our
+   * filesystem: resolve it here); over TCP, or with --upload, the context
+   * is ours and goes up as a tar (docs/api.md, Uploads). Default: the
+   * spec's directory. */
   _cleanup_free_ char *abs = NULL;
   bool local = strncmp (warren_client_host (cl), "unix:", 5) == 0;
-  if (context == NULL && local && strcmp (file, "-") != 0)
+  bool upload = fl.upload || !local;
+  if (context == NULL && (local || upload) && strcmp (file, "-") != 0)
     {
       _cleanup_free_ char *f = realpath (file, NULL);
       char *slash = f ? strrchr (f, '/') : NULL;
@@ -257,7 +266,7 @@ image_build (cli_t *cli, int argc, char **argv)
           abs = strdup (f[0] ? f : "/");
         }
     }
-  else if (context)
+  else if (context && !upload)
     {
       int r = cli_daemon_path (cl, "image build", "--context", &context, &abs);
       if (r >= 0)
@@ -267,8 +276,10 @@ image_build (cli_t *cli, int argc, char **argv)
     context = abs;
   struct progress p = { .tty = isatty (2), .last_pct = -1 };
   warren_error_t e;
-  json_auto_t *img
-      = warren_image_build (cl, argv[optind], spec, context, quiet ? NULL : progress_cb, &p, &e);
+  json_auto_t *img = upload && context ? warren_image_build_upload (
+                         cl, argv[optind], spec, context, quiet ? NULL : progress_cb, &p, &e)
+                                       : warren_image_build (cl, argv[optind], spec, context,
+                                                             quiet ? NULL : progress_cb, &p, &e);
   progress_end (&p);
   if (img == NULL)
     return cli_fail (&e, NULL);
@@ -287,32 +298,55 @@ image_build (cli_t *cli, int argc, char **argv)
   return print_result (img, as_json);
 }
 
-/* image import with progress (a long import on a terminal shows a bar) */
+/* image import: with a progress bar on a terminal, and through an upload
+ * over TCP or with --upload (the other cases are cmd_node.c's image_import) */
 static int
 image_import_progress (cli_t *cli, int argc, char **argv)
 {
-  bool as_json = false, quiet = false;
-  int ret, i = simple_opts ("image import", argc, argv, &as_json, &quiet, &ret);
+  static const struct option o[] = { { "json", no_argument, NULL, 'j' },
+                                     { "quiet", no_argument, NULL, 'q' },
+                                     { "upload", no_argument, NULL, 'u' },
+                                     { "help", no_argument, NULL, 'h' },
+                                     { NULL, 0, NULL, 0 } };
+  struct image_flags f = { 0 };
+  int ret, i = image_opts ("image import", argc, argv, o, "qh", &f, &ret);
   if (i < 0)
     return ret;
   if (argc - i != 2)
-    return cli_usage ("image import", "expected NAME[:TAG] PATH");
+    return cli_usage ("image import", "expected NAME[:TAG] PATH [--upload]");
   const char *path = argv[i + 1];
   warren_client_t *c = cli_client (cli);
   if (c == NULL)
     return CLI_EXIT_FAIL;
+  bool upload = f.upload || strncmp (warren_client_host (c), "unix:", 5) != 0;
   _cleanup_free_ char *abs = NULL;
-  ret = cli_daemon_path (c, "image import", "PATH", &path, &abs);
-  if (ret >= 0)
+  if (!upload && (ret = cli_daemon_path (c, "image import", "PATH", &path, &abs)) >= 0)
     return ret;
   struct progress p = { .tty = isatty (2), .last_pct = -1 };
+  warren_progress_fn fn = f.quiet || !p.tty ? NULL : progress_cb;
   warren_error_t e;
-  json_auto_t *img
-      = warren_image_import_progress (c, argv[i], path, quiet ? NULL : progress_cb, &p, &e);
+  json_auto_t *img = upload ? warren_image_import_upload (c, argv[i], path, fn, &p, &e)
+                            : warren_image_import_progress (c, argv[i], path, fn, &p, &e);
   progress_end (&p);
   if (img == NULL)
     return cli_fail (&e, NULL);
-  return print_result (img, as_json);
+  return print_result (img, f.as_json);
+}
+
+/* Is this an import cmd_node.c's plain image_import cannot do? */
+static bool
+import_here (cli_t *cli, int argc, char **argv)
+{
+  if (isatty (2))
+    return true;
+  for (int i = 1; i < argc && strcmp (argv[i], "--") != 0; i++)
+    if (strcmp (argv[i], "--upload") == 0)
+      return true;
+  for (int i = 1; i < argc; i++)
+    if (strcmp (argv[i], "-h") == 0 || strcmp (argv[i], "--help") == 0)
+      return false;
+  warren_client_t *c = cli_client (cli);
+  return c && strncmp (warren_client_host (c), "unix:", 5) != 0;
 }
 
 int
@@ -326,7 +360,7 @@ cli_image_more (cli_t *cli, const char *sub, int argc, char **argv)
     return image_build (cli, argc, argv);
   if (strcmp (sub, "gc") == 0)
     return image_gc (cli, argc, argv);
-  if (strcmp (sub, "import") == 0 && isatty (2))
+  if (strcmp (sub, "import") == 0 && import_here (cli, argc, argv))
     return image_import_progress (cli, argc, argv);
   return -1;
 }

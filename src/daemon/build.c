@@ -27,6 +27,7 @@
 #include "common/proto.h"
 #include "common/util.h"
 #include "daemon/http_util.h"
+#include "daemon/uploads.h"
 #include "image/sha256.h"
 
 #define CACHE_NAME "warren-build-cache"
@@ -98,6 +99,7 @@ struct build
   struct wrd_stream *st;
   char name[256];
   char context[4096];
+  int context_fd; /* an uploaded context (tar) to extract into context, or -1 */
   char *spec;
   struct step steps[MAX_STEPS];
   size_t n_steps;
@@ -808,6 +810,14 @@ build_work (void *arg)
   b->r = parse_spec (b, err);
   if (b->r < 0)
     return;
+  if (b->context_fd >= 0)
+    {
+      wrd_stream_progress (b->st, "context", 0, 1);
+      b->r = wrd_upload_extract (b->d, b->context_fd, b->context, sizeof b->context, err);
+      if (b->r < 0)
+        return;
+      wrd_stream_progress (b->st, "context", 1, 1);
+    }
   b->log = json_array ();
   for (size_t i = 0; i < b->n_steps && b->r == 0; i++)
     {
@@ -924,6 +934,11 @@ build_done (void *arg)
       json_object_set (res, "steps", b->log);
     }
   wrd_stream_finish (b->st, b->r, &b->err, res, 201);
+  if (b->context_fd >= 0)
+    {
+      close (b->context_fd);
+      wrd_upload_rmdir (b->context);
+    }
   wr_image_free (b->img);
   json_decref (b->log);
   free (b->spec);
@@ -944,12 +959,15 @@ wrd_http_image_build (struct wrd *d, struct evhttp_request *req)
   const char *spec = json_string_value (json_object_get (body, "spec"));
   json_t *cv = json_object_get (body, "context");
   const char *context = json_string_value (cv);
+  json_t *uv = json_object_get (body, "context_upload");
+  const char *upload = json_string_value (uv);
   json_t *sv = json_object_get (body, "stream");
   json_t *nv = json_object_get (body, "network");
   const char *net = json_string_value (nv);
   if (name == NULL || !wr_ref_valid (name) || strchr (name, '@') || strlen (name) >= 256
       || spec == NULL || strlen (spec) > MAX_SPEC || (cv && !json_is_null (cv) && !context)
       || (context && (context[0] != '/' || strlen (context) >= 4096))
+      || (uv && !json_is_null (uv) && !upload) || (context && upload)
       || (sv && !json_is_boolean (sv))
       || (nv && !json_is_null (nv)
           && (net == NULL || (strcmp (net, "none") != 0 && strcmp (net, "host") != 0))))
@@ -958,7 +976,8 @@ wrd_http_image_build (struct wrd *d, struct evhttp_request *req)
       wrd_reply_error_code (req, WR_E_INVALID,
                             "fields \"name\" (NAME[:TAG]) and \"spec\" (text, at most 256 KiB) "
                             "are required; \"context\" is an absolute directory on the daemon's "
-                            "host; \"stream\" a boolean; \"network\" \"none\" or \"host\"");
+                            "host, or \"context_upload\" an upload id (a tar); \"stream\" a "
+                            "boolean; \"network\" \"none\" or \"host\"");
       return;
     }
   bool net_host = net && strcmp (net, "host") == 0;
@@ -979,6 +998,15 @@ wrd_http_image_build (struct wrd *d, struct evhttp_request *req)
       return;
     }
   b->d = d;
+  b->context_fd = -1;
+  if (upload && wrd_upload_take (d, req, upload, &b->context_fd, &err) < 0)
+    {
+      free (b->spec);
+      free (b);
+      json_decref (body);
+      wrd_reply_error (req, &err);
+      return;
+    }
   b->net_host = net_host;
   snprintf (b->name, sizeof b->name, "%s", name);
   if (context)

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 #include <event2/buffer.h>
 #include <event2/event.h>
 #include <event2/http.h>
@@ -13,6 +14,7 @@
 #include "common/util.h"
 #include "daemon/http_util.h"
 #include "daemon/images.h"
+#include "daemon/uploads.h"
 
 json_t *
 wrd_image_json (const struct wr_image *img)
@@ -142,6 +144,7 @@ struct image_job
   char ref[640];
   char name[256];
   char path[4096];
+  int upload_fd; /* an upload being consumed (path is /proc/self/fd/N), or -1 */
   struct wr_image *img;
   wr_err_t err;
   int r;
@@ -167,6 +170,8 @@ image_done (void *arg)
   struct image_job *j = arg;
   wrd_stream_finish (j->st, j->r, &j->err, j->r == 0 ? wrd_image_json (j->img) : NULL, 201);
   wr_image_free (j->img);
+  if (j->upload_fd >= 0)
+    close (j->upload_fd);
   free (j);
 }
 
@@ -182,6 +187,8 @@ start_job (struct wrd *d, struct evhttp_request *req, struct image_job *j, bool 
         wrd_stream_finish (j->st, -1, &j->err, NULL, 0);
       else
         wrd_reply_error (req, &j->err);
+      if (j->upload_fd >= 0)
+        close (j->upload_fd);
       free (j);
     }
 }
@@ -196,18 +203,26 @@ stream_flag (json_t *body, bool *ret)
   return true;
 }
 
+/* "path" names a file or directory on the daemon's host (unix socket
+ * clients); "upload" an upload (/v1/uploads), consumed here whatever the
+ * outcome. The store reads sources by path: an upload is handed over as
+ * /proc/self/fd/N of the fd taken from the table, never by a name. */
 static void
 handle_import (struct wrd *d, struct evhttp_request *req, json_t *body)
 {
   const char *name = json_string_value (json_object_get (body, "name"));
   const char *path = json_string_value (json_object_get (body, "path"));
+  json_t *uv = json_object_get (body, "upload");
+  const char *upload = json_string_value (uv);
   bool stream;
   if (name == NULL || !wr_ref_valid (name) || strchr (name, '@') || strlen (name) >= 256
-      || path == NULL || path[0] != '/' || strlen (path) >= 4096 || !stream_flag (body, &stream))
+      || (uv && !json_is_null (uv) && upload == NULL) || (path == NULL) == (upload == NULL)
+      || (path && (path[0] != '/' || strlen (path) >= 4096)) || !stream_flag (body, &stream))
     {
       wrd_reply_error_code (req, WR_E_INVALID,
-                            "fields \"name\" (NAME[:TAG]) and \"path\" (an absolute path on the "
-                            "daemon's host) are required; \"stream\" is a boolean");
+                            "field \"name\" (NAME[:TAG]) and one of \"path\" (an absolute path "
+                            "on the daemon's host) or \"upload\" (an upload id) are required; "
+                            "\"stream\" is a boolean");
       return;
     }
   struct image_job *j = calloc (1, sizeof *j);
@@ -216,8 +231,18 @@ handle_import (struct wrd *d, struct evhttp_request *req, json_t *body)
       wrd_reply_error_code (req, WR_E_INTERNAL, "out of memory");
       return;
     }
+  j->upload_fd = -1;
+  if (upload && wrd_upload_take (d, req, upload, &j->upload_fd, &j->err) < 0)
+    {
+      wrd_reply_error (req, &j->err);
+      free (j);
+      return;
+    }
   snprintf (j->name, sizeof j->name, "%s", name);
-  snprintf (j->path, sizeof j->path, "%s", path);
+  if (upload)
+    snprintf (j->path, sizeof j->path, "/proc/self/fd/%d", j->upload_fd);
+  else
+    snprintf (j->path, sizeof j->path, "%s", path);
   start_job (d, req, j, stream);
 }
 
@@ -245,6 +270,7 @@ handle_pull (struct wrd *d, struct evhttp_request *req, json_t *body)
       return;
     }
   j->pull = true;
+  j->upload_fd = -1;
   j->insecure = json_is_true (iv);
   snprintf (j->ref, sizeof j->ref, "%s", ref);
   if (name)
