@@ -1,28 +1,36 @@
 /* tap.h: the one assertion header for Warren's C unit tests.
  *
  * Each assertion prints one TAP line, "ok N - description" or "not ok N -
- * description" (tests/run counts those), with newlines in the description
- * shown as '|'. A failure adds "#" diagnostics: the file:line, the source
- * expressions and, for comparisons, both operands, so the log shows what was
- * got and what was wanted without rerunning under a debugger.
+ * description" (tests/run counts those; newlines in the description show as
+ * '|'). A failure adds "#" lines: file:line, the condition and, for every
+ * comparison that failed, its source text and both operands, so a log shows
+ * what was got and what was wanted.
  *
- *   TAP_OK (cond, fmt, ...)                       cond is true
- *   TAP_EQ_INT (got, want, fmt, ...)              signed integers (intmax_t);
- *     TAP_NE_INT, TAP_LT_INT, TAP_LE_INT, TAP_GT_INT, TAP_GE_INT
- *   TAP_EQ_UINT (got, want, fmt, ...)             unsigned (uintmax_t); also _NE_ _LT_ _LE_ _GT_
- * _GE_ TAP_EQ_STR (got, want, fmt, ...)              C strings, NULL-safe (NULL equals only NULL);
- *     TAP_NE_STR
- *   TAP_HAS_STR (haystack, needle, fmt, ...)      strstr (haystack, needle) != NULL, NULL-safe
+ * Assertions (fmt, ... is the description):
+ *   TAP_OK (cond, fmt, ...)
+ *   TAP_EQ_INT (got, want, fmt, ...)       intmax_t; also TAP_NE_ _LT_ _LE_ _GT_ _GE_INT
+ *   TAP_EQ_UINT (got, want, fmt, ...)      uintmax_t; also TAP_NE_ _LT_ _LE_ _GT_ _GE_UINT
+ *   TAP_EQ_STR (got, want, fmt, ...)       NULL-safe (NULL equals only NULL); TAP_NE_STR
+ *   TAP_HAS_STR (hay, needle, fmt, ...)    strstr (hay, needle), NULL-safe
  *   TAP_EQ_MEM (got, got_len, want, want_len, fmt, ...)   same length and bytes
- *   TAP_EQ (got, want, fmt, ...), TAP_NE          pick INT, UINT or STR from got's type
- *   TAP_SKIP (reason, fmt, ...)                   "ok N - ... # SKIP reason"
- *   TAP_DIAG (fmt, ...)                           a "# ..." line (not counted)
- *   return TAP_DONE ();                           the plan; exit status 1 if anything failed
+ *   TAP_EQ, TAP_NE (got, want, fmt, ...)   _Generic on got: strings, unsigned or signed
+ *   TAP_SKIP (reason, fmt, ...)            "ok N - ... # SKIP reason"
+ * Clauses, for one test made of several comparisons: inside TAP_OK's
+ * condition they are plain truth values that keep && short-circuiting
+ * (`r.exit && TAP_C_EQ (code, 0) && TAP_C_EQ_STR (out, "hi\n")`), and the
+ * failing ones print their operands under the test's "not ok" line:
+ *   TAP_C_EQ, TAP_C_NE, TAP_C_LT, TAP_C_LE, TAP_C_GT, TAP_C_GE (got, want)   _Generic
+ *   TAP_C_EQ_STR, TAP_C_NE_STR, TAP_C_HAS_STR, TAP_C_EQ_MEM
+ * Others:
+ *   TAP_DIAG (fmt, ...)                    a "# ..." line, not counted
+ *   return TAP_DONE ();                    prints the plan; 1 if anything failed
+ *   tap_read_all (fd, buf, size)           read a pipe to EOF (captured output)
+ *   tap_soft_fail_to (&failures)           a helper thread's failures are counted, no TAP lines
  *
- * Every assertion evaluates each operand exactly once and is an expression
- * worth 1 on success and 0 on failure: `if (!TAP_EQ_INT (...)) return;`.
- * Operands compare as given, so `TAP_EQ_INT (n, -1, ...)` with a size_t n
- * compares (intmax_t) n: use TAP_EQ_UINT for sizes that may exceed INTMAX_MAX. */
+ * Every assertion evaluates each operand once and is worth 1 on success, 0
+ * on failure: `if (!TAP_EQ_INT (...)) return;`. Integers compare as intmax_t
+ * or uintmax_t as the macro says (TAP_EQ/TAP_NE and the clauses pick from
+ * got's type after promotion, so bool, char and short are int). */
 #ifndef WR_TAP_H
 #define WR_TAP_H
 #include <inttypes.h>
@@ -31,8 +39,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int tap_n, tap_failed;
+/* Set in a helper thread (a fake server) by tap_soft_fail_to (). */
+static _Thread_local int *tap_soft_failures_;
+/* What failed clauses said, printed under the next "not ok" line. */
+static _Thread_local char tap_pending_[4096];
+static _Thread_local size_t tap_pending_len_;
 
 enum tap_op_
 {
@@ -44,249 +58,196 @@ enum tap_op_
   TAP_OP_GE_,
 };
 static const char *const tap_op_str_[] = { "==", "!=", "<", "<=", ">", ">=" };
+/* "want:" shows the operator unless it is ==: "got: 12", "want: < 10". */
+static const char *const tap_want_op_[] = { "", "!= ", "< ", "<= ", "> ", ">= " };
 
-/* The TAP line itself; returns ok. The description is flattened to one line. */
-static inline int __attribute__ ((format (printf, 2, 0)))
-tap_line_ (int ok, const char *fmt, va_list ap)
+static inline void __attribute__ ((format (printf, 1, 2))) tap_note_ (const char *fmt, ...)
 {
-  char msg[1024];
-  vsnprintf (msg, sizeof msg, fmt, ap);
-  for (char *c = msg; *c; c++)
-    if (*c == '\n')
-      *c = '|';
-  tap_n++;
-  if (!ok)
-    tap_failed++;
-  printf ("%sok %d - %s\n", ok ? "" : "not ", tap_n, msg);
-  return ok;
-}
-
-static inline void
-tap_at_ (const char *file, int line, const char *what)
-{
-  printf ("#   failed at %s:%d: %s\n", file, line, what);
+  size_t room = sizeof tap_pending_ - tap_pending_len_;
+  va_list ap;
+  va_start (ap, fmt);
+  int n = vsnprintf (tap_pending_ + tap_pending_len_, room, fmt, ap);
+  va_end (ap);
+  if (n > 0)
+    tap_pending_len_ += (size_t)n < room ? (size_t)n : room - 1;
 }
 
 /* A value as a quoted C string with escapes, cut after 256 bytes. */
 static inline void
-tap_print_str_ (const char *label, const char *s, const char *op)
+tap_note_str_ (const char *label, const char *op, const char *s)
 {
-  printf ("#     %s %s", label, op);
+  tap_note_ ("#     %s %s", label, op);
   if (!s)
     {
-      printf ("NULL\n");
+      tap_note_ ("NULL\n");
       return;
     }
   size_t len = strlen (s), show = len > 256 ? 256 : len;
-  putchar ('"');
+  tap_note_ ("\"");
   for (size_t i = 0; i < show; i++)
     {
       unsigned char c = (unsigned char)s[i];
       if (c == '"' || c == '\\')
-        printf ("\\%c", c);
+        tap_note_ ("\\%c", c);
       else if (c == '\n')
-        printf ("\\n");
+        tap_note_ ("\\n");
       else if (c == '\t')
-        printf ("\\t");
+        tap_note_ ("\\t");
       else if (c < 0x20 || c >= 0x7f)
-        printf ("\\x%02x", c);
+        tap_note_ ("\\x%02x", c);
       else
-        putchar (c);
+        tap_note_ ("%c", c);
     }
-  putchar ('"');
+  tap_note_ ("\"");
   if (show < len)
-    printf ("... (%zu bytes)", len);
-  putchar ('\n');
+    tap_note_ ("... (%zu bytes)", len);
+  tap_note_ ("\n");
 }
 
 static inline void
-tap_flush_ (void)
+tap_note_hex_ (const char *label, const unsigned char *p, size_t len, size_t from)
 {
-  fflush (stdout);
+  tap_note_ ("#     %s", label);
+  for (size_t i = from; i < len && i < from + 16; i++)
+    tap_note_ (" %02x", p[i]);
+  tap_note_ ("%s\n", len > from + 16 ? " ..." : "");
 }
 
-static inline int __attribute__ ((format (printf, 5, 6)))
-tap_ok_ (int ok, const char *expr, const char *file, int line, const char *fmt, ...)
-{
-  va_list ap;
-  va_start (ap, fmt);
-  tap_line_ (ok, fmt, ap);
-  va_end (ap);
-  if (!ok)
-    tap_at_ (file, line, expr);
-  tap_flush_ ();
-  return ok;
-}
+/* ---- clauses: a truth value; a failure is noted for the next TAP line ---- */
 
+/* cmp is <0, 0 or >0 as got is below, equal to or above want. */
 static inline int
-tap_holds_int_ (intmax_t a, enum tap_op_ op, intmax_t b)
+tap_holds_ (int cmp, enum tap_op_ op)
 {
   switch (op)
     {
     case TAP_OP_EQ_:
-      return a == b;
+      return cmp == 0;
     case TAP_OP_NE_:
-      return a != b;
+      return cmp != 0;
     case TAP_OP_LT_:
-      return a < b;
+      return cmp < 0;
     case TAP_OP_LE_:
-      return a <= b;
+      return cmp <= 0;
     case TAP_OP_GT_:
-      return a > b;
+      return cmp > 0;
     default:
-      return a >= b;
+      return cmp >= 0;
     }
 }
 
 static inline int
-tap_holds_uint_ (uintmax_t a, enum tap_op_ op, uintmax_t b)
+tap_c_int_ (intmax_t got, intmax_t want, enum tap_op_ op, const char *ge, const char *we)
 {
-  switch (op)
-    {
-    case TAP_OP_EQ_:
-      return a == b;
-    case TAP_OP_NE_:
-      return a != b;
-    case TAP_OP_LT_:
-      return a < b;
-    case TAP_OP_LE_:
-      return a <= b;
-    case TAP_OP_GT_:
-      return a > b;
-    default:
-      return a >= b;
-    }
+  if (tap_holds_ ((got > want) - (got < want), op))
+    return 1;
+  tap_note_ ("#   %s %s %s\n#     got:  %jd\n#     want: %s%jd\n", ge, tap_op_str_[op], we, got,
+             tap_want_op_[op], want);
+  return 0;
 }
 
-/* The failure header: "failed at f:l: got_expr OP want_expr". */
-static inline void
-tap_cmp_at_ (const char *file, int line, const char *ge, enum tap_op_ op, const char *we)
+static inline int
+tap_c_uint_ (uintmax_t got, uintmax_t want, enum tap_op_ op, const char *ge, const char *we)
 {
-  printf ("#   failed at %s:%d: %s %s %s\n", file, line, ge, tap_op_str_[op], we);
+  if (tap_holds_ ((got > want) - (got < want), op))
+    return 1;
+  tap_note_ ("#   %s %s %s\n#     got:  %ju\n#     want: %s%ju\n", ge, tap_op_str_[op], we, got,
+             tap_want_op_[op], want);
+  return 0;
 }
 
-/* "want:" shows the operator unless it is ==: "got: 12", "want: < 10". */
-static inline const char *
-tap_want_op_ (enum tap_op_ op)
-{
-  static const char *const pre[] = { "", "!= ", "< ", "<= ", "> ", ">= " };
-  return pre[op];
-}
-
-static inline int __attribute__ ((format (printf, 8, 9)))
-tap_cmp_int_ (intmax_t got, intmax_t want, enum tap_op_ op, const char *ge, const char *we,
-              const char *file, int line, const char *fmt, ...)
-{
-  int ok = tap_holds_int_ (got, op, want);
-  va_list ap;
-  va_start (ap, fmt);
-  tap_line_ (ok, fmt, ap);
-  va_end (ap);
-  if (!ok)
-    {
-      tap_cmp_at_ (file, line, ge, op, we);
-      printf ("#     got:  %jd\n#     want: %s%jd\n", got, tap_want_op_ (op), want);
-    }
-  tap_flush_ ();
-  return ok;
-}
-
-static inline int __attribute__ ((format (printf, 8, 9)))
-tap_cmp_uint_ (uintmax_t got, uintmax_t want, enum tap_op_ op, const char *ge, const char *we,
-               const char *file, int line, const char *fmt, ...)
-{
-  int ok = tap_holds_uint_ (got, op, want);
-  va_list ap;
-  va_start (ap, fmt);
-  tap_line_ (ok, fmt, ap);
-  va_end (ap);
-  if (!ok)
-    {
-      tap_cmp_at_ (file, line, ge, op, we);
-      printf ("#     got:  %ju\n#     want: %s%ju\n", got, tap_want_op_ (op), want);
-    }
-  tap_flush_ ();
-  return ok;
-}
-
-/* Strings: only == and != mean something; NULL equals only NULL. */
-static inline int __attribute__ ((format (printf, 8, 9)))
-tap_cmp_str_ (const char *got, const char *want, enum tap_op_ op, const char *ge, const char *we,
-              const char *file, int line, const char *fmt, ...)
+/* Strings: == and != (any other op means !=); NULL equals only NULL. */
+static inline int
+tap_c_str_ (const char *got, const char *want, enum tap_op_ op, const char *ge, const char *we)
 {
   int same = (got && want) ? strcmp (got, want) == 0 : got == want;
-  int ok = op == TAP_OP_NE_ ? !same : same;
-  va_list ap;
-  va_start (ap, fmt);
-  tap_line_ (ok, fmt, ap);
-  va_end (ap);
-  if (!ok)
-    {
-      tap_cmp_at_ (file, line, ge, op, we);
-      tap_print_str_ ("got: ", got, "");
-      tap_print_str_ ("want:", want, tap_want_op_ (op));
-    }
-  tap_flush_ ();
-  return ok;
+  if (op == TAP_OP_EQ_ ? same : !same)
+    return 1;
+  tap_note_ ("#   %s %s %s\n", ge, tap_op_str_[op], we);
+  tap_note_str_ ("got: ", "", got);
+  tap_note_str_ ("want:", tap_want_op_[op], want);
+  return 0;
 }
 
-static inline int __attribute__ ((format (printf, 7, 8)))
-tap_has_str_ (const char *hay, const char *needle, const char *he, const char *ne, const char *file,
-              int line, const char *fmt, ...)
+static inline int
+tap_c_has_ (const char *hay, const char *needle, const char *he, const char *ne)
 {
-  int ok = hay && needle && strstr (hay, needle) != NULL;
-  va_list ap;
-  va_start (ap, fmt);
-  tap_line_ (ok, fmt, ap);
-  va_end (ap);
-  if (!ok)
-    {
-      printf ("#   failed at %s:%d: %s contains %s\n", file, line, he, ne);
-      tap_print_str_ ("got: ", hay, "");
-      tap_print_str_ ("want:", needle, "contains ");
-    }
-  tap_flush_ ();
-  return ok;
+  if (hay && needle && strstr (hay, needle))
+    return 1;
+  tap_note_ ("#   %s contains %s\n", he, ne);
+  tap_note_str_ ("got: ", "", hay);
+  tap_note_str_ ("want:", "contains ", needle);
+  return 0;
 }
 
-static inline void
-tap_print_hex_ (const char *label, const unsigned char *p, size_t len, size_t from)
-{
-  printf ("#     %s", label);
-  for (size_t i = from; i < len && i < from + 16; i++)
-    printf (" %02x", p[i]);
-  if (len > from + 16)
-    printf (" ...");
-  putchar ('\n');
-}
-
-static inline int __attribute__ ((format (printf, 9, 10)))
-tap_eq_mem_ (const void *got, size_t got_len, const void *want, size_t want_len, const char *ge,
-             const char *we, const char *file, int line, const char *fmt, ...)
+static inline int
+tap_c_mem_ (const void *got, size_t got_len, const void *want, size_t want_len, const char *ge,
+            const char *we)
 {
   const unsigned char *g = got, *w = want;
   size_t common = got_len < want_len ? got_len : want_len, at = 0;
-  if (g && w)
-    while (at < common && g[at] == w[at])
-      at++;
-  int ok = got_len == want_len && (at == common || !g || !w) && (g || !got_len) && (w || !want_len);
+  if ((!g && got_len) || (!w && want_len))
+    common = 0, at = 1; /* NULL with a length: never equal */
+  while (at < common && g[at] == w[at])
+    at++;
+  if (got_len == want_len && at == common)
+    return 1;
+  tap_note_ ("#   %s == %s\n#     got:  %zu bytes\n#     want: %zu bytes\n", ge, we, got_len,
+             want_len);
+  if (at < common)
+    {
+      tap_note_ ("#     first difference at byte %zu:\n", at);
+      tap_note_hex_ ("got: ", g, got_len, at);
+      tap_note_hex_ ("want:", w, want_len, at);
+    }
+  return 0;
+}
+
+/* ---- assertions ---- */
+
+/* One TAP line (or, in soft mode, only a failure note), then on failure
+ * file:line, the expression and what the clauses noted. Returns ok. */
+static inline int __attribute__ ((format (printf, 5, 6)))
+tap_ok_ (int ok, const char *expr, const char *file, int line, const char *fmt, ...)
+{
+  char msg[1024];
   va_list ap;
   va_start (ap, fmt);
-  tap_line_ (ok, fmt, ap);
+  vsnprintf (msg, sizeof msg, fmt, ap);
   va_end (ap);
-  if (!ok)
+  for (char *c = msg; *c; c++)
+    if (*c == '\n')
+      *c = '|';
+  if (tap_soft_failures_)
     {
-      printf ("#   failed at %s:%d: %s == %s\n", file, line, ge, we);
-      printf ("#     got:  %zu bytes\n#     want: %zu bytes\n", got_len, want_len);
-      if (g && w && at < common)
+      if (!ok)
         {
-          printf ("#     first difference at byte %zu:\n", at);
-          tap_print_hex_ ("got: ", g, got_len, at);
-          tap_print_hex_ ("want:", w, want_len, at);
+          (*tap_soft_failures_)++;
+          printf ("# soft check failed (counted by the test) - %s\n", msg);
         }
     }
-  tap_flush_ ();
+  else
+    {
+      tap_n++;
+      if (!ok)
+        tap_failed++;
+      printf ("%sok %d - %s\n", ok ? "" : "not ", tap_n, msg);
+    }
+  if (!ok)
+    printf ("#   failed at %s:%d%s%s\n%.*s", file, line, *expr ? ": " : "", expr,
+            (int)tap_pending_len_, tap_pending_);
+  tap_pending_len_ = 0;
+  fflush (stdout);
   return ok;
+}
+
+/* From now on this thread's assertions print no TAP line: a failure prints
+ * its diagnostics and adds one to *failures, which the test asserts on from
+ * the main thread (TAP numbering stays in one thread). NULL ends it. */
+static inline void
+tap_soft_fail_to (int *failures)
+{
+  tap_soft_failures_ = failures;
 }
 
 static inline int __attribute__ ((format (printf, 2, 3)))
@@ -298,7 +259,7 @@ tap_skip_ (const char *reason, const char *fmt, ...)
   vsnprintf (msg, sizeof msg, fmt, ap);
   va_end (ap);
   printf ("ok %d - %s # SKIP %s\n", ++tap_n, msg, reason);
-  tap_flush_ ();
+  fflush (stdout);
   return 1;
 }
 
@@ -313,55 +274,89 @@ static inline void __attribute__ ((format (printf, 1, 2))) tap_diag_ (const char
     if (*c == '\n')
       *c = '|';
   printf ("# %s\n", msg);
-  tap_flush_ ();
+  fflush (stdout);
 }
 
-#define TAP_OK(cond, ...) tap_ok_ (!!(cond), #cond, __FILE__, __LINE__, __VA_ARGS__)
+/* Test helper: read fd to EOF into buf (NUL terminated, cut to size - 1);
+ * returns the length. For tests that capture output through a pipe. */
+static inline size_t
+tap_read_all (int fd, char *buf, size_t size)
+{
+  size_t n = 0;
+  ssize_t r;
+  while (n < size - 1 && (r = read (fd, buf + n, size - 1 - n)) > 0)
+    n += (size_t)r;
+  buf[n] = '\0';
+  return n;
+}
 
-#define TAP_CMP_INT_(got, op, want, ...)                                                           \
-  tap_cmp_int_ ((intmax_t)(got), (intmax_t)(want), op, #got, #want, __FILE__, __LINE__, __VA_ARGS__)
-#define TAP_EQ_INT(got, want, ...) TAP_CMP_INT_ (got, TAP_OP_EQ_, want, __VA_ARGS__)
-#define TAP_NE_INT(got, want, ...) TAP_CMP_INT_ (got, TAP_OP_NE_, want, __VA_ARGS__)
-#define TAP_LT_INT(got, want, ...) TAP_CMP_INT_ (got, TAP_OP_LT_, want, __VA_ARGS__)
-#define TAP_LE_INT(got, want, ...) TAP_CMP_INT_ (got, TAP_OP_LE_, want, __VA_ARGS__)
-#define TAP_GT_INT(got, want, ...) TAP_CMP_INT_ (got, TAP_OP_GT_, want, __VA_ARGS__)
-#define TAP_GE_INT(got, want, ...) TAP_CMP_INT_ (got, TAP_OP_GE_, want, __VA_ARGS__)
-
-#define TAP_CMP_UINT_(got, op, want, ...)                                                          \
-  tap_cmp_uint_ ((uintmax_t)(got), (uintmax_t)(want), op, #got, #want, __FILE__, __LINE__,         \
-                 __VA_ARGS__)
-#define TAP_EQ_UINT(got, want, ...) TAP_CMP_UINT_ (got, TAP_OP_EQ_, want, __VA_ARGS__)
-#define TAP_NE_UINT(got, want, ...) TAP_CMP_UINT_ (got, TAP_OP_NE_, want, __VA_ARGS__)
-#define TAP_LT_UINT(got, want, ...) TAP_CMP_UINT_ (got, TAP_OP_LT_, want, __VA_ARGS__)
-#define TAP_LE_UINT(got, want, ...) TAP_CMP_UINT_ (got, TAP_OP_LE_, want, __VA_ARGS__)
-#define TAP_GT_UINT(got, want, ...) TAP_CMP_UINT_ (got, TAP_OP_GT_, want, __VA_ARGS__)
-#define TAP_GE_UINT(got, want, ...) TAP_CMP_UINT_ (got, TAP_OP_GE_, want, __VA_ARGS__)
-
-#define TAP_EQ_STR(got, want, ...)                                                                 \
-  tap_cmp_str_ ((got), (want), TAP_OP_EQ_, #got, #want, __FILE__, __LINE__, __VA_ARGS__)
-#define TAP_NE_STR(got, want, ...)                                                                 \
-  tap_cmp_str_ ((got), (want), TAP_OP_NE_, #got, #want, __FILE__, __LINE__, __VA_ARGS__)
-#define TAP_HAS_STR(hay, needle, ...)                                                              \
-  tap_has_str_ ((hay), (needle), #hay, #needle, __FILE__, __LINE__, __VA_ARGS__)
-#define TAP_EQ_MEM(got, got_len, want, want_len, ...)                                              \
-  tap_eq_mem_ ((got), (got_len), (want), (want_len), #got, #want, __FILE__, __LINE__, __VA_ARGS__)
-
-/* _Generic on got's type (after promotion, so char arrays are strings and
- * bool/char/short are int): strings, unsigned or signed integers. */
-#define TAP_CMP_FN_(got)                                                                           \
+/* Clauses. _Generic on got's type after promotion (char arrays become
+ * strings; bool, char and short become int). */
+#define TAP_C_INT_(got, op, want) tap_c_int_ ((intmax_t)(got), (intmax_t)(want), op, #got, #want)
+#define TAP_C_UINT_(got, op, want)                                                                 \
+  tap_c_uint_ ((uintmax_t)(got), (uintmax_t)(want), op, #got, #want)
+#define TAP_C_NUM_FN_(got)                                                                         \
+  _Generic((got) + 0, unsigned int                                                                 \
+           : tap_c_uint_, unsigned long                                                            \
+           : tap_c_uint_, unsigned long long                                                       \
+           : tap_c_uint_, int                                                                      \
+           : tap_c_int_, long                                                                      \
+           : tap_c_int_, long long                                                                 \
+           : tap_c_int_)
+#define TAP_C_ANY_FN_(got)                                                                         \
   _Generic ((got) + 0,                                                                             \
-      char *: tap_cmp_str_,                                                                        \
-      const char *: tap_cmp_str_,                                                                  \
-      unsigned int: tap_cmp_uint_,                                                                 \
-      unsigned long: tap_cmp_uint_,                                                                \
-      unsigned long long: tap_cmp_uint_,                                                           \
-      int: tap_cmp_int_,                                                                           \
-      long: tap_cmp_int_,                                                                          \
-      long long: tap_cmp_int_)
-#define TAP_EQ(got, want, ...)                                                                     \
-  TAP_CMP_FN_ (got) ((got), (want), TAP_OP_EQ_, #got, #want, __FILE__, __LINE__, __VA_ARGS__)
-#define TAP_NE(got, want, ...)                                                                     \
-  TAP_CMP_FN_ (got) ((got), (want), TAP_OP_NE_, #got, #want, __FILE__, __LINE__, __VA_ARGS__)
+      char *: tap_c_str_,                                                                          \
+      const char *: tap_c_str_,                                                                    \
+      unsigned int: tap_c_uint_,                                                                   \
+      unsigned long: tap_c_uint_,                                                                  \
+      unsigned long long: tap_c_uint_,                                                             \
+      int: tap_c_int_,                                                                             \
+      long: tap_c_int_,                                                                            \
+      long long: tap_c_int_)
+#define TAP_C_EQ(got, want) TAP_C_ANY_FN_ (got) ((got), (want), TAP_OP_EQ_, #got, #want)
+#define TAP_C_NE(got, want) TAP_C_ANY_FN_ (got) ((got), (want), TAP_OP_NE_, #got, #want)
+#define TAP_C_LT(got, want) TAP_C_NUM_FN_ (got) ((got), (want), TAP_OP_LT_, #got, #want)
+#define TAP_C_LE(got, want) TAP_C_NUM_FN_ (got) ((got), (want), TAP_OP_LE_, #got, #want)
+#define TAP_C_GT(got, want) TAP_C_NUM_FN_ (got) ((got), (want), TAP_OP_GT_, #got, #want)
+#define TAP_C_GE(got, want) TAP_C_NUM_FN_ (got) ((got), (want), TAP_OP_GE_, #got, #want)
+#define TAP_C_EQ_STR(got, want) tap_c_str_ ((got), (want), TAP_OP_EQ_, #got, #want)
+#define TAP_C_NE_STR(got, want) tap_c_str_ ((got), (want), TAP_OP_NE_, #got, #want)
+#define TAP_C_HAS_STR(hay, needle) tap_c_has_ ((hay), (needle), #hay, #needle)
+#define TAP_C_EQ_MEM(got, got_len, want, want_len)                                                 \
+  tap_c_mem_ ((got), (got_len), (want), (want_len), #got, #want)
+
+/* Assertions: a clause and a TAP line (the clause prints the expression).
+ * The condition is evaluated before the description's arguments, which may
+ * show what it computed: TAP_OK (stat (p, &st) == 0, "uid %u", st.st_uid). */
+#define TAP_OK(cond, ...)                                                                          \
+  ({                                                                                               \
+    int tap_ok_c_ = !!(cond);                                                                      \
+    tap_ok_ (tap_ok_c_, #cond, __FILE__, __LINE__, __VA_ARGS__);                                   \
+  })
+#define TAP_ASSERT_(clause, ...)                                                                   \
+  ({                                                                                               \
+    int tap_ok_c_ = (clause);                                                                      \
+    tap_ok_ (tap_ok_c_, "", __FILE__, __LINE__, __VA_ARGS__);                                      \
+  })
+#define TAP_EQ_INT(got, want, ...) TAP_ASSERT_ (TAP_C_INT_ (got, TAP_OP_EQ_, want), __VA_ARGS__)
+#define TAP_NE_INT(got, want, ...) TAP_ASSERT_ (TAP_C_INT_ (got, TAP_OP_NE_, want), __VA_ARGS__)
+#define TAP_LT_INT(got, want, ...) TAP_ASSERT_ (TAP_C_INT_ (got, TAP_OP_LT_, want), __VA_ARGS__)
+#define TAP_LE_INT(got, want, ...) TAP_ASSERT_ (TAP_C_INT_ (got, TAP_OP_LE_, want), __VA_ARGS__)
+#define TAP_GT_INT(got, want, ...) TAP_ASSERT_ (TAP_C_INT_ (got, TAP_OP_GT_, want), __VA_ARGS__)
+#define TAP_GE_INT(got, want, ...) TAP_ASSERT_ (TAP_C_INT_ (got, TAP_OP_GE_, want), __VA_ARGS__)
+#define TAP_EQ_UINT(got, want, ...) TAP_ASSERT_ (TAP_C_UINT_ (got, TAP_OP_EQ_, want), __VA_ARGS__)
+#define TAP_NE_UINT(got, want, ...) TAP_ASSERT_ (TAP_C_UINT_ (got, TAP_OP_NE_, want), __VA_ARGS__)
+#define TAP_LT_UINT(got, want, ...) TAP_ASSERT_ (TAP_C_UINT_ (got, TAP_OP_LT_, want), __VA_ARGS__)
+#define TAP_LE_UINT(got, want, ...) TAP_ASSERT_ (TAP_C_UINT_ (got, TAP_OP_LE_, want), __VA_ARGS__)
+#define TAP_GT_UINT(got, want, ...) TAP_ASSERT_ (TAP_C_UINT_ (got, TAP_OP_GT_, want), __VA_ARGS__)
+#define TAP_GE_UINT(got, want, ...) TAP_ASSERT_ (TAP_C_UINT_ (got, TAP_OP_GE_, want), __VA_ARGS__)
+#define TAP_EQ_STR(got, want, ...) TAP_ASSERT_ (TAP_C_EQ_STR (got, want), __VA_ARGS__)
+#define TAP_NE_STR(got, want, ...) TAP_ASSERT_ (TAP_C_NE_STR (got, want), __VA_ARGS__)
+#define TAP_HAS_STR(hay, needle, ...) TAP_ASSERT_ (TAP_C_HAS_STR (hay, needle), __VA_ARGS__)
+#define TAP_EQ_MEM(got, got_len, want, want_len, ...)                                              \
+  TAP_ASSERT_ (TAP_C_EQ_MEM (got, got_len, want, want_len), __VA_ARGS__)
+#define TAP_EQ(got, want, ...) TAP_ASSERT_ (TAP_C_EQ (got, want), __VA_ARGS__)
+#define TAP_NE(got, want, ...) TAP_ASSERT_ (TAP_C_NE (got, want), __VA_ARGS__)
 
 #define TAP_SKIP(reason, ...) tap_skip_ ((reason), __VA_ARGS__)
 #define TAP_DIAG(...) tap_diag_ (__VA_ARGS__)

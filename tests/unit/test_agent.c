@@ -23,26 +23,9 @@
 #include <time.h>
 #include <unistd.h>
 
-static int t_n, t_fail;
-static char agent_bin[PATH_MAX];
+#include "tap.h"
 
-static bool
-check (bool ok, const char *fmt, ...)
-{
-  va_list ap;
-  char msg[1024];
-  va_start (ap, fmt);
-  vsnprintf (msg, sizeof msg, fmt, ap);
-  va_end (ap);
-  for (char *c = msg; *c; c++)
-    if (*c == '\n')
-      *c = '|'; /* one TAP line per test, whatever output a message quotes */
-  printf ("%sok %d - %s\n", ok ? "" : "not ", ++t_n, msg);
-  fflush (stdout);
-  if (!ok)
-    t_fail++;
-  return ok;
-}
+static char agent_bin[PATH_MAX];
 
 static uint64_t
 now_ms (void)
@@ -349,12 +332,13 @@ test_hello (struct agent *a)
 {
   struct frame f;
   int r = recv_frame (a->fd, &f, 5000);
-  if (!check (r == 1 && f.type == WR_MSG_HELLO && f.stream == 0, "HELLO frame on stream 0"))
+  if (!TAP_OK (TAP_C_EQ (r, 1) && TAP_C_EQ (f.type, WR_MSG_HELLO) && TAP_C_EQ (f.stream, 0),
+               "HELLO frame on stream 0"))
     return;
   json_t *j = json_loads (f.data, 0, NULL);
-  check (jint (j, "version") == 1 && strcmp (jstr (j, "agent"), "warren-agent") == 0
-             && jint (j, "pid") == a->pid,
-         "HELLO fields: %s", f.data);
+  TAP_OK (TAP_C_EQ (jint (j, "version"), 1) && TAP_C_EQ_STR (jstr (j, "agent"), "warren-agent")
+              && TAP_C_EQ (jint (j, "pid"), a->pid),
+          "HELLO fields: %s", f.data);
   json_decref (j);
   free (f.data);
 }
@@ -364,52 +348,53 @@ test_exec_basic (struct agent *a)
 {
   struct result r;
   run (a, "{\"cmd\":[\"/bin/echo\",\"hello\",\"world\"]}", &r, 5000);
-  check (r.exit && jint (r.exit, "exit_code") == 0 && strcmp (r.out, "hello world\n") == 0,
-         "echo: stdout and exit 0");
-  check (r.exit && json_is_object (json_object_get (r.exit, "usage"))
-             && jint (json_object_get (r.exit, "usage"), "max_rss_kb") > 0
-             && json_is_integer (json_object_get (r.exit, "duration_ms")),
-         "EXIT carries usage and duration");
+  TAP_OK (r.exit && TAP_C_EQ (jint (r.exit, "exit_code"), 0)
+              && TAP_C_EQ_STR (r.out, "hello world\n"),
+          "echo: stdout and exit 0");
+  TAP_OK (r.exit && json_is_object (json_object_get (r.exit, "usage"))
+              && TAP_C_GT (jint (json_object_get (r.exit, "usage"), "max_rss_kb"), 0)
+              && json_is_integer (json_object_get (r.exit, "duration_ms")),
+          "EXIT carries usage and duration");
   result_free (&r);
 
   run (a, "{\"cmd\":[\"echo\",\"via-path\"]}", &r, 5000);
-  check (r.exit && strcmp (r.out, "via-path\n") == 0, "argv0 searched in PATH");
+  TAP_OK (r.exit && TAP_C_EQ_STR (r.out, "via-path\n"), "argv0 searched in PATH");
   result_free (&r);
 
   run (a, "{\"shell\":\"echo out; echo err >&2; exit 3\"}", &r, 5000);
-  check (r.exit && jint (r.exit, "exit_code") == 3 && strcmp (r.out, "out\n") == 0
-             && strcmp (r.err, "err\n") == 0,
-         "shell: exit code 3, stdout and stderr separated");
+  TAP_OK (r.exit && TAP_C_EQ (jint (r.exit, "exit_code"), 3) && TAP_C_EQ_STR (r.out, "out\n")
+              && TAP_C_EQ_STR (r.err, "err\n"),
+          "shell: exit code 3, stdout and stderr separated");
   result_free (&r);
 
   run (a, "{\"cmd\":[\"/usr/bin/env\"],\"env\":[\"A=1\",\"B=two words\"]}", &r, 5000);
-  check (r.exit && strcmp (r.out, "A=1\nB=two words\n") == 0, "env exactly as given: %s", r.out);
+  TAP_OK (r.exit && strcmp (r.out, "A=1\nB=two words\n") == 0, "env exactly as given: %s", r.out);
   result_free (&r);
 
   run (a, "{\"cmd\":[\"/usr/bin/env\"]}", &r, 5000);
-  check (
-      r.exit
-          && strstr (r.out, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n")
-          && strstr (r.out, "HOME=/root\n") && strstr (r.out, "TERM=xterm\n"),
-      "default env");
+  TAP_OK (r.exit
+              && TAP_C_HAS_STR (
+                  r.out, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n")
+              && TAP_C_HAS_STR (r.out, "HOME=/root\n") && TAP_C_HAS_STR (r.out, "TERM=xterm\n"),
+          "default env");
   result_free (&r);
 
   run (a, "{\"shell\":\"pwd\",\"cwd\":\"/tmp\"}", &r, 5000);
-  check (r.exit && strcmp (r.out, "/tmp\n") == 0, "cwd");
+  TAP_OK (r.exit && TAP_C_EQ_STR (r.out, "/tmp\n"), "cwd");
   result_free (&r);
 
   run (a, "{\"shell\":\"pwd\",\"cwd\":\"/nonexistent-dir-xyz\"}", &r, 5000);
-  check (r.exit && jint (r.exit, "exit_code") == 127 && strstr (jstr (r.exit, "error"), "chdir")
-             && strstr (jstr (r.exit, "error"), "No such file"),
-         "missing cwd: 127 and a clear error (%s)", r.exit ? jstr (r.exit, "error") : "");
+  TAP_OK (r.exit && TAP_C_EQ (jint (r.exit, "exit_code"), 127)
+              && TAP_C_HAS_STR (jstr (r.exit, "error"), "chdir")
+              && TAP_C_HAS_STR (jstr (r.exit, "error"), "No such file"),
+          "missing cwd: 127 and a clear error (%s)", r.exit ? jstr (r.exit, "error") : "");
   result_free (&r);
 
   run (a, "{\"cmd\":[\"nonexistent-cmd-xyz\"]}", &r, 5000);
-  check (r.exit && jint (r.exit, "exit_code") == 127
-             && strcmp (jstr (r.exit, "error"),
-                        "exec \"nonexistent-cmd-xyz\": No such file or directory")
-                    == 0,
-         "command not found: 127 (%s)", r.exit ? jstr (r.exit, "error") : "");
+  TAP_OK (r.exit && TAP_C_EQ (jint (r.exit, "exit_code"), 127)
+              && TAP_C_EQ_STR (jstr (r.exit, "error"),
+                               "exec \"nonexistent-cmd-xyz\": No such file or directory"),
+          "command not found: 127 (%s)", r.exit ? jstr (r.exit, "error") : "");
   result_free (&r);
 
   char nx[] = "/tmp/wr-agent-nx-XXXXXX", tool[PATH_MAX], req[PATH_MAX + 100];
@@ -422,30 +407,35 @@ test_exec_basic (struct agent *a)
   chmod (tool, 0644);
   snprintf (req, sizeof req, "{\"cmd\":[\"%s\"]}", tool);
   run (a, req, &r, 5000);
-  check (r.exit && jint (r.exit, "exit_code") == 126 && strstr (jstr (r.exit, "error"), "denied")
-             && r.out_len == 0,
-         "not executable: 126 (%s)", r.exit ? jstr (r.exit, "error") : "");
+  TAP_OK (r.exit && TAP_C_EQ (jint (r.exit, "exit_code"), 126)
+              && TAP_C_HAS_STR (jstr (r.exit, "error"), "denied") && TAP_C_EQ (r.out_len, 0),
+          "not executable: 126 (%s)", r.exit ? jstr (r.exit, "error") : "");
   result_free (&r);
   snprintf (req, sizeof req, "{\"cmd\":[\"tool\"],\"env\":[\"PATH=%s\"]}", nx);
   run (a, req, &r, 5000);
-  check (r.exit && jint (r.exit, "exit_code") == 126 && strstr (jstr (r.exit, "error"), "denied"),
-         "PATH search finds only a non-executable: 126 (%s)", r.exit ? jstr (r.exit, "error") : "");
+  TAP_OK (r.exit && TAP_C_EQ (jint (r.exit, "exit_code"), 126)
+              && TAP_C_HAS_STR (jstr (r.exit, "error"), "denied"),
+          "PATH search finds only a non-executable: 126 (%s)",
+          r.exit ? jstr (r.exit, "error") : "");
   result_free (&r);
   chmod (tool, 0755);
   run (a, req, &r, 5000);
-  check (r.exit && jint (r.exit, "exit_code") == 0 && strcmp (r.out, "should-not-run\n") == 0,
-         "PATH search uses the exec's PATH");
+  TAP_OK (r.exit && TAP_C_EQ (jint (r.exit, "exit_code"), 0)
+              && TAP_C_EQ_STR (r.out, "should-not-run\n"),
+          "PATH search uses the exec's PATH");
   result_free (&r);
   unlink (tool);
   rmdir (nx);
 
   run (a, "{\"shell\":\"kill -TERM $$\"}", &r, 5000);
-  check (r.exit && jint (r.exit, "signal") == 15 && jint (r.exit, "exit_code") == -1,
-         "child gets default signal dispositions back (SIGTERM kills it)");
+  TAP_OK (r.exit && TAP_C_EQ (jint (r.exit, "signal"), 15)
+              && TAP_C_EQ (jint (r.exit, "exit_code"), -1),
+          "child gets default signal dispositions back (SIGTERM kills it)");
   result_free (&r);
 
   run (a, "{\"cmd\":[\"/bin/cat\"]}", &r, 5000);
-  check (r.exit && jint (r.exit, "exit_code") == 0 && r.out_len == 0, "no stdin: /dev/null");
+  TAP_OK (r.exit && TAP_C_EQ (jint (r.exit, "exit_code"), 0) && TAP_C_EQ (r.out_len, 0),
+          "no stdin: /dev/null");
   result_free (&r);
 }
 
@@ -454,28 +444,28 @@ test_exec_errors (struct agent *a)
 {
   struct result r;
   run (a, "{\"cmd\":[\"/bin/echo\"", &r, 5000);
-  check (r.error && strcmp (jstr (r.error, "code"), "invalid_argument") == 0,
-         "malformed JSON -> ERROR invalid_argument");
+  TAP_OK (r.error && TAP_C_EQ_STR (jstr (r.error, "code"), "invalid_argument"),
+          "malformed JSON -> ERROR invalid_argument");
   result_free (&r);
   run (a, "{\"cmd\":[\"/bin/echo\"],\"shell\":\"x\"}", &r, 5000);
-  check (r.error != NULL, "cmd and shell together -> ERROR");
+  TAP_OK (r.error != NULL, "cmd and shell together -> ERROR");
   result_free (&r);
   run (a, "{\"cmd\":[]}", &r, 5000);
-  check (r.error != NULL, "empty cmd -> ERROR");
+  TAP_OK (r.error != NULL, "empty cmd -> ERROR");
   result_free (&r);
   run (a, "{\"cmd\":[\"/bin/echo\",\"a\\u0000b\"]}", &r, 5000);
-  check (r.error != NULL, "NUL in argv -> ERROR");
+  TAP_OK (r.error != NULL, "NUL in argv -> ERROR");
   result_free (&r);
   run (a, "{\"cmd\":[\"/bin/true\"],\"timeout_ms\":-5}", &r, 5000);
-  check (r.error != NULL, "negative timeout -> ERROR");
+  TAP_OK (r.error != NULL, "negative timeout -> ERROR");
   result_free (&r);
 
   memset (&r, 0, sizeof r);
   uint32_t s = next_stream++;
   send_json (a->fd, s, WR_MSG_FILE, "{\"op\":\"frobnicate\",\"path\":\"/\"}");
   collect (a->fd, s, &r, 5000);
-  check (r.error && strcmp (jstr (r.error, "code"), "invalid_argument") == 0,
-         "unknown op -> ERROR");
+  TAP_OK (r.error && TAP_C_EQ_STR (jstr (r.error, "code"), "invalid_argument"),
+          "unknown op -> ERROR");
   result_free (&r);
 
   /* duplicate stream id of a live request */
@@ -484,13 +474,14 @@ test_exec_errors (struct agent *a)
   send_json (a->fd, s, WR_MSG_EXEC, "{\"cmd\":[\"/bin/true\"]}");
   memset (&r, 0, sizeof r);
   collect (a->fd, s, &r, 5000);
-  check (r.error && strcmp (jstr (r.error, "code"), "conflict") == 0,
-         "duplicate stream -> conflict");
+  TAP_OK (r.error && TAP_C_EQ_STR (jstr (r.error, "code"), "conflict"),
+          "duplicate stream -> conflict");
   result_free (&r);
   collect (a->fd, s, &r, 5000);
-  check (r.exit && jint (r.exit, "exit_code") == 0, "the original request still completes");
+  TAP_OK (r.exit && TAP_C_EQ (jint (r.exit, "exit_code"), 0),
+          "the original request still completes");
   result_free (&r);
-  check (ping (a, "still-up"), "connection survives bad requests");
+  TAP_OK (ping (a, "still-up"), "connection survives bad requests");
 }
 
 static void
@@ -503,8 +494,8 @@ test_stdin (struct agent *a)
   wr_frame_write (a->fd, s, WR_MSG_STDIN, "", 0);
   struct result r = { 0 };
   collect (a->fd, s, &r, 5000);
-  check (r.exit && jint (r.exit, "exit_code") == 0 && strcmp (r.out, "abcdef\n") == 0,
-         "stdin frames then EOF");
+  TAP_OK (r.exit && TAP_C_EQ (jint (r.exit, "exit_code"), 0) && TAP_C_EQ_STR (r.out, "abcdef\n"),
+          "stdin frames then EOF");
   result_free (&r);
 
   /* 3 MiB through stdin, bigger than any pipe buffer */
@@ -516,7 +507,7 @@ test_stdin (struct agent *a)
     wr_frame_write (a->fd, s, WR_MSG_STDIN, chunk, sizeof chunk);
   wr_frame_write (a->fd, s, WR_MSG_STDIN, "", 0);
   collect (a->fd, s, &r, 10000);
-  check (r.exit && atol (r.out) == 3 << 20, "3 MiB of stdin arrives intact (%s)", r.out);
+  TAP_OK (r.exit && TAP_C_EQ (atol (r.out), 3 << 20), "3 MiB of stdin arrives intact (%s)", r.out);
   result_free (&r);
 
   /* a process that never reads stdin: the data is discarded when it exits */
@@ -524,10 +515,11 @@ test_stdin (struct agent *a)
   send_json (a->fd, s, WR_MSG_EXEC, "{\"cmd\":[\"/bin/true\"],\"stdin\":true}");
   wr_frame_write (a->fd, s, WR_MSG_STDIN, chunk, sizeof chunk);
   collect (a->fd, s, &r, 5000);
-  check (r.exit && jint (r.exit, "exit_code") == 0, "unread stdin does not block completion");
+  TAP_OK (r.exit && TAP_C_EQ (jint (r.exit, "exit_code"), 0),
+          "unread stdin does not block completion");
   result_free (&r);
   wr_frame_write (a->fd, s, WR_MSG_STDIN, "late", 4); /* after EXIT: ignored */
-  check (ping (a, "after-late-stdin"), "late STDIN is ignored");
+  TAP_OK (ping (a, "after-late-stdin"), "late STDIN is ignored");
 }
 
 static void
@@ -542,16 +534,17 @@ test_timeout_tree (struct agent *a)
        "print(os.getpid(), flush=True); time.sleep(100)' & sleep 100\",\"timeout_ms\":700}",
        &r, 10000);
   uint64_t took = now_ms () - t0;
-  check (r.exit && jtrue (r.exit, "timed_out") && jint (r.exit, "signal") == 9
-             && jint (r.exit, "exit_code") == -1,
-         "timeout: timed_out, signal 9, exit -1");
-  check (took >= 650 && took < 5000, "timeout fired on time (%llu ms)", (unsigned long long)took);
+  TAP_OK (r.exit && jtrue (r.exit, "timed_out") && TAP_C_EQ (jint (r.exit, "signal"), 9)
+              && TAP_C_EQ (jint (r.exit, "exit_code"), -1),
+          "timeout: timed_out, signal 9, exit -1");
+  TAP_OK (TAP_C_GE (took, 650) && TAP_C_LT (took, 5000), "timeout fired on time (%llu ms)",
+          (unsigned long long)took);
   pid_t bg = 0, other = 0;
   if (r.out)
     sscanf (r.out, "%d %d", &bg, &other);
-  check (bg > 0 && pid_gone (bg, 2000), "background sleep %d killed", (int)bg);
-  check (other > 0 && pid_gone (other, 2000), "process in another pgrp of the session %d killed",
-         (int)other);
+  TAP_OK (TAP_C_GT (bg, 0) && pid_gone (bg, 2000), "background sleep %d killed", (int)bg);
+  TAP_OK (TAP_C_GT (other, 0) && pid_gone (other, 2000),
+          "process in another pgrp of the session %d killed", (int)other);
   result_free (&r);
 }
 
@@ -562,15 +555,16 @@ test_signal (struct agent *a)
   send_json (a->fd, s, WR_MSG_EXEC, "{\"shell\":\"echo started; exec sleep 100\"}");
   struct frame f;
   int ok = recv_frame (a->fd, &f, 5000);
-  check (ok == 1 && f.type == WR_MSG_STDOUT && strcmp (f.data, "started\n") == 0,
-         "output streams before exit");
+  TAP_OK (TAP_C_EQ (ok, 1) && TAP_C_EQ (f.type, WR_MSG_STDOUT)
+              && TAP_C_EQ_STR (f.data, "started\n"),
+          "output streams before exit");
   if (ok == 1)
     free (f.data);
   send_json (a->fd, s, WR_MSG_SIGNAL, "{\"signal\":15}");
   struct result r = { 0 };
   collect (a->fd, s, &r, 5000);
-  check (r.exit && jint (r.exit, "signal") == 15 && !jtrue (r.exit, "timed_out"),
-         "SIGNAL 15 delivered to the process group");
+  TAP_OK (r.exit && TAP_C_EQ (jint (r.exit, "signal"), 15) && !jtrue (r.exit, "timed_out"),
+          "SIGNAL 15 delivered to the process group");
   result_free (&r);
 }
 
@@ -579,12 +573,13 @@ test_output_cap (struct agent *a)
 {
   struct result r;
   run (a, "{\"cmd\":[\"yes\"],\"stdout_cap\":100000,\"timeout_ms\":1000}", &r, 10000);
-  check (r.exit && r.out_len == 100000 && jtrue (r.exit, "stdout_truncated")
-             && !jtrue (r.exit, "stderr_truncated") && jtrue (r.exit, "timed_out"),
-         "yes with a cap: exactly 100000 bytes, truncated, ends by timeout (%zu)", r.out_len);
+  TAP_OK (r.exit && TAP_C_EQ (r.out_len, 100000) && jtrue (r.exit, "stdout_truncated")
+              && !jtrue (r.exit, "stderr_truncated") && jtrue (r.exit, "timed_out"),
+          "yes with a cap: exactly 100000 bytes, truncated, ends by timeout (%zu)", r.out_len);
   result_free (&r);
   long hwm = proc_status_kb (a->pid, "VmHWM");
-  check (hwm > 0 && hwm < 16 * 1024, "agent memory stays bounded (VmHWM %ld kB)", hwm);
+  TAP_OK (TAP_C_GT (hwm, 0) && TAP_C_LT (hwm, 16 * 1024),
+          "agent memory stays bounded (VmHWM %ld kB)", hwm);
 
   /* Backpressure: 30 MB of output while we do not read must not be buffered. */
   uint32_t s = next_stream++;
@@ -592,15 +587,17 @@ test_output_cap (struct agent *a)
              "{\"cmd\":[\"head\",\"-c\",\"30000000\",\"/dev/zero\"],\"stdout_cap\":40000000}");
   msleep (1500);
   hwm = proc_status_kb (a->pid, "VmHWM");
-  check (hwm > 0 && hwm < 20 * 1024, "reader stalled: agent does not buffer (VmHWM %ld kB)", hwm);
+  TAP_OK (TAP_C_GT (hwm, 0) && TAP_C_LT (hwm, 20 * 1024),
+          "reader stalled: agent does not buffer (VmHWM %ld kB)", hwm);
   memset (&r, 0, sizeof r);
   collect (a->fd, s, &r, 30000);
-  check (r.exit && r.out_len == 30000000 && !jtrue (r.exit, "stdout_truncated"),
-         "all 30 MB delivered after the stall (%zu)", r.out_len);
+  TAP_OK (r.exit && TAP_C_EQ (r.out_len, 30000000) && !jtrue (r.exit, "stdout_truncated"),
+          "all 30 MB delivered after the stall (%zu)", r.out_len);
   result_free (&r);
 
   run (a, "{\"shell\":\"echo 12345678901234567890\",\"stdout_cap\":0}", &r, 5000);
-  check (r.exit && r.out_len == 0 && jtrue (r.exit, "stdout_truncated"), "cap 0 forwards nothing");
+  TAP_OK (r.exit && TAP_C_EQ (r.out_len, 0) && jtrue (r.exit, "stdout_truncated"),
+          "cap 0 forwards nothing");
   result_free (&r);
 }
 
@@ -624,10 +621,10 @@ test_concurrent (struct agent *a)
         order[n++] = (int)f.stream;
       free (f.data);
     }
-  check (n == 2 && order[0] == (int)s2 && order[1] == (int)s1,
-         "concurrent execs: the fast one finishes first");
-  check (strcmp (out1, "slow\n") == 0 && strcmp (out2, "fast\n") == 0,
-         "output frames carry the right stream ids");
+  TAP_OK (TAP_C_EQ (n, 2) && TAP_C_EQ (order[0], (int)s2) && TAP_C_EQ (order[1], (int)s1),
+          "concurrent execs: the fast one finishes first");
+  TAP_OK (TAP_C_EQ_STR (out1, "slow\n") && TAP_C_EQ_STR (out2, "fast\n"),
+          "output frames carry the right stream ids");
 }
 
 static void
@@ -637,14 +634,14 @@ test_background_no_wait (struct agent *a)
   uint64_t t0 = now_ms ();
   run (a, "{\"shell\":\"sleep 3 & echo $!\"}", &r, 5000);
   uint64_t took = now_ms () - t0;
-  check (r.exit && took < 1500,
-         "EXIT does not wait for a background child holding the pipe (%llu ms)",
-         (unsigned long long)took);
+  TAP_OK (r.exit && TAP_C_LT (took, 1500),
+          "EXIT does not wait for a background child holding the pipe (%llu ms)",
+          (unsigned long long)took);
   pid_t bg = r.out ? atoi (r.out) : 0;
   result_free (&r);
   if (bg > 0)
     kill (bg, SIGKILL);
-  check (bg > 0 && pid_gone (bg, 2000), "orphans are reaped (no zombie left)");
+  TAP_OK (TAP_C_GT (bg, 0) && pid_gone (bg, 2000), "orphans are reaped (no zombie left)");
 }
 
 static void
@@ -652,14 +649,14 @@ test_tty (struct agent *a)
 {
   if (access ("/dev/ptmx", R_OK | W_OK) != 0)
     {
-      printf ("ok %d # SKIP no /dev/ptmx\n", ++t_n);
+      TAP_SKIP ("no /dev/ptmx", "tty");
       return;
     }
   struct result r;
   run (a, "{\"shell\":\"tty; echo hi >&2\",\"tty\":true}", &r, 5000);
-  check (r.exit && jint (r.exit, "exit_code") == 0 && strstr (r.out, "/dev/pts/")
-             && strstr (r.out, "hi") && r.err_len == 0,
-         "tty: one stream, stdout is a pty (%s)", r.out ? r.out : "");
+  TAP_OK (r.exit && TAP_C_EQ (jint (r.exit, "exit_code"), 0) && TAP_C_HAS_STR (r.out, "/dev/pts/")
+              && TAP_C_HAS_STR (r.out, "hi") && TAP_C_EQ (r.err_len, 0),
+          "tty: one stream, stdout is a pty (%s)", r.out ? r.out : "");
   result_free (&r);
   if (r.error)
     return;
@@ -669,8 +666,8 @@ test_tty (struct agent *a)
   wr_frame_write (a->fd, s, WR_MSG_STDIN, "", 0);
   memset (&r, 0, sizeof r);
   collect (a->fd, s, &r, 5000);
-  check (r.exit && jint (r.exit, "exit_code") == 0 && strstr (r.out, "ping"),
-         "tty stdin and EOF (^D)");
+  TAP_OK (r.exit && TAP_C_EQ (jint (r.exit, "exit_code"), 0) && TAP_C_HAS_STR (r.out, "ping"),
+          "tty stdin and EOF (^D)");
   result_free (&r);
 }
 
@@ -681,7 +678,7 @@ test_pid1_duties (struct agent *a)
   kill (a->pid, SIGINT);
   kill (a->pid, SIGHUP);
   msleep (100);
-  check (ping (a, "alive"), "SIGTERM/SIGINT/SIGHUP are ignored");
+  TAP_OK (ping (a, "alive"), "SIGTERM/SIGINT/SIGHUP are ignored");
   char path[64];
   snprintf (path, sizeof path, "/proc/%d/status", (int)a->pid);
   struct stat st;
@@ -691,7 +688,8 @@ test_pid1_duties (struct agent *a)
   struct result r;
   run (a, "{\"shell\":\"ls /proc/self/fd | wc -l\"}", &r, 5000);
   /* 0,1,2 and the directory ls reads: the agent's sockets must not leak */
-  check (r.exit && atoi (r.out) <= 4, "no agent fd leaks into the child (%d fds)", atoi (r.out));
+  TAP_OK (r.exit && TAP_C_LE (atoi (r.out), 4), "no agent fd leaks into the child (%d fds)",
+          atoi (r.out));
   result_free (&r);
 }
 
@@ -786,27 +784,28 @@ test_files (struct agent *a, const char *root, const char *outside, const char *
   char p[PATH_MAX];
 
   f = file_op (a, "{\"op\":\"write\",\"path\":\"/a.txt\",\"mode\":384}", "hello", 5);
-  check (f.result && jint (f.result, "size") == 5, "[%s] write -> size", mode);
+  TAP_OK (f.result && TAP_C_EQ (jint (f.result, "size"), 5), "[%s] write -> size", mode);
   fres_free (&f);
   snprintf (p, sizeof p, "%s/a.txt", root);
   struct stat st;
-  check (stat (p, &st) == 0 && st.st_size == 5 && (st.st_mode & 0777) == 0600,
-         "[%s] written inside the root with mode 0600", mode);
+  TAP_OK (TAP_C_EQ (stat (p, &st), 0) && TAP_C_EQ (st.st_size, 5)
+              && TAP_C_EQ ((st.st_mode & 0777), 0600),
+          "[%s] written inside the root with mode 0600", mode);
 
   f = file_op (a, "{\"op\":\"write\",\"path\":\"/a.txt\",\"append\":true}", " world", 6);
-  check (f.result && jint (f.result, "size") == 11, "[%s] append", mode);
+  TAP_OK (f.result && TAP_C_EQ (jint (f.result, "size"), 11), "[%s] append", mode);
   fres_free (&f);
 
   f = fop (a, "{\"op\":\"read\",\"path\":\"/a.txt\"}");
-  check (f.result && strcmp (f.data, "hello world") == 0 && jint (f.result, "size") == 11
-             && strcmp (jstr (f.result, "type"), "file") == 0
-             && strcmp (jstr (f.result, "name"), "a.txt") == 0,
-         "[%s] read -> DATA then RESULT stat", mode);
+  TAP_OK (f.result && TAP_C_EQ_STR (f.data, "hello world") && TAP_C_EQ (jint (f.result, "size"), 11)
+              && TAP_C_EQ_STR (jstr (f.result, "type"), "file")
+              && TAP_C_EQ_STR (jstr (f.result, "name"), "a.txt"),
+          "[%s] read -> DATA then RESULT stat", mode);
   fres_free (&f);
 
   f = fop (a, "{\"op\":\"read\",\"path\":\"/a.txt\",\"max_bytes\":4}");
-  check (f.result && strcmp (f.data, "hell") == 0 && jtrue (f.result, "truncated"),
-         "[%s] read max_bytes", mode);
+  TAP_OK (f.result && TAP_C_EQ_STR (f.data, "hell") && jtrue (f.result, "truncated"),
+          "[%s] read max_bytes", mode);
   fres_free (&f);
 
   /* multi-frame content */
@@ -815,36 +814,36 @@ test_files (struct agent *a, const char *root, const char *outside, const char *
   for (size_t i = 0; i < big; i++)
     bd[i] = (char)(i * 7 + i / 1000);
   f = file_op (a, "{\"op\":\"write\",\"path\":\"/big.bin\"}", bd, big);
-  check (f.result && (size_t)jint (f.result, "size") == big, "[%s] 3 MB write", mode);
+  TAP_OK (f.result && TAP_C_EQ ((size_t)jint (f.result, "size"), big), "[%s] 3 MB write", mode);
   fres_free (&f);
   f = fop (a, "{\"op\":\"read\",\"path\":\"/big.bin\"}");
-  check (f.result && f.len == big && memcmp (f.data, bd, big) == 0, "[%s] 3 MB read back intact",
-         mode);
+  TAP_OK (f.result && TAP_C_EQ (f.len, big) && TAP_C_EQ_MEM (f.data, big, bd, big),
+          "[%s] 3 MB read back intact", mode);
   fres_free (&f);
   free (bd);
 
   f = fop (a, "{\"op\":\"mkdir\",\"path\":\"/d1/d2/d3\",\"parents\":true}");
-  check (f.result && exists_at (root, "d1/d2/d3"), "[%s] mkdir parents", mode);
+  TAP_OK (f.result && exists_at (root, "d1/d2/d3"), "[%s] mkdir parents", mode);
   fres_free (&f);
   f = fop (a, "{\"op\":\"mkdir\",\"path\":\"/d1/d2/d3\",\"parents\":true}");
-  check (f.result != NULL, "[%s] mkdir parents on an existing dir is fine", mode);
+  TAP_OK (f.result != NULL, "[%s] mkdir parents on an existing dir is fine", mode);
   fres_free (&f);
   f = fop (a, "{\"op\":\"mkdir\",\"path\":\"/d1\"}");
-  check (is_err (&f, "conflict"), "[%s] mkdir existing -> conflict", mode);
+  TAP_OK (is_err (&f, "conflict"), "[%s] mkdir existing -> conflict", mode);
   fres_free (&f);
   f = fop (a, "{\"op\":\"mkdir\",\"path\":\"/nope/x\"}");
-  check (is_err (&f, "not_found"), "[%s] mkdir without parent -> not_found", mode);
+  TAP_OK (is_err (&f, "not_found"), "[%s] mkdir without parent -> not_found", mode);
   fres_free (&f);
 
   f = fop (a, "{\"op\":\"stat\",\"path\":\"/d1\"}");
-  check (f.result && strcmp (jstr (f.result, "type"), "dir") == 0
-             && strcmp (jstr (f.result, "name"), "d1") == 0
-             && json_is_integer (json_object_get (f.result, "mtime")),
-         "[%s] stat dir", mode);
+  TAP_OK (f.result && TAP_C_EQ_STR (jstr (f.result, "type"), "dir")
+              && TAP_C_EQ_STR (jstr (f.result, "name"), "d1")
+              && json_is_integer (json_object_get (f.result, "mtime")),
+          "[%s] stat dir", mode);
   fres_free (&f);
   f = fop (a, "{\"op\":\"stat\",\"path\":\"/missing\"}");
-  check (is_err (&f, "not_found") && jint (f.error, "errno") == ENOENT,
-         "[%s] stat missing -> not_found, errno", mode);
+  TAP_OK (is_err (&f, "not_found") && TAP_C_EQ (jint (f.error, "errno"), ENOENT),
+          "[%s] stat missing -> not_found, errno", mode);
   fres_free (&f);
 
   f = fop (a, "{\"op\":\"list\",\"path\":\"/\"}");
@@ -857,53 +856,55 @@ test_files (struct agent *a, const char *root, const char *outside, const char *
     saw_a |= strcmp (jstr (e, "name"), "a.txt") == 0 && jint (e, "size") == 11;
     saw_d |= strcmp (jstr (e, "name"), "d1") == 0 && strcmp (jstr (e, "type"), "dir") == 0;
   }
-  check (saw_a && saw_d, "[%s] list", mode);
+  TAP_OK (saw_a && saw_d, "[%s] list", mode);
   fres_free (&f);
 
   f = fop (a, "{\"op\":\"read\",\"path\":\"/d1\"}");
-  check (is_err (&f, "invalid_argument") && strstr (jstr (f.error, "message"), "is a directory"),
-         "[%s] read a directory -> invalid_argument", mode);
+  TAP_OK (is_err (&f, "invalid_argument")
+              && TAP_C_HAS_STR (jstr (f.error, "message"), "is a directory"),
+          "[%s] read a directory -> invalid_argument", mode);
   fres_free (&f);
 
   f = fop (a, "{\"op\":\"remove\",\"path\":\"/d1\"}");
-  check (is_err (&f, "conflict"), "[%s] non-recursive remove of a full dir -> conflict", mode);
+  TAP_OK (is_err (&f, "conflict"), "[%s] non-recursive remove of a full dir -> conflict", mode);
   fres_free (&f);
   f = fop (a, "{\"op\":\"remove\",\"path\":\"/d1\",\"recursive\":true}");
-  check (f.result && !exists_at (root, "d1"), "[%s] recursive remove", mode);
+  TAP_OK (f.result && !exists_at (root, "d1"), "[%s] recursive remove", mode);
   fres_free (&f);
   f = fop (a, "{\"op\":\"remove\",\"path\":\"/a.txt\"}");
-  check (f.result && !exists_at (root, "a.txt"), "[%s] remove file", mode);
+  TAP_OK (f.result && !exists_at (root, "a.txt"), "[%s] remove file", mode);
   fres_free (&f);
   f = fop (a, "{\"op\":\"remove\",\"path\":\"/\",\"recursive\":true}");
-  check (is_err (&f, "invalid_argument"), "[%s] remove / refused", mode);
+  TAP_OK (is_err (&f, "invalid_argument"), "[%s] remove / refused", mode);
   fres_free (&f);
 
   /* bad paths */
   f = fop (a, "{\"op\":\"stat\",\"path\":\"relative/x\"}");
-  check (is_err (&f, "invalid_argument"), "[%s] relative path refused", mode);
+  TAP_OK (is_err (&f, "invalid_argument"), "[%s] relative path refused", mode);
   fres_free (&f);
   f = fop (a, "{\"op\":\"stat\",\"path\":\"\"}");
-  check (is_err (&f, "invalid_argument"), "[%s] empty path refused", mode);
+  TAP_OK (is_err (&f, "invalid_argument"), "[%s] empty path refused", mode);
   fres_free (&f);
   f = fop (a, "{\"op\":\"stat\",\"path\":\"/a\\u0000b\"}");
-  check (is_err (&f, "invalid_argument"), "[%s] NUL in path refused", mode);
+  TAP_OK (is_err (&f, "invalid_argument"), "[%s] NUL in path refused", mode);
   fres_free (&f);
   char longp[5000];
   memset (longp, 'a', sizeof longp);
   longp[0] = '/';
   longp[sizeof longp - 1] = 0;
   f = fop (a, "{\"op\":\"stat\",\"path\":\"%s\"}", longp);
-  check (is_err (&f, "invalid_argument"), "[%s] path over 4096 bytes refused", mode);
+  TAP_OK (is_err (&f, "invalid_argument"), "[%s] path over 4096 bytes refused", mode);
   fres_free (&f);
 
   /* ---- traversal ---- */
   char secret[PATH_MAX];
   snprintf (secret, sizeof secret, "%s/secret", outside);
   f = fop (a, "{\"op\":\"read\",\"path\":\"/../../../..%s\"}", secret);
-  check (is_err (&f, "not_found"), "[%s] \"..\" cannot climb out of the root", mode);
+  TAP_OK (is_err (&f, "not_found"), "[%s] \"..\" cannot climb out of the root", mode);
   fres_free (&f);
   f = fop (a, "{\"op\":\"read\",\"path\":\"/../../etc/passwd\"}");
-  check (is_err (&f, "not_found") && f.len == 0, "[%s] ../../etc/passwd stays inside", mode);
+  TAP_OK (is_err (&f, "not_found") && TAP_C_EQ (f.len, 0), "[%s] ../../etc/passwd stays inside",
+          mode);
   fres_free (&f);
 
   snprintf (p, sizeof p, "%s/etclink", root);
@@ -916,32 +917,37 @@ test_files (struct agent *a, const char *root, const char *outside, const char *
   symlink (secret, p);
 
   f = fop (a, "{\"op\":\"read\",\"path\":\"/etclink/passwd\"}");
-  check (is_err (&f, "not_found") && f.len == 0, "[%s] symlink to /etc resolves inside root", mode);
+  TAP_OK (is_err (&f, "not_found") && TAP_C_EQ (f.len, 0),
+          "[%s] symlink to /etc resolves inside root", mode);
   fres_free (&f);
   f = fop (a, "{\"op\":\"read\",\"path\":\"/evil/secret\"}");
-  check (is_err (&f, "not_found") && f.len == 0, "[%s] absolute symlink out: no host file", mode);
+  TAP_OK (is_err (&f, "not_found") && TAP_C_EQ (f.len, 0),
+          "[%s] absolute symlink out: no host file", mode);
   fres_free (&f);
   f = fop (a, "{\"op\":\"read\",\"path\":\"/up%s\"}", secret);
-  check (is_err (&f, "not_found") && f.len == 0, "[%s] relative ../.. symlink: no host file", mode);
+  TAP_OK (is_err (&f, "not_found") && TAP_C_EQ (f.len, 0),
+          "[%s] relative ../.. symlink: no host file", mode);
   fres_free (&f);
   f = fop (a, "{\"op\":\"read\",\"path\":\"/leak\"}");
-  check (is_err (&f, "not_found") && f.len == 0, "[%s] final symlink to a host file", mode);
+  TAP_OK (is_err (&f, "not_found") && TAP_C_EQ (f.len, 0), "[%s] final symlink to a host file",
+          mode);
   fres_free (&f);
   f = fop (a, "{\"op\":\"list\",\"path\":\"/up\"}");
   ents = f.result ? json_object_get (f.result, "entries") : NULL;
   bool saw_up = false;
   json_array_foreach (ents, i, e) saw_up |= strcmp (jstr (e, "name"), "up") == 0;
-  check (saw_up, "[%s] list via ../.. symlink lists the root itself", mode);
+  TAP_OK (saw_up, "[%s] list via ../.. symlink lists the root itself", mode);
   fres_free (&f);
   f = fop (a, "{\"op\":\"stat\",\"path\":\"/leak\"}");
-  check (f.result && strcmp (jstr (f.result, "type"), "symlink") == 0
-             && strcmp (jstr (f.result, "target"), secret) == 0,
-         "[%s] stat does not follow the final symlink", mode);
+  TAP_OK (f.result && TAP_C_EQ_STR (jstr (f.result, "type"), "symlink")
+              && TAP_C_EQ_STR (jstr (f.result, "target"), secret),
+          "[%s] stat does not follow the final symlink", mode);
   fres_free (&f);
 
   f = file_op (a, "{\"op\":\"write\",\"path\":\"/evil/pwned\"}", "x", 1);
-  check (!exists_at (outside, "pwned"), "[%s] write through symlink dir does not reach host", mode);
-  check (is_err (&f, "not_found"), "[%s] ... and fails (target dir absent in root)", mode);
+  TAP_OK (!exists_at (outside, "pwned"), "[%s] write through symlink dir does not reach host",
+          mode);
+  TAP_OK (is_err (&f, "not_found"), "[%s] ... and fails (target dir absent in root)", mode);
   fres_free (&f);
   /* once the target exists inside the root, the write lands there */
   snprintf (p, sizeof p, "mkdir -p '%s/%s'", root, outside);
@@ -949,19 +955,20 @@ test_files (struct agent *a, const char *root, const char *outside, const char *
     abort ();
   f = file_op (a, "{\"op\":\"write\",\"path\":\"/evil/pwned\"}", "x", 1);
   snprintf (p, sizeof p, "%s%s", root, outside);
-  check (f.result && exists_at (p, "pwned") && !exists_at (outside, "pwned"),
-         "[%s] write through symlink lands inside the root", mode);
+  TAP_OK (f.result && exists_at (p, "pwned") && !exists_at (outside, "pwned"),
+          "[%s] write through symlink lands inside the root", mode);
   fres_free (&f);
   f = file_op (a, "{\"op\":\"write\",\"path\":\"/leak\"}", "overwritten", 11);
-  check (is_err (&f, "invalid_argument") && stat (secret, &st) == 0 && st.st_size == 6,
-         "[%s] write to a final symlink refused, host file untouched", mode);
+  TAP_OK (is_err (&f, "invalid_argument") && TAP_C_EQ (stat (secret, &st), 0)
+              && TAP_C_EQ (st.st_size, 6),
+          "[%s] write to a final symlink refused, host file untouched", mode);
   fres_free (&f);
   f = fop (a, "{\"op\":\"mkdir\",\"path\":\"/up/made-via-up\"}");
-  check (f.result && exists_at (root, "made-via-up"), "[%s] mkdir via ../.. symlink stays in root",
-         mode);
+  TAP_OK (f.result && exists_at (root, "made-via-up"), "[%s] mkdir via ../.. symlink stays in root",
+          mode);
   fres_free (&f);
   f = fop (a, "{\"op\":\"read\",\"path\":\"/proc/self/root%s\"}", secret);
-  check (is_err (&f, "not_found"), "[%s] /proc-style magic path resolves inside root", mode);
+  TAP_OK (is_err (&f, "not_found"), "[%s] /proc-style magic path resolves inside root", mode);
   fres_free (&f);
 
   /* recursive remove of a dir holding a symlink to the host must not follow */
@@ -970,12 +977,12 @@ test_files (struct agent *a, const char *root, const char *outside, const char *
   snprintf (p, sizeof p, "%s/rmdir/out", root);
   symlink (outside, p);
   f = fop (a, "{\"op\":\"remove\",\"path\":\"/rmdir\",\"recursive\":true}");
-  check (f.result && !exists_at (root, "rmdir") && stat (secret, &st) == 0,
-         "[%s] recursive remove does not follow symlinks", mode);
+  TAP_OK (f.result && !exists_at (root, "rmdir") && TAP_C_EQ (stat (secret, &st), 0),
+          "[%s] recursive remove does not follow symlinks", mode);
   fres_free (&f);
   f = fop (a, "{\"op\":\"remove\",\"path\":\"/evil\",\"recursive\":true}");
-  check (f.result && stat (secret, &st) == 0 && !exists_at (root, "evil"),
-         "[%s] removing a symlink removes only the link", mode);
+  TAP_OK (f.result && TAP_C_EQ (stat (secret, &st), 0) && !exists_at (root, "evil"),
+          "[%s] removing a symlink removes only the link", mode);
   fres_free (&f);
 
   /* cleanup for the next mode */
@@ -1027,19 +1034,19 @@ test_connections (void)
   char path[108];
   int lfd = unix_listen (path, sizeof path);
   struct agent a = agent_start (NULL, false, lfd, true);
-  check (got_hello (a.fd), "conn-fd: HELLO");
+  TAP_OK (got_hello (a.fd), "conn-fd: HELLO");
 
   /* an exec in flight when the connection is replaced is orphaned */
   send_json (a.fd, 99, WR_MSG_EXEC, "{\"shell\":\"sleep 0.3; echo orphan-output\"}");
   msleep (50);
   int c2 = unix_connect (path);
-  check (got_hello (c2), "listen-fd: a new connection gets HELLO");
+  TAP_OK (got_hello (c2), "listen-fd: a new connection gets HELLO");
   struct frame f;
-  check (recv_frame (a.fd, &f, 3000) == 0, "the new connection replaces the old one (EOF)");
+  TAP_EQ (recv_frame (a.fd, &f, 3000), 0, "the new connection replaces the old one (EOF)");
   close (a.fd);
   a.fd = c2;
   msleep (500);
-  check (ping (&a, "p2"), "PING on the new connection");
+  TAP_OK (ping (&a, "p2"), "PING on the new connection");
   /* nothing of stream 99 may appear on the new connection */
   wr_frame_write (a.fd, 0, WR_MSG_PING, "x", 1);
   bool leak = false;
@@ -1051,7 +1058,7 @@ test_connections (void)
       if (pong)
         break;
     }
-  check (!leak, "orphaned exec output is not sent to the new connection");
+  TAP_OK (!leak, "orphaned exec output is not sent to the new connection");
 
   /* malformed frame header -> the agent closes the connection */
   uint8_t bad[WR_FRAME_HDR];
@@ -1059,29 +1066,29 @@ test_connections (void)
   bad[10] = 7; /* non-zero pad */
   if (write (a.fd, bad, sizeof bad) != sizeof bad)
     abort ();
-  check (recv_frame (a.fd, &f, 3000) == 0, "malformed frame header -> disconnect");
+  TAP_EQ (recv_frame (a.fd, &f, 3000), 0, "malformed frame header -> disconnect");
   close (a.fd);
   uint8_t huge[WR_FRAME_HDR];
   a.fd = unix_connect (path);
-  check (got_hello (a.fd), "agent accepts again after a bad frame");
+  TAP_OK (got_hello (a.fd), "agent accepts again after a bad frame");
   wr_frame_hdr_encode (huge, WR_FRAME_MAX + 1, 1, WR_MSG_EXEC);
   if (write (a.fd, huge, sizeof huge) != sizeof huge)
     abort ();
-  check (recv_frame (a.fd, &f, 3000) == 0, "oversized frame -> disconnect");
+  TAP_EQ (recv_frame (a.fd, &f, 3000), 0, "oversized frame -> disconnect");
   close (a.fd);
   a.fd = unix_connect (path);
-  check (got_hello (a.fd), "reconnect after oversized frame");
+  TAP_OK (got_hello (a.fd), "reconnect after oversized frame");
   struct result r;
   run (&a, "{\"cmd\":[\"/bin/echo\",\"again\"]}", &r, 5000);
-  check (r.exit && strcmp (r.out, "again\n") == 0, "exec works on the reconnected channel");
+  TAP_OK (r.exit && TAP_C_EQ_STR (r.out, "again\n"), "exec works on the reconnected channel");
   result_free (&r);
 
   /* daemon gone entirely: agent keeps running, listen socket still works */
   close (a.fd);
   msleep (100);
-  check (waitpid (a.pid, NULL, WNOHANG) == 0, "agent survives the daemon going away");
+  TAP_EQ (waitpid (a.pid, NULL, WNOHANG), 0, "agent survives the daemon going away");
   a.fd = unix_connect (path);
-  check (got_hello (a.fd), "and accepts the restarted daemon");
+  TAP_OK (got_hello (a.fd), "and accepts the restarted daemon");
   agent_stop (&a);
   close (lfd);
   unlink (path);
@@ -1104,7 +1111,7 @@ file_suite (bool no_openat2)
     {
       json_t *j = json_loads (f.data, 0, NULL);
       const char *want = no_openat2 ? "walk" : "openat2";
-      check (strcmp (jstr (j, "resolver"), want) == 0, "resolver is %s", want);
+      TAP_EQ_STR (jstr (j, "resolver"), want, "resolver is %s", want);
       json_decref (j);
       free (f.data);
     }
@@ -1138,13 +1145,13 @@ main (void)
     }
   if (access (agent_bin, X_OK) != 0)
     {
-      printf ("not ok 1 - agent binary %s missing\n", agent_bin);
-      return 1;
+      TAP_OK (0, "agent binary %s missing", agent_bin);
+      return TAP_DONE ();
     }
 
   struct agent a = agent_start (NULL, false, -1, true);
   test_hello (&a);
-  check (ping (&a, "hello-ping"), "PING -> PONG with the same payload");
+  TAP_OK (ping (&a, "hello-ping"), "PING -> PONG with the same payload");
   test_exec_basic (&a);
   test_exec_errors (&a);
   test_stdin (&a);
@@ -1161,6 +1168,5 @@ main (void)
   file_suite (true);
   test_connections ();
 
-  printf ("1..%d\n", t_n);
-  return t_fail ? 1 : 0;
+  return TAP_DONE ();
 }

@@ -180,8 +180,8 @@ test_ping_flood (void)
   run_until (g.base, &g.r.done, &g.lost);
   size_t q = agent_conn_alive (g.c) ? agent_outq (g.c) : 0;
   TAP_OK (g.r.done && !g.lost, "a PING flood is survived (the request still completes)");
-  TAP_OK (q <= WRD_AGENT_PONG_QUEUE + WR_FRAME_HDR + 4096 + 256,
-          "PONGs queued for an agent that does not read stay bounded (%zu bytes)", q);
+  TAP_LE_INT (q, WRD_AGENT_PONG_QUEUE + WR_FRAME_HDR + 4096 + 256,
+              "PONGs queued for an agent that does not read stay bounded (%zu bytes)", q);
   rig_stop (&g);
 }
 
@@ -202,9 +202,9 @@ test_output_over_limit (void)
   rig_start (&g, too_much_output);
   agent_set_data_limit (g.c, g.sid, 1 << 20);
   run_until (g.base, &g.r.failed, &g.r.done);
-  TAP_OK (g.r.failed && strcmp (g.r.code, "gone") == 0 && !g.r.done,
+  TAP_OK (g.r.failed && TAP_C_EQ_STR (g.r.code, "gone") && !g.r.done,
           "output beyond the request's limit fails the request");
-  TAP_OK (g.r.data <= (1u << 20), "no more than the limit was delivered (%zu bytes)", g.r.data);
+  TAP_LE_INT (g.r.data, (1u << 20), "no more than the limit was delivered (%zu bytes)", g.r.data);
   TAP_OK (g.lost && !agent_conn_alive (g.c), "and closes the agent's connection");
   rig_stop (&g);
 }
@@ -225,7 +225,7 @@ test_output_default_limit (void)
   struct rig g;
   rig_start (&g, over_default_caps);
   run_until (g.base, &g.r.failed, &g.r.done);
-  TAP_OK (g.r.failed && g.lost && g.r.data <= (2u << 20),
+  TAP_OK (g.r.failed && g.lost && TAP_C_LE (g.r.data, (2u << 20)),
           "an EXEC is cut at its own caps (1 MiB + 1 MiB by default; %zu bytes delivered)",
           g.r.data);
   rig_stop (&g);
@@ -290,7 +290,7 @@ test_garbage (void)
   struct rig g;
   rig_start (&g, garbage_error_code);
   run_until (g.base, &g.r.failed, &g.lost);
-  TAP_OK (g.r.failed && strcmp (g.r.code, "internal") == 0,
+  TAP_OK (g.r.failed && TAP_C_EQ_STR (g.r.code, "internal"),
           "an ERROR with a malformed code reaches the request as \"internal\" (got %s)", g.r.code);
   rig_stop (&g);
 }

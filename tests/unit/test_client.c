@@ -19,28 +19,7 @@
 #include <unistd.h>
 
 #include "warren/warren.h"
-
-static int tests, failed;
-
-#define CHECK(cond, ...)                                                                           \
-  do                                                                                               \
-    {                                                                                              \
-      int ok_ = !!(cond);                                                                          \
-      tests++;                                                                                     \
-      if (ok_)                                                                                     \
-        printf ("ok %d - ", tests);                                                                \
-      else                                                                                         \
-        {                                                                                          \
-          failed++;                                                                                \
-          printf ("not ok %d - ", tests);                                                          \
-        }                                                                                          \
-      printf (__VA_ARGS__);                                                                        \
-      printf ("\n");                                                                               \
-      if (!ok_)                                                                                    \
-        printf ("#   failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__);                            \
-      fflush (stdout);                                                                             \
-    }                                                                                              \
-  while (0)
+#include "tap.h"
 
 static char tmpdir[64];
 
@@ -81,17 +60,6 @@ typedef struct req
   char *body;
   size_t body_len;
 } req_t;
-
-#define SCHECK(s, cond)                                                                            \
-  do                                                                                               \
-    {                                                                                              \
-      if (!(cond))                                                                                 \
-        {                                                                                          \
-          (s)->failures++;                                                                         \
-          printf ("# server check failed: %s (line %d)\n", #cond, __LINE__);                       \
-        }                                                                                          \
-    }                                                                                              \
-  while (0)
 
 static int
 srv_accept (srv_t *s, int timeout_ms)
@@ -210,7 +178,7 @@ srv_await (int fd)
 static bool
 srv_no_more_accepts (srv_t *s)
 {
-  SCHECK (s, srv_await (s->note[1]) == 0);
+  TAP_EQ (srv_await (s->note[1]), 0, "server check");
   int extra = srv_accept (s, 0);
   if (extra >= 0)
     close (extra);
@@ -230,6 +198,8 @@ static void *
 srv_main (void *arg)
 {
   srv_t *s = arg;
+  /* the server's checks count into s->failures: TAP lines come from main */
+  tap_soft_fail_to (&s->failures);
   s->handler (s);
   return NULL;
 }
@@ -279,7 +249,7 @@ client_for (srv_t *s, const char *token)
   warren_client_t *c = warren_client_new (host, token, &err);
   if (c == NULL)
     {
-      printf ("# client_new: %s\n", err.message);
+      TAP_DIAG ("client_new: %s", err.message);
       exit (2);
     }
   warren_client_set_timeout (c, WAIT_MS);
@@ -293,20 +263,20 @@ h_keepalive (srv_t *s)
 {
   int fd = srv_accept (s, WAIT_MS);
   req_t r;
-  SCHECK (s, fd >= 0 && srv_read_req (fd, &r) == 0);
-  SCHECK (s, strcmp (r.method, "GET") == 0 && strcmp (r.target, "/healthz") == 0);
-  SCHECK (s, strstr (r.headers, "Authorization: Bearer tok-123\r\n") != NULL);
-  SCHECK (s, strcasestr (r.headers, "Host: ") != NULL);
+  TAP_OK (TAP_C_GE (fd, 0) && TAP_C_EQ (srv_read_req (fd, &r), 0), "server check");
+  TAP_OK (TAP_C_EQ_STR (r.method, "GET") && TAP_C_EQ_STR (r.target, "/healthz"), "server check");
+  TAP_OK (TAP_C_HAS_STR (r.headers, "Authorization: Bearer tok-123\r\n"), "server check");
+  TAP_OK (strcasestr (r.headers, "Host: ") != NULL, "server check");
   free (r.body);
   srv_json (fd, 200, "{\"status\":\"ok\",\"sandboxes\":2,\"version\":\"t\"}");
-  SCHECK (s, srv_read_req (fd, &r) == 0);
-  SCHECK (s, strcmp (r.target, "/v1/sandboxes") == 0);
+  TAP_EQ (srv_read_req (fd, &r), 0, "server check");
+  TAP_EQ_STR (r.target, "/v1/sandboxes", "server check");
   free (r.body);
   srv_json (fd, 200, "{\"sandboxes\":[{\"id\":\"abc\"},{\"id\":\"def\"}]}");
   srv_wait_eof (fd);
   close (fd);
   /* A second connection would be a failed reuse. */
-  SCHECK (s, srv_no_more_accepts (s));
+  TAP_OK (srv_no_more_accepts (s), "server check");
 }
 
 static void
@@ -317,17 +287,17 @@ test_keepalive (void)
   warren_client_t *c = client_for (&s, "tok-123");
   warren_error_t err = { 0 };
   json_t *h = warren_healthz (c, &err);
-  CHECK (h && strcmp (json_string_value (json_object_get (h, "status")), "ok") == 0,
-         "healthz parsed");
+  TAP_OK (h && TAP_C_EQ_STR (json_string_value (json_object_get (h, "status")), "ok"),
+          "healthz parsed");
   json_t *l = warren_sandbox_list (c, &err);
-  CHECK (json_is_array (l) && json_array_size (l) == 2, "sandbox list returns the array");
+  TAP_OK (json_is_array (l) && TAP_C_EQ (json_array_size (l), 2), "sandbox list returns the array");
   json_decref (h);
   json_decref (l);
   warren_client_free (c);
   srv_note (s.note[0]);
   int f = srv_join (&s);
-  CHECK (f == 0, "server saw token, host and expected requests");
-  CHECK (s.accepts == 1, "two requests on one connection (accepts=%d)", s.accepts);
+  TAP_EQ (f, 0, "server saw token, host and expected requests");
+  TAP_EQ (s.accepts, 1, "two requests on one connection (accepts=%d)", s.accepts);
 }
 
 static void
@@ -335,16 +305,17 @@ h_errors (srv_t *s)
 {
   int fd = srv_accept (s, WAIT_MS);
   req_t r;
-  SCHECK (s, srv_read_req (fd, &r) == 0);
-  SCHECK (s, strcmp (r.target, "/v1/sandboxes/zzz") == 0);
+  TAP_EQ (srv_read_req (fd, &r), 0, "server check");
+  TAP_EQ_STR (r.target, "/v1/sandboxes/zzz", "server check");
   free (r.body);
   srv_json (fd, 404,
             "{\"error\":{\"code\":\"not_found\",\"message\":\"sandbox zzz: no such sandbox\"}}");
-  SCHECK (s, srv_read_req (fd, &r) == 0);
+  TAP_EQ (srv_read_req (fd, &r), 0, "server check");
   free (r.body);
   srv_puts (fd, "HTTP/1.1 502 Bad Gateway\r\nContent-Length: 11\r\n\r\nproxy\x01oops!");
-  SCHECK (s, srv_read_req (fd, &r) == 0);
-  SCHECK (s, strcmp (r.method, "POST") == 0 && strcmp (r.target, "/v1/sandboxes/zzz/pause") == 0);
+  TAP_EQ (srv_read_req (fd, &r), 0, "server check");
+  TAP_OK (TAP_C_EQ_STR (r.method, "POST") && TAP_C_EQ_STR (r.target, "/v1/sandboxes/zzz/pause"),
+          "server check");
   free (r.body);
   /* Chunked error body. */
   srv_puts (fd, "HTTP/1.1 409 Conflict\r\nTransfer-Encoding: chunked\r\n\r\n");
@@ -363,22 +334,23 @@ test_errors (void)
   warren_client_t *c = client_for (&s, NULL);
   warren_error_t err = { 0 };
   json_t *j = warren_sandbox_get (c, "zzz", &err);
-  CHECK (j == NULL && strcmp (err.code, "not_found") == 0 && err.status == 404
-             && strcmp (err.message, "sandbox zzz: no such sandbox") == 0,
-         "error JSON maps to code/status/message (%s %d %s)", err.code, err.status, err.message);
+  TAP_OK (j == NULL && TAP_C_EQ_STR (err.code, "not_found") && TAP_C_EQ (err.status, 404)
+              && TAP_C_EQ_STR (err.message, "sandbox zzz: no such sandbox"),
+          "error JSON maps to code/status/message (%s %d %s)", err.code, err.status, err.message);
   memset (&err, 0, sizeof err);
   j = warren_sandbox_get (c, "zzz", &err);
-  CHECK (j == NULL && strcmp (err.code, "internal") == 0 && err.status == 502
-             && strstr (err.message, "HTTP 502") && strstr (err.message, "proxy oops!"),
-         "non-JSON error keeps status and a sanitized snippet (%s)", err.message);
+  TAP_OK (j == NULL && TAP_C_EQ_STR (err.code, "internal") && TAP_C_EQ (err.status, 502)
+              && TAP_C_HAS_STR (err.message, "HTTP 502")
+              && TAP_C_HAS_STR (err.message, "proxy oops!"),
+          "non-JSON error keeps status and a sanitized snippet (%s)", err.message);
   memset (&err, 0, sizeof err);
   j = warren_sandbox_pause (c, "zzz", &err);
-  CHECK (j == NULL && strcmp (err.code, "conflict") == 0 && err.status == 409
-             && strcmp (err.message, "sandbox is paused") == 0,
-         "chunked error body parsed (%s)", err.message);
+  TAP_OK (j == NULL && TAP_C_EQ_STR (err.code, "conflict") && TAP_C_EQ (err.status, 409)
+              && TAP_C_EQ_STR (err.message, "sandbox is paused"),
+          "chunked error body parsed (%s)", err.message);
   warren_client_free (c);
-  CHECK (srv_join (&s) == 0 && s.accepts == 1, "errors keep the connection (accepts=%d)",
-         s.accepts);
+  TAP_OK (TAP_C_EQ (srv_join (&s), 0) && TAP_C_EQ (s.accepts, 1),
+          "errors keep the connection (accepts=%d)", s.accepts);
 }
 
 static void
@@ -386,8 +358,8 @@ h_split (srv_t *s)
 {
   int fd = srv_accept (s, WAIT_MS);
   req_t r;
-  SCHECK (s, srv_read_req (fd, &r) == 0);
-  SCHECK (s, strcmp (r.target, "/v1/sandboxes/abc-1") == 0);
+  TAP_EQ (srv_read_req (fd, &r), 0, "server check");
+  TAP_EQ_STR (r.target, "/v1/sandboxes/abc-1", "server check");
   free (r.body);
   const char *parts[] = { "HTTP/1.1 2",           "00 OK\r\nConte", "nt-Length: 34\r", "\n\r",
                           "\n{\"id\":\"abc-1\",", "\"state\":\"r",  "unning\"}  " };
@@ -408,11 +380,11 @@ test_split (void)
   warren_client_t *c = client_for (&s, NULL);
   warren_error_t err = { 0 };
   json_t *j = warren_sandbox_get (c, "abc-1", &err);
-  CHECK (j && strcmp (json_string_value (json_object_get (j, "state")), "running") == 0,
-         "Content-Length response split over many writes (%s)", j ? "" : err.message);
+  TAP_OK (j && TAP_C_EQ_STR (json_string_value (json_object_get (j, "state")), "running"),
+          "Content-Length response split over many writes (%s)", j ? "" : err.message);
   json_decref (j);
   warren_client_free (c);
-  CHECK (srv_join (&s) == 0, "split: server checks");
+  TAP_EQ (srv_join (&s), 0, "split: server checks");
 }
 
 static void
@@ -420,15 +392,15 @@ h_stream (srv_t *s)
 {
   int fd = srv_accept (s, WAIT_MS);
   req_t r;
-  SCHECK (s, srv_read_req (fd, &r) == 0);
-  SCHECK (s, strcmp (r.method, "POST") == 0);
-  SCHECK (s, strncmp (r.target, "/v1/sandboxes/abc/exec", 22) == 0);
+  TAP_EQ (srv_read_req (fd, &r), 0, "server check");
+  TAP_EQ_STR (r.method, "POST", "server check");
+  TAP_EQ (strncmp (r.target, "/v1/sandboxes/abc/exec", 22), 0, "server check");
   json_t *b = json_loads (r.body ? r.body : "", 0, NULL);
-  SCHECK (s, json_is_true (json_object_get (b, "stream")));
-  SCHECK (s, json_array_size (json_object_get (b, "cmd")) == 2);
-  SCHECK (s, strcmp (json_string_value (json_object_get (b, "stdin")) ?: "", "AP8=") == 0);
-  SCHECK (s,
-          strcmp (json_string_value (json_object_get (b, "stdin_encoding")) ?: "", "base64") == 0);
+  TAP_OK (json_is_true (json_object_get (b, "stream")), "server check");
+  TAP_EQ (json_array_size (json_object_get (b, "cmd")), 2, "server check");
+  TAP_EQ_STR (json_string_value (json_object_get (b, "stdin")) ?: "", "AP8=", "server check");
+  TAP_EQ_STR (json_string_value (json_object_get (b, "stdin_encoding")) ?: "", "base64",
+              "server check");
   json_decref (b);
   free (r.body);
   srv_puts (fd, "HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
@@ -453,7 +425,7 @@ h_stream (srv_t *s)
       srv_json (fd, 200, "{\"status\":\"ok\"}");
     }
   else
-    SCHECK (s, !"second request on the stream connection");
+    TAP_OK (0, "second request on the stream connection");
   srv_wait_eof (fd);
   close (fd);
 }
@@ -486,20 +458,23 @@ test_stream (void)
   warren_error_t err = { 0 };
   json_t *req = json_pack ("{s:[s,s]}", "cmd", "echo", "hi");
   static const char in[] = { 0x00, (char)0xff };
-  CHECK (warren_json_set_bytes (req, "stdin", in, 2, &err) == 0, "binary stdin set as base64");
+  TAP_EQ (warren_json_set_bytes (req, "stdin", in, 2, &err), 0, "binary stdin set as base64");
   struct outbuf o = { 0 };
   json_t *res = warren_exec_stream (c, "abc", req, collect, &o, &err);
-  CHECK (res != NULL, "stream exec returns a result (%s)", res ? "" : err.message);
-  CHECK (o.olen == 4 && memcmp (o.out, "1\n2\n", 4) == 0, "stdout chunks delivered in order");
-  CHECK (o.elen == 3 && memcmp (o.errb, "\x00\xff\n", 3) == 0, "base64 stderr chunk decoded");
-  CHECK (res && warren_result_status (res) == 3, "exit status from the final result");
+  TAP_OK (res != NULL, "stream exec returns a result (%s)", res ? "" : err.message);
+  TAP_OK (TAP_C_EQ (o.olen, 4) && TAP_C_EQ_MEM (o.out, 4, "1\n2\n", 4),
+          "stdout chunks delivered in order");
+  TAP_OK (TAP_C_EQ (o.elen, 3) && TAP_C_EQ_MEM (o.errb, 3, "\x00\xff\n", 3),
+          "base64 stderr chunk decoded");
+  TAP_OK (res && TAP_C_EQ (warren_result_status (res), 3), "exit status from the final result");
   json_t *h = warren_healthz (c, &err);
-  CHECK (h != NULL, "connection reused after the stream");
+  TAP_OK (h != NULL, "connection reused after the stream");
   json_decref (h);
   json_decref (res);
   json_decref (req);
   warren_client_free (c);
-  CHECK (srv_join (&s) == 0 && s.accepts == 1, "stream: server checks (accepts=%d)", s.accepts);
+  TAP_OK (TAP_C_EQ (srv_join (&s), 0) && TAP_C_EQ (s.accepts, 1),
+          "stream: server checks (accepts=%d)", s.accepts);
 }
 
 /* arg selects how the response dies. */
@@ -508,7 +483,7 @@ h_early_close (srv_t *s)
 {
   int fd = srv_accept (s, WAIT_MS);
   req_t r;
-  SCHECK (s, srv_read_req (fd, &r) == 0);
+  TAP_EQ (srv_read_req (fd, &r), 0, "server check");
   free (r.body);
   if (s->arg == 0)
     srv_puts (fd, "HTTP/1.1 201 Created\r\nContent-Length: 100\r\n\r\n{\"partial");
@@ -517,7 +492,7 @@ h_early_close (srv_t *s)
   else if (s->arg == 2)
     srv_puts (fd, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10\r\nabc");
   close (fd);
-  SCHECK (s, srv_no_more_accepts (s)); /* POST must not be retried */
+  TAP_OK (srv_no_more_accepts (s), "server check"); /* POST must not be retried */
 }
 
 static void
@@ -535,13 +510,14 @@ test_early_close (void)
       /* not the client's timeout: a clear error, long before WAIT_MS */
       /* mode 3 answers nothing: the request was lost, not garbled */
       const char *want = mode == 3 ? WARREN_E_CONNECTION_LOST : "protocol_error";
-      CHECK (j == NULL && strcmp (err.code, want) == 0 && strstr (err.message, "closed")
-                 && dt < WAIT_MS / 2,
-             "early close mode %d: clear error in %llu ms (%s)", mode, (unsigned long long)dt,
-             err.message);
+      TAP_OK (j == NULL && TAP_C_EQ_STR (err.code, want) && TAP_C_HAS_STR (err.message, "closed")
+                  && TAP_C_LT (dt, WAIT_MS / 2),
+              "early close mode %d: clear error in %llu ms (%s)", mode, (unsigned long long)dt,
+              err.message);
       warren_client_free (c);
       srv_note (s.note[0]);
-      CHECK (srv_join (&s) == 0 && s.accepts == 1, "early close mode %d: no retry of POST", mode);
+      TAP_OK (TAP_C_EQ (srv_join (&s), 0) && TAP_C_EQ (s.accepts, 1),
+              "early close mode %d: no retry of POST", mode);
     }
 }
 
@@ -551,7 +527,7 @@ h_stale (srv_t *s)
 {
   int fd = srv_accept (s, WAIT_MS);
   req_t r;
-  SCHECK (s, srv_read_req (fd, &r) == 0);
+  TAP_EQ (srv_read_req (fd, &r), 0, "server check");
   free (r.body);
   srv_json (fd, 200, "{\"status\":\"ok\"}");
   if (s->arg == 2)
@@ -561,17 +537,17 @@ h_stale (srv_t *s)
     }
   else
     {
-      SCHECK (s, srv_read_req (fd, &r) == 0);
+      TAP_EQ (srv_read_req (fd, &r), 0, "server check");
       free (r.body);
       close (fd);
     }
   if (s->arg == 1)
     {
-      SCHECK (s, srv_no_more_accepts (s));
+      TAP_OK (srv_no_more_accepts (s), "server check");
       return;
     }
   int fd2 = srv_accept (s, WAIT_MS);
-  SCHECK (s, fd2 >= 0 && srv_read_req (fd2, &r) == 0);
+  TAP_OK (TAP_C_GE (fd2, 0) && TAP_C_EQ (srv_read_req (fd2, &r), 0), "server check");
   free (r.body);
   srv_json (fd2, s->arg == 2 ? 201 : 200, "{\"status\":\"ok\",\"id\":\"x\"}");
   srv_wait_eof (fd2);
@@ -587,35 +563,38 @@ test_stale (void)
   warren_client_t *c = client_for (&s, NULL);
   json_t *a = warren_healthz (c, &err);
   json_t *b = warren_healthz (c, &err);
-  CHECK (a && b, "GET retried on a new connection after the old one died (%s)",
-         b ? "" : err.message);
+  TAP_OK (a && b, "GET retried on a new connection after the old one died (%s)",
+          b ? "" : err.message);
   json_decref (a);
   json_decref (b);
   warren_client_free (c);
-  CHECK (srv_join (&s) == 0 && s.accepts == 2, "GET retry: accepts=%d", s.accepts);
+  TAP_OK (TAP_C_EQ (srv_join (&s), 0) && TAP_C_EQ (s.accepts, 2), "GET retry: accepts=%d",
+          s.accepts);
 
   srv_start (&s, h_stale, 1);
   c = client_for (&s, NULL);
   a = warren_healthz (c, &err);
   memset (&err, 0, sizeof err);
   b = warren_sandbox_create (c, NULL, &err);
-  CHECK (a && b == NULL && err.code[0], "POST on a connection that dies is not retried (%s)",
-         err.message);
+  TAP_OK (a && b == NULL && err.code[0], "POST on a connection that dies is not retried (%s)",
+          err.message);
   json_decref (a);
   warren_client_free (c);
   srv_note (s.note[0]);
-  CHECK (srv_join (&s) == 0 && s.accepts == 1, "POST no retry: accepts=%d", s.accepts);
+  TAP_OK (TAP_C_EQ (srv_join (&s), 0) && TAP_C_EQ (s.accepts, 1), "POST no retry: accepts=%d",
+          s.accepts);
 
   srv_start (&s, h_stale, 2);
   c = client_for (&s, NULL);
   a = warren_healthz (c, &err);
-  CHECK (srv_await (s.note[0]) == 0, "the server closed the idle connection");
+  TAP_EQ (srv_await (s.note[0]), 0, "the server closed the idle connection");
   b = warren_sandbox_create (c, NULL, &err);
-  CHECK (a && b, "idle-closed connection replaced before a POST (%s)", b ? "" : err.message);
+  TAP_OK (a && b, "idle-closed connection replaced before a POST (%s)", b ? "" : err.message);
   json_decref (a);
   json_decref (b);
   warren_client_free (c);
-  CHECK (srv_join (&s) == 0 && s.accepts == 2, "idle close: accepts=%d", s.accepts);
+  TAP_OK (TAP_C_EQ (srv_join (&s), 0) && TAP_C_EQ (s.accepts, 2), "idle close: accepts=%d",
+          s.accepts);
 }
 
 static void
@@ -623,7 +602,7 @@ h_oversize (srv_t *s)
 {
   int fd = srv_accept (s, WAIT_MS);
   req_t r;
-  SCHECK (s, srv_read_req (fd, &r) == 0);
+  TAP_EQ (srv_read_req (fd, &r), 0, "server check");
   free (r.body);
   if (s->arg == 0)
     {
@@ -655,10 +634,10 @@ test_oversize (void)
       warren_client_t *c = client_for (&s, NULL);
       warren_error_t err = { 0 };
       json_t *j = warren_healthz (c, &err);
-      CHECK (j == NULL && strcmp (err.code, "protocol_error") == 0, "oversize %s rejected (%s)",
-             mode ? "chunk size line" : "headers", err.message);
+      TAP_OK (j == NULL && TAP_C_EQ_STR (err.code, "protocol_error"), "oversize %s rejected (%s)",
+              mode ? "chunk size line" : "headers", err.message);
       warren_client_free (c);
-      CHECK (srv_join (&s) == 0, "oversize: server checks");
+      TAP_EQ (srv_join (&s), 0, "oversize: server checks");
     }
 }
 
@@ -667,7 +646,7 @@ h_silent (srv_t *s)
 {
   int fd = srv_accept (s, WAIT_MS);
   req_t r;
-  SCHECK (s, srv_read_req (fd, &r) == 0);
+  TAP_EQ (srv_read_req (fd, &r), 0, "server check");
   free (r.body);
   if (s->arg == 1)
     {
@@ -713,10 +692,11 @@ test_timeout_cancel (void)
   json_t *j = warren_healthz (c, &err);
   uint64_t dt = now_ms () - t0;
   /* never early; late only by scheduling (a hang would take WAIT_MS) */
-  CHECK (j == NULL && strcmp (err.code, "timeout") == 0 && dt >= 250 && dt < WAIT_MS / 2,
-         "silent daemon times out after %llu ms (%s)", (unsigned long long)dt, err.message);
+  TAP_OK (j == NULL && TAP_C_EQ_STR (err.code, "timeout") && TAP_C_GE (dt, 250)
+              && TAP_C_LT (dt, WAIT_MS / 2),
+          "silent daemon times out after %llu ms (%s)", (unsigned long long)dt, err.message);
   warren_client_free (c);
-  CHECK (srv_join (&s) == 0, "timeout: server checks");
+  TAP_EQ (srv_join (&s), 0, "timeout: server checks");
 
   srv_start (&s, h_silent, 1);
   c = client_for (&s, NULL);
@@ -730,11 +710,13 @@ test_timeout_cancel (void)
   dt = now_ms () - t0;
   pthread_join (th, NULL);
   /* not ended by the client's own WAIT_MS timeout, nor by the server */
-  CHECK (j == NULL && strcmp (err.code, "cancelled") == 0 && o.olen == 1 && dt < WAIT_MS / 2,
-         "cancel flag stops a streaming exec in %llu ms (%s)", (unsigned long long)dt, err.message);
+  TAP_OK (j == NULL && TAP_C_EQ_STR (err.code, "cancelled") && TAP_C_EQ (o.olen, 1)
+              && TAP_C_LT (dt, WAIT_MS / 2),
+          "cancel flag stops a streaming exec in %llu ms (%s)", (unsigned long long)dt,
+          err.message);
   json_decref (req);
   warren_client_free (c);
-  CHECK (srv_join (&s) == 0, "cancel: server checks");
+  TAP_EQ (srv_join (&s), 0, "cancel: server checks");
 }
 
 #define BIG (200 * 1024 + 7)
@@ -745,36 +727,37 @@ h_files (srv_t *s)
   int fd = srv_accept (s, WAIT_MS);
   req_t r;
   /* 1: buffer upload with mode. */
-  SCHECK (s, srv_read_req (fd, &r) == 0);
-  SCHECK (s, strcmp (r.method, "PUT") == 0);
-  SCHECK (s, strcmp (r.target, "/v1/sandboxes/abc/files?path=%2Fdir%2Fa%20b%26c&mode=0644") == 0);
-  SCHECK (s, r.body_len == 256);
+  TAP_EQ (srv_read_req (fd, &r), 0, "server check");
+  TAP_EQ_STR (r.method, "PUT", "server check");
+  TAP_EQ_STR (r.target, "/v1/sandboxes/abc/files?path=%2Fdir%2Fa%20b%26c&mode=0644",
+              "server check");
+  TAP_EQ (r.body_len, 256, "server check");
   for (size_t i = 0; i < r.body_len && i < 256; i++)
-    SCHECK (s, (unsigned char)r.body[i] == i);
+    TAP_EQ ((unsigned char)r.body[i], i, "server check");
   free (r.body);
   srv_json (fd, 201, "{\"path\":\"/dir/a b&c\",\"size\":256}");
   /* 2: regular-file upload, streamed. */
-  SCHECK (s, srv_read_req (fd, &r) == 0);
-  SCHECK (s, r.body_len == BIG);
+  TAP_EQ (srv_read_req (fd, &r), 0, "server check");
+  TAP_EQ (r.body_len, BIG, "server check");
   if (r.body_len != BIG)
-    printf ("# got %zu bytes, target %s headers %s\n", r.body_len, r.target, r.headers);
+    TAP_DIAG ("got %zu bytes, target %s headers %s", r.body_len, r.target, r.headers);
   for (size_t i = 0; i < r.body_len; i++)
     if ((unsigned char)r.body[i] != (unsigned char)(i * 7))
       {
-        SCHECK (s, !"file upload bytes differ");
+        TAP_OK (0, "file upload bytes differ");
         break;
       }
   free (r.body);
   srv_json (fd, 201, "{}");
   /* 3: pipe upload (spooled). */
-  SCHECK (s, srv_read_req (fd, &r) == 0);
-  SCHECK (s, r.body_len == 5 && memcmp (r.body, "pi\0pe", 5) == 0);
-  SCHECK (s, strstr (r.target, "&append=1") != NULL);
+  TAP_EQ (srv_read_req (fd, &r), 0, "server check");
+  TAP_OK (TAP_C_EQ (r.body_len, 5) && TAP_C_EQ_MEM (r.body, 5, "pi\0pe", 5), "server check");
+  TAP_OK (TAP_C_HAS_STR (r.target, "&append=1"), "server check");
   free (r.body);
   srv_json (fd, 201, "{}");
   /* 4: download, chunked, all byte values. */
-  SCHECK (s, srv_read_req (fd, &r) == 0);
-  SCHECK (s, strcmp (r.method, "GET") == 0);
+  TAP_EQ (srv_read_req (fd, &r), 0, "server check");
+  TAP_EQ_STR (r.method, "GET", "server check");
   free (r.body);
   srv_puts (fd, "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
                 "Transfer-Encoding: chunked\r\n\r\n");
@@ -785,7 +768,7 @@ h_files (srv_t *s)
     srv_chunk (fd, big + off, BIG - off < 10000 ? BIG - off : 10000);
   srv_puts (fd, "0\r\n\r\n");
   /* 5: download into a buffer over its max. */
-  SCHECK (s, srv_read_req (fd, &r) == 0);
+  TAP_EQ (srv_read_req (fd, &r), 0, "server check");
   free (r.body);
   char head[128];
   snprintf (head, sizeof head, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", BIG);
@@ -796,23 +779,24 @@ h_files (srv_t *s)
   int fd2 = srv_accept (s, WAIT_MS); /* the client dropped fd after the refused download */
   close (fd);
   fd = fd2;
-  SCHECK (s, srv_read_req (fd, &r) == 0);
-  SCHECK (s, strcmp (r.target, "/v1/sandboxes/abc/files?path=%2Fw&op=list") == 0);
+  TAP_EQ (srv_read_req (fd, &r), 0, "server check");
+  TAP_EQ_STR (r.target, "/v1/sandboxes/abc/files?path=%2Fw&op=list", "server check");
   free (r.body);
   srv_json (fd, 200, "{\"entries\":[{\"name\":\"a\",\"type\":\"file\"}]}");
-  SCHECK (s, srv_read_req (fd, &r) == 0);
-  SCHECK (s, strcmp (r.method, "POST") == 0
-                 && strcmp (r.target, "/v1/sandboxes/abc/files?path=%2Fw%2Fd&op=mkdir&parents=1")
-                        == 0);
+  TAP_EQ (srv_read_req (fd, &r), 0, "server check");
+  TAP_OK (TAP_C_EQ_STR (r.method, "POST")
+              && strcmp (r.target, "/v1/sandboxes/abc/files?path=%2Fw%2Fd&op=mkdir&parents=1") == 0,
+          "server check");
   free (r.body);
   srv_json (fd, 201, "{}");
-  SCHECK (s, srv_read_req (fd, &r) == 0);
-  SCHECK (s, strcmp (r.method, "DELETE") == 0
-                 && strcmp (r.target, "/v1/sandboxes/abc/files?path=%2Fw&recursive=1") == 0);
+  TAP_EQ (srv_read_req (fd, &r), 0, "server check");
+  TAP_OK (TAP_C_EQ_STR (r.method, "DELETE")
+              && strcmp (r.target, "/v1/sandboxes/abc/files?path=%2Fw&recursive=1") == 0,
+          "server check");
   free (r.body);
   srv_puts (fd, "HTTP/1.1 204 No Content\r\n\r\n");
-  SCHECK (s, srv_read_req (fd, &r) == 0);
-  SCHECK (s, strcmp (r.target, "/v1/images/busybox%3Alatest") == 0);
+  TAP_EQ (srv_read_req (fd, &r), 0, "server check");
+  TAP_EQ_STR (r.target, "/v1/images/busybox%3Alatest", "server check");
   free (r.body);
   srv_puts (fd, "HTTP/1.1 204 No Content\r\n\r\n");
   srv_wait_eof (fd);
@@ -829,8 +813,8 @@ test_files (void)
   unsigned char buf[256];
   for (int i = 0; i < 256; i++)
     buf[i] = (unsigned char)i;
-  CHECK (warren_file_put (c, "abc", "/dir/a b&c", buf, 256, 0644, 0, &err) == 0,
-         "binary buffer upload with mode and encoded path (%s)", err.message);
+  TAP_EQ (warren_file_put (c, "abc", "/dir/a b&c", buf, 256, 0644, 0, &err), 0,
+          "binary buffer upload with mode and encoded path (%s)", err.message);
 
   char fpath[128];
   snprintf (fpath, sizeof fpath, "%s/up.bin", tmpdir);
@@ -838,26 +822,27 @@ test_files (void)
   unsigned char *big = malloc (BIG);
   for (size_t i = 0; i < BIG; i++)
     big[i] = (unsigned char)(i * 7);
-  CHECK (write (f, big, BIG) == BIG && lseek (f, 0, SEEK_SET) == 0, "temp file written");
-  CHECK (warren_file_put_fd (c, "abc", "/big", f, -1, 0, &err) == 0, "regular file streamed (%s)",
-         err.message);
+  TAP_OK (TAP_C_EQ (write (f, big, BIG), BIG) && TAP_C_EQ (lseek (f, 0, SEEK_SET), 0),
+          "temp file written");
+  TAP_EQ (warren_file_put_fd (c, "abc", "/big", f, -1, 0, &err), 0, "regular file streamed (%s)",
+          err.message);
   close (f);
 
   int p[2];
-  CHECK (pipe (p) == 0 && write (p[1], "pi\0pe", 5) == 5, "pipe");
+  TAP_OK (TAP_C_EQ (pipe (p), 0) && TAP_C_EQ (write (p[1], "pi\0pe", 5), 5), "pipe");
   close (p[1]);
-  CHECK (warren_file_put_fd (c, "abc", "/p", p[0], -1, WARREN_PUT_APPEND, &err) == 0,
-         "pipe upload spooled (%s)", err.message);
+  TAP_EQ (warren_file_put_fd (c, "abc", "/p", p[0], -1, WARREN_PUT_APPEND, &err), 0,
+          "pipe upload spooled (%s)", err.message);
   close (p[0]);
 
   snprintf (fpath, sizeof fpath, "%s/down.bin", tmpdir);
   f = open (fpath, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   uint64_t got = 0;
-  CHECK (warren_file_get_fd (c, "abc", "/big", f, &got, &err) == 0 && got == BIG,
-         "chunked download to fd (%llu bytes)", (unsigned long long)got);
+  TAP_OK (TAP_C_EQ (warren_file_get_fd (c, "abc", "/big", f, &got, &err), 0) && TAP_C_EQ (got, BIG),
+          "chunked download to fd (%llu bytes)", (unsigned long long)got);
   unsigned char *back = malloc (BIG);
-  CHECK (pread (f, back, BIG, 0) == BIG && memcmp (back, big, BIG) == 0,
-         "downloaded bytes identical");
+  TAP_OK (TAP_C_EQ (pread (f, back, BIG, 0), BIG) && TAP_C_EQ_MEM (back, BIG, big, BIG),
+          "downloaded bytes identical");
   close (f);
   free (back);
   free (big);
@@ -865,18 +850,19 @@ test_files (void)
   void *data = NULL;
   size_t dlen = 0;
   memset (&err, 0, sizeof err);
-  CHECK (warren_file_get (c, "abc", "/big", &data, &dlen, 1000, &err) < 0
-             && strcmp (err.code, "payload_too_large") == 0,
-         "download over max refused (%s)", err.message);
+  TAP_OK (TAP_C_LT (warren_file_get (c, "abc", "/big", &data, &dlen, 1000, &err), 0)
+              && TAP_C_EQ_STR (err.code, "payload_too_large"),
+          "download over max refused (%s)", err.message);
 
   json_t *l = warren_file_list (c, "abc", "/w", &err);
-  CHECK (json_array_size (l) == 1, "list returns entries");
+  TAP_EQ (json_array_size (l), 1, "list returns entries");
   json_decref (l);
-  CHECK (warren_file_mkdir (c, "abc", "/w/d", true, &err) == 0, "mkdir -p");
-  CHECK (warren_file_remove (c, "abc", "/w", true, &err) == 0, "recursive remove (204)");
-  CHECK (warren_image_rm (c, "busybox:latest", &err) == 0, "image rm encodes the ref");
+  TAP_EQ (warren_file_mkdir (c, "abc", "/w/d", true, &err), 0, "mkdir -p");
+  TAP_EQ (warren_file_remove (c, "abc", "/w", true, &err), 0, "recursive remove (204)");
+  TAP_EQ (warren_image_rm (c, "busybox:latest", &err), 0, "image rm encodes the ref");
   warren_client_free (c);
-  CHECK (srv_join (&s) == 0 && s.accepts == 2, "files: server checks (accepts=%d)", s.accepts);
+  TAP_OK (TAP_C_EQ (srv_join (&s), 0) && TAP_C_EQ (s.accepts, 2),
+          "files: server checks (accepts=%d)", s.accepts);
 }
 
 static void
@@ -897,7 +883,7 @@ test_base64 (void)
       ok &= e && strcmp (e, vec[i][1]) == 0 && n == strlen (vec[i][1]);
       free (e);
     }
-  CHECK (ok, "RFC 4648 test vectors");
+  TAP_OK (ok, "RFC 4648 test vectors");
   unsigned char src[300];
   for (size_t i = 0; i < sizeof src; i++)
     src[i] = (unsigned char)(255 - i * 13);
@@ -912,7 +898,7 @@ test_base64 (void)
       free (e);
       free (d);
     }
-  CHECK (ok, "round trips for lengths 0..300");
+  TAP_OK (ok, "round trips for lengths 0..300");
   const char *bad[] = { "abc", "a===", "@@@@", "Zg=a", "Zm9v\n" };
   ok = 1;
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
@@ -921,7 +907,7 @@ test_base64 (void)
       size_t dn;
       ok &= warren_base64_decode (bad[i], strlen (bad[i]), &d, &dn) == -EINVAL;
     }
-  CHECK (ok, "malformed base64 rejected");
+  TAP_OK (ok, "malformed base64 rejected");
 }
 
 static void
@@ -931,69 +917,69 @@ test_local (void)
   char id[70];
   memset (id, 'a', sizeof id);
   id[64] = '\0';
-  CHECK (warren_id_valid (id) && warren_id_valid ("0a-b9"), "ids of 1..64 [a-z0-9-] pass");
+  TAP_OK (warren_id_valid (id) && warren_id_valid ("0a-b9"), "ids of 1..64 [a-z0-9-] pass");
   id[64] = 'a';
   id[65] = '\0';
-  CHECK (!warren_id_valid (id) && !warren_id_valid ("") && !warren_id_valid (NULL)
-             && !warren_id_valid ("aB") && !warren_id_valid ("a/b") && !warren_id_valid ("a_b"),
-         "longer ids and other characters are refused");
+  TAP_OK (!warren_id_valid (id) && !warren_id_valid ("") && !warren_id_valid (NULL)
+              && !warren_id_valid ("aB") && !warren_id_valid ("a/b") && !warren_id_valid ("a_b"),
+          "longer ids and other characters are refused");
   warren_error_t err = { 0 };
   unsetenv ("WARREN_HOST");
   setenv ("WARREN_ROOT", "/tmp/wr-root", 1);
   warren_client_t *c = warren_client_new (NULL, NULL, &err);
-  CHECK (c && strcmp (warren_client_host (c), "unix:/tmp/wr-root/warrend.sock") == 0,
-         "default host from WARREN_ROOT");
+  TAP_OK (c && TAP_C_EQ_STR (warren_client_host (c), "unix:/tmp/wr-root/warrend.sock"),
+          "default host from WARREN_ROOT");
   warren_client_free (c);
   unsetenv ("WARREN_ROOT");
   c = warren_client_new (NULL, NULL, &err);
-  CHECK (c && strcmp (warren_client_host (c), "unix:/var/lib/warren/warrend.sock") == 0,
-         "default host");
+  TAP_OK (c && TAP_C_EQ_STR (warren_client_host (c), "unix:/var/lib/warren/warrend.sock"),
+          "default host");
   warren_client_free (c);
   setenv ("WARREN_HOST", "http://[::1]:7070", 1);
   c = warren_client_new (NULL, NULL, &err);
-  CHECK (c && strcmp (warren_client_host (c), "http://[::1]:7070") == 0, "WARREN_HOST, ipv6");
+  TAP_OK (c && TAP_C_EQ_STR (warren_client_host (c), "http://[::1]:7070"), "WARREN_HOST, ipv6");
   warren_client_free (c);
   unsetenv ("WARREN_HOST");
   c = warren_client_new ("ftp://x", NULL, &err);
-  CHECK (c == NULL && strcmp (err.code, "invalid_argument") == 0, "bad scheme rejected");
+  TAP_OK (c == NULL && TAP_C_EQ_STR (err.code, "invalid_argument"), "bad scheme rejected");
   c = warren_client_new ("http://h:99999", NULL, &err);
-  CHECK (c == NULL, "bad port rejected");
+  TAP_OK (c == NULL, "bad port rejected");
 
   char host[160];
   snprintf (host, sizeof host, "unix:%s/nope.sock", tmpdir);
   c = warren_client_new (host, NULL, &err);
   memset (&err, 0, sizeof err);
   json_t *j = warren_sandbox_get (c, "../images", &err);
-  CHECK (j == NULL && strcmp (err.code, "invalid_argument") == 0, "bad id rejected locally");
+  TAP_OK (j == NULL && TAP_C_EQ_STR (err.code, "invalid_argument"), "bad id rejected locally");
   j = warren_sandbox_get (c, "ABC", &err);
-  CHECK (j == NULL && strcmp (err.code, "invalid_argument") == 0, "uppercase id rejected");
+  TAP_OK (j == NULL && TAP_C_EQ_STR (err.code, "invalid_argument"), "uppercase id rejected");
   memset (&err, 0, sizeof err);
   j = warren_healthz (c, &err);
-  CHECK (j == NULL && strcmp (err.code, "connect_failed") == 0
-             && strstr (err.message, "No such file or directory (is warrend running?)")
-             && strstr (err.message, "cannot connect to unix:"),
-         "no daemon: %s", err.message);
+  TAP_OK (j == NULL && TAP_C_EQ_STR (err.code, "connect_failed")
+              && TAP_C_HAS_STR (err.message, "No such file or directory (is warrend running?)")
+              && TAP_C_HAS_STR (err.message, "cannot connect to unix:"),
+          "no daemon: %s", err.message);
   warren_client_free (c);
 
   json_t *r = json_pack ("{s:i,s:i,s:b}", "exit_code", -1, "signal", 9, "timed_out", 0);
-  CHECK (warren_result_status (r) == 137, "killed by signal 9 -> 137");
+  TAP_EQ (warren_result_status (r), 137, "killed by signal 9 -> 137");
   json_object_set_new (r, "timed_out", json_true ());
-  CHECK (warren_result_status (r) == 124, "timed out -> 124");
+  TAP_EQ (warren_result_status (r), 124, "timed out -> 124");
   json_object_set_new (r, "stdout", json_string ("aGk="));
   json_object_set_new (r, "stdout_encoding", json_string ("base64"));
   void *d = NULL;
   size_t dn = 0;
-  CHECK (warren_result_bytes (r, "stdout", &d, &dn, &err) == 0 && dn == 2
-             && memcmp (d, "hi", 2) == 0,
-         "result bytes decoded");
+  TAP_OK (TAP_C_EQ (warren_result_bytes (r, "stdout", &d, &dn, &err), 0) && TAP_C_EQ (dn, 2)
+              && TAP_C_EQ_MEM (d, 2, "hi", 2),
+          "result bytes decoded");
   free (d);
-  CHECK (warren_json_set_bytes (r, "stdin", "plain", 5, &err) == 0
-             && strcmp (json_string_value (json_object_get (r, "stdin")), "plain") == 0
-             && json_object_get (r, "stdin_encoding") == NULL,
-         "UTF-8 stdin travels as text");
-  CHECK (warren_json_set_bytes (r, "stdin", "\xc3\x28", 2, &err) == 0
-             && strcmp (json_string_value (json_object_get (r, "stdin_encoding")), "base64") == 0,
-         "invalid UTF-8 stdin travels as base64");
+  TAP_OK (TAP_C_EQ (warren_json_set_bytes (r, "stdin", "plain", 5, &err), 0)
+              && TAP_C_EQ_STR (json_string_value (json_object_get (r, "stdin")), "plain")
+              && json_object_get (r, "stdin_encoding") == NULL,
+          "UTF-8 stdin travels as text");
+  TAP_OK (TAP_C_EQ (warren_json_set_bytes (r, "stdin", "\xc3\x28", 2, &err), 0)
+              && TAP_C_EQ_STR (json_string_value (json_object_get (r, "stdin_encoding")), "base64"),
+          "invalid UTF-8 stdin travels as base64");
   json_decref (r);
 }
 
@@ -1010,7 +996,7 @@ build_path (const char *rel, char *path, size_t size)
   if (slash == NULL
       || (size_t)snprintf (path, size, "%.*s/../%s", (int)(slash - self), self, rel) >= size)
     {
-      CHECK (0, "find the build directory");
+      TAP_OK (0, "find the build directory");
       return false;
     }
   return true;
@@ -1030,7 +1016,7 @@ test_exports (void)
   struct stat st;
   if (fd < 0 || fstat (fd, &st) < 0 || (size_t)st.st_size < sizeof (Elf64_Ehdr))
     {
-      CHECK (0, "open %s", path);
+      TAP_OK (0, "open %s", path);
       if (fd >= 0)
         close (fd);
       return;
@@ -1041,7 +1027,7 @@ test_exports (void)
   if (m == MAP_FAILED || memcmp (eh->e_ident, ELFMAG, SELFMAG) != 0
       || eh->e_ident[EI_CLASS] != ELFCLASS64)
     {
-      CHECK (0, "%s is a 64-bit ELF file", path);
+      TAP_OK (0, "%s is a 64-bit ELF file", path);
       return;
     }
   const Elf64_Shdr *sh = (const Elf64_Shdr *)(m + eh->e_shoff);
@@ -1064,13 +1050,14 @@ test_exports (void)
           if (strncmp (name, "warren_", 7) != 0)
             {
               foreign++;
-              printf ("#   exported but not public: %s\n", name);
+              TAP_DIAG ("  exported but not public: %s", name);
             }
         }
     }
   munmap ((void *)m, (size_t)st.st_size);
-  CHECK (exported > 0 && client_new, "libwarren.so exports its API (%u symbols)", exported);
-  CHECK (foreign == 0, "libwarren.so exports nothing outside warren.h (%u others)", foreign);
+  TAP_OK (TAP_C_GT (exported, 0) && client_new, "libwarren.so exports its API (%u symbols)",
+          exported);
+  TAP_EQ (foreign, 0, "libwarren.so exports nothing outside warren.h (%u others)", foreign);
 }
 
 /* One version string (include/warren/version.h): the library, `warren
@@ -1078,7 +1065,7 @@ test_exports (void)
 static void
 test_version (void)
 {
-  CHECK (strcmp (warren_version (), WARREN_VERSION) == 0, "warren_version () is WARREN_VERSION");
+  TAP_EQ_STR (warren_version (), WARREN_VERSION, "warren_version () is WARREN_VERSION");
   static const char *const bins[] = { "warren", "warrend" };
   for (size_t i = 0; i < sizeof bins / sizeof bins[0]; i++)
     {
@@ -1092,8 +1079,9 @@ test_version (void)
       if (f && fgets (got, sizeof got, f) == NULL)
         got[0] = '\0';
       int rc = f ? pclose (f) : -1;
-      CHECK (rc == 0 && strcmp (got, want) == 0, "%s --version prints \"%.*s\" (got \"%.*s\")",
-             bins[i], (int)strlen (want) - 1, want, (int)strcspn (got, "\n"), got);
+      TAP_OK (TAP_C_EQ (rc, 0) && TAP_C_EQ_STR (got, want),
+              "%s --version prints \"%.*s\" (got \"%.*s\")", bins[i], (int)strlen (want) - 1, want,
+              (int)strcspn (got, "\n"), got);
     }
 }
 
@@ -1120,10 +1108,9 @@ main (void)
   test_files ();
   test_exports ();
   test_version ();
-  printf ("1..%d\n", tests);
   char cmd[128];
   snprintf (cmd, sizeof cmd, "rm -rf %s", tmpdir);
   if (system (cmd) != 0)
-    printf ("# could not remove %s\n", tmpdir);
-  return failed ? 1 : 0;
+    TAP_DIAG ("could not remove %s", tmpdir);
+  return TAP_DONE ();
 }

@@ -42,7 +42,8 @@ test_b64 (void)
     }
   TAP_OK (rt, "base64 round trips for lengths 0..299");
   char junk[16];
-  TAP_OK (wr_b64_decode ("abc", 3, junk) < 0 && wr_b64_decode ("ab!d", 4, junk) < 0
+  TAP_OK (TAP_C_LT (wr_b64_decode ("abc", 3, junk), 0)
+              && TAP_C_LT (wr_b64_decode ("ab!d", 4, junk), 0)
               && wr_b64_decode ("a=bc", 4, junk) < 0 && wr_b64_decode ("ab=c", 4, junk) < 0,
           "base64 rejects bad length, bad characters, misplaced padding");
 }
@@ -66,18 +67,20 @@ test_frames (void)
   memcpy (buf + WR_FRAME_HDR, "hello", 5);
   struct wr_frame f;
   int n = wr_frame_parse (buf, WR_FRAME_HDR + 5, &f);
-  TAP_OK (n == WR_FRAME_HDR + 5 && f.stream == 42 && f.type == WR_MSG_STDOUT && f.len == 5
-              && memcmp (f.payload, "hello", 5) == 0,
+  TAP_OK (TAP_C_EQ (n, WR_FRAME_HDR + 5) && TAP_C_EQ (f.stream, 42)
+              && TAP_C_EQ (f.type, WR_MSG_STDOUT) && TAP_C_EQ (f.len, 5)
+              && TAP_C_EQ_MEM (f.payload, 5, "hello", 5),
           "frame round trip");
-  TAP_OK (wr_frame_parse (buf, WR_FRAME_HDR + 4, &f) == 0 && wr_frame_parse (buf, 3, &f) == 0,
+  TAP_OK (TAP_C_EQ (wr_frame_parse (buf, WR_FRAME_HDR + 4, &f), 0)
+              && TAP_C_EQ (wr_frame_parse (buf, 3, &f), 0),
           "partial frames need more bytes");
   wr_frame_hdr_encode (buf, WR_FRAME_MAX + 1, 1, WR_MSG_DATA);
-  TAP_OK (wr_frame_parse (buf, sizeof buf, &f) == -EPROTO, "oversized length rejected");
+  TAP_EQ (wr_frame_parse (buf, sizeof buf, &f), -EPROTO, "oversized length rejected");
   wr_frame_hdr_encode (buf, 0, 1, 99);
-  TAP_OK (wr_frame_parse (buf, sizeof buf, &f) == -EPROTO, "unknown type rejected");
+  TAP_EQ (wr_frame_parse (buf, sizeof buf, &f), -EPROTO, "unknown type rejected");
   wr_frame_hdr_encode (buf, 0, 1, WR_MSG_PING);
   buf[10] = 1;
-  TAP_OK (wr_frame_parse (buf, sizeof buf, &f) == -EPROTO, "non-zero padding rejected");
+  TAP_EQ (wr_frame_parse (buf, sizeof buf, &f), -EPROTO, "non-zero padding rejected");
   /* random garbage never crashes and never claims more than it has */
   int sane = 1;
   for (int i = 0; i < 100000; i++)
@@ -96,14 +99,15 @@ test_errors (void)
 {
   wr_err_t err;
   int r = wr_error (&err, ENOENT, WR_E_NOT_FOUND, "open %s", "/x");
-  TAP_OK (r == -ENOENT && strcmp (err.msg, "open /x: No such file or directory") == 0
-              && wr_err_http_status (&err) == 404,
+  TAP_OK (TAP_C_EQ (r, -ENOENT) && TAP_C_EQ_STR (err.msg, "open /x: No such file or directory")
+              && TAP_C_EQ (wr_err_http_status (&err), 404),
           "wr_error formats errno and maps not_found to 404");
   wr_error_wrap (&err, "layer %d", 3);
-  TAP_OK (strncmp (err.msg, "layer 3: open /x", 16) == 0, "wr_error_wrap prefixes context");
-  TAP_OK (wr_error (NULL, 0, WR_E_INVALID, "x") == -EIO, "NULL err is allowed");
-  TAP_OK (wr_code_http_status (WR_E_GONE) == 410 && wr_code_http_status (WR_E_EXHAUSTED) == 429
-              && wr_code_http_status ("bogus") == 400,
+  TAP_EQ (strncmp (err.msg, "layer 3: open /x", 16), 0, "wr_error_wrap prefixes context");
+  TAP_EQ (wr_error (NULL, 0, WR_E_INVALID, "x"), -EIO, "NULL err is allowed");
+  TAP_OK (TAP_C_EQ (wr_code_http_status (WR_E_GONE), 410)
+              && TAP_C_EQ (wr_code_http_status (WR_E_EXHAUSTED), 429)
+              && TAP_C_EQ (wr_code_http_status ("bogus"), 400),
           "code to status mapping");
 }
 

@@ -18,11 +18,7 @@ capture (void (*fn) (void))
   fn ();
   wrd_log_set_fd (2);
   close (p[1]);
-  size_t n = 0;
-  ssize_t r;
-  while (n < sizeof out - 1 && (r = read (p[0], out + n, sizeof out - 1 - n)) > 0)
-    n += (size_t)r;
-  out[n] = '\0';
+  tap_read_all (p[0], out, sizeof out);
   close (p[0]);
   return out;
 }
@@ -49,22 +45,22 @@ long_line (void)
 int
 main (void)
 {
-  TAP_OK (wrd_log_level_parse ("error") == WRD_LOG_ERROR
-              && wrd_log_level_parse ("warning") == WRD_LOG_WARN
-              && wrd_log_level_parse ("warn") == WRD_LOG_WARN
-              && wrd_log_level_parse ("info") == WRD_LOG_INFO
-              && wrd_log_level_parse ("debug") == WRD_LOG_DEBUG,
+  TAP_OK (TAP_C_EQ (wrd_log_level_parse ("error"), WRD_LOG_ERROR)
+              && TAP_C_EQ (wrd_log_level_parse ("warning"), WRD_LOG_WARN)
+              && TAP_C_EQ (wrd_log_level_parse ("warn"), WRD_LOG_WARN)
+              && TAP_C_EQ (wrd_log_level_parse ("info"), WRD_LOG_INFO)
+              && TAP_C_EQ (wrd_log_level_parse ("debug"), WRD_LOG_DEBUG),
           "level names parse");
-  TAP_OK (wrd_log_level_parse ("loud") == -1 && wrd_log_level_parse (NULL) == -1,
+  TAP_OK (TAP_C_EQ (wrd_log_level_parse ("loud"), -1) && TAP_C_EQ (wrd_log_level_parse (NULL), -1),
           "unknown level names are refused");
   const char *s = capture (levels);
-  TAP_OK (strcmp (s, "warrend: warning: pool busybox:latest: no space\n"
-                     "warrend: error: already ends in a newline\n")
-              == 0,
-          "levels below the threshold are dropped, one line per call: [%s]", s);
+  TAP_EQ_STR (s,
+              "warrend: warning: pool busybox:latest: no space\n"
+              "warrend: error: already ends in a newline\n",
+              "levels below the threshold are dropped, one line per call: [%s]", s);
   s = capture (long_line);
   size_t n = strlen (s);
-  TAP_OK (n == 4095 && s[n - 1] == '\n' && strchr (s, '\n') == s + n - 1,
+  TAP_OK (TAP_C_EQ (n, 4095) && TAP_C_EQ (s[n - 1], '\n') && strchr (s, '\n') == s + n - 1,
           "a long message is cut to one 4 KiB line (%zu bytes)", n);
   return TAP_DONE ();
 }

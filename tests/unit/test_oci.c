@@ -18,8 +18,6 @@
 #include "common/util.h"
 #include "tap.h"
 
-#define CHECK(cond, ...) TAP_OK (cond, __VA_ARGS__)
-
 static char base[256], root[300];
 
 static int sh (const char *fmt, ...) __attribute__ ((format (printf, 1, 2)));
@@ -68,30 +66,32 @@ test_whiteouts (void)
   struct wr_extract_stats xs;
   wr_err_t err;
   int r = extract (tar, out, WR_EXTRACT_OCI_WHITEOUTS, &xs, &err);
-  CHECK (r == 0, "extract with whiteouts (%s)", r ? err.msg : "ok");
-  CHECK (xs.whiteouts == 3, "3 whiteouts converted (%llu)", (unsigned long long)xs.whiteouts);
+  TAP_EQ (r, 0, "extract with whiteouts (%s)", r ? err.msg : "ok");
+  TAP_EQ (xs.whiteouts, 3, "3 whiteouts converted (%llu)", (unsigned long long)xs.whiteouts);
   struct stat st;
   snprintf (p, sizeof p, "%s/gone", out);
-  CHECK (lstat (p, &st) == 0 && S_ISCHR (st.st_mode) && st.st_rdev == makedev (0, 0),
-         ".wh.gone -> 0/0 char device gone");
+  TAP_OK (TAP_C_EQ (lstat (p, &st), 0) && S_ISCHR (st.st_mode)
+              && TAP_C_EQ (st.st_rdev, makedev (0, 0)),
+          ".wh.gone -> 0/0 char device gone");
   snprintf (p, sizeof p, "%s/d/sub/x", out);
-  CHECK (lstat (p, &st) == 0 && S_ISCHR (st.st_mode), "nested whiteout");
+  TAP_OK (TAP_C_EQ (lstat (p, &st), 0) && S_ISCHR (st.st_mode), "nested whiteout");
   snprintf (p, sizeof p, "%s/.wh.gone", out);
-  CHECK (lstat (p, &st) < 0, "no .wh. file left");
+  TAP_LT_INT (lstat (p, &st), 0, "no .wh. file left");
   snprintf (p, sizeof p, "%s/d", out);
   char v[8] = "";
-  CHECK (getxattr (p, "user.overlay.opaque", v, sizeof v) == 1 && v[0] == 'y',
-         ".wh..wh..opq -> user.overlay.opaque=y");
+  TAP_OK (TAP_C_EQ (getxattr (p, "user.overlay.opaque", v, sizeof v), 1) && TAP_C_EQ (v[0], 'y'),
+          ".wh..wh..opq -> user.overlay.opaque=y");
   snprintf (p, sizeof p, "%s/d/.wh..wh..opq", out);
-  CHECK (lstat (p, &st) < 0, "no opaque marker file left");
+  TAP_LT_INT (lstat (p, &st), 0, "no opaque marker file left");
   snprintf (p, sizeof p, "%s/d/keep", out);
-  CHECK (lstat (p, &st) == 0 && S_ISREG (st.st_mode), "siblings kept");
+  TAP_OK (TAP_C_EQ (lstat (p, &st), 0) && S_ISREG (st.st_mode), "siblings kept");
 
   /* a plain rootfs tarball: .wh. files are just files */
   r = extract (tar, out, 0, &xs, &err);
   snprintf (p, sizeof p, "%s/.wh.gone", out);
-  CHECK (r == 0 && lstat (p, &st) == 0 && S_ISREG (st.st_mode) && xs.whiteouts == 0,
-         "without the flag .wh. files stay files");
+  TAP_OK (TAP_C_EQ (r, 0) && TAP_C_EQ (lstat (p, &st), 0) && S_ISREG (st.st_mode)
+              && TAP_C_EQ (xs.whiteouts, 0),
+          "without the flag .wh. files stay files");
 
   /* invalid whiteouts */
   static const char *const bad[] = { ".wh..wh.x", ".wh." };
@@ -100,16 +100,17 @@ test_whiteouts (void)
       sh ("rm -rf %s && mkdir -p %s && touch '%s/%s' && tar -C %s -cf %s .", src, src, src, bad[i],
           src, tar);
       r = extract (tar, out, WR_EXTRACT_OCI_WHITEOUTS, &xs, &err);
-      CHECK (r < 0 && strcmp (err.code, WR_E_INVALID) == 0 && strstr (err.msg, "whiteout"),
-             "whiteout '%s' rejected (%s)", bad[i], r < 0 ? err.msg : "accepted");
+      TAP_OK (TAP_C_LT (r, 0) && TAP_C_EQ_STR (err.code, WR_E_INVALID)
+                  && TAP_C_HAS_STR (err.msg, "whiteout"),
+              "whiteout '%s' rejected (%s)", bad[i], r < 0 ? err.msg : "accepted");
     }
   /* a whiteout trying to leave the tree is still a '..' path */
   sh ("rm -rf %s && mkdir -p %s/a && cd %s && tar --transform 's,a/x,../.wh.x,' -cf %s a "
       "2>/dev/null; touch %s/a/x && tar -C %s --transform 's,^a/x$,a/../../.wh.x,' -cf %s a/x",
       src, src, src, tar, src, src, tar);
   r = extract (tar, out, WR_EXTRACT_OCI_WHITEOUTS, &xs, &err);
-  CHECK (r < 0 && strstr (err.msg, ".."), "whiteout with .. rejected (%s)",
-         r < 0 ? err.msg : "accepted");
+  TAP_OK (TAP_C_LT (r, 0) && TAP_C_HAS_STR (err.msg, ".."), "whiteout with .. rejected (%s)",
+          r < 0 ? err.msg : "accepted");
   /* overlay xattrs carried by the archive are dropped even for OCI layers */
   sh ("rm -rf %s && mkdir -p %s/o && setfattr -n user.overlay.redirect -v /x %s/o 2>/dev/null;"
       " python3 -c \"import os; os.setxattr('%s/o', 'user.overlay.opaque', b'y')\" && "
@@ -117,8 +118,8 @@ test_whiteouts (void)
       src, src, src, src, src, tar);
   r = extract (tar, out, WR_EXTRACT_OCI_WHITEOUTS, &xs, &err);
   snprintf (p, sizeof p, "%s/o", out);
-  CHECK (r == 0 && getxattr (p, "user.overlay.opaque", v, sizeof v) < 0,
-         "an archive's own user.overlay.opaque xattr is dropped");
+  TAP_OK (TAP_C_EQ (r, 0) && TAP_C_LT (getxattr (p, "user.overlay.opaque", v, sizeof v), 0),
+          "an archive's own user.overlay.opaque xattr is dropped");
 }
 
 static void
@@ -130,11 +131,11 @@ test_commit (struct wr_store *s)
   sh ("mkdir -p %s && echo one > %s/one", dir, dir);
   wr_err_t err;
   struct wr_staged_layer *a = NULL, *b = NULL;
-  CHECK (wr_layer_stage (s, dir, 0, &a, &err) == 0, "stage a");
+  TAP_EQ (wr_layer_stage (s, dir, 0, &a, &err), 0, "stage a");
   sh ("echo two > %s/two", dir);
-  CHECK (wr_layer_stage (s, dir, 0, &b, &err) == 0, "stage b");
+  TAP_EQ (wr_layer_stage (s, dir, 0, &b, &err), 0, "stage b");
   int before = count_dir (layers);
-  CHECK (count_dir (layers) == before, "staged layers are not in ROOT/layers");
+  TAP_EQ (count_dir (layers), before, "staged layers are not in ROOT/layers");
 
   /* a commit naming a missing layer fails and renames nothing */
   struct wr_layer_ref refs[3] = { { .staged = a },
@@ -144,49 +145,49 @@ test_commit (struct wr_store *s)
                                   { .staged = b } };
   struct wr_image *img = NULL;
   int r = wr_image_commit (s, "multi:1", refs, 3, NULL, &img, &err);
-  CHECK (r < 0 && strcmp (err.code, WR_E_NOT_FOUND) == 0, "missing layer: not_found (%s)",
-         r < 0 ? err.msg : "ok");
-  CHECK (count_dir (layers) == before, "and no layer file left behind");
-  CHECK (wr_image_resolve (s, "multi:1", &img, NULL) < 0, "and no image");
+  TAP_OK (TAP_C_LT (r, 0) && TAP_C_EQ_STR (err.code, WR_E_NOT_FOUND),
+          "missing layer: not_found (%s)", r < 0 ? err.msg : "ok");
+  TAP_EQ (count_dir (layers), before, "and no layer file left behind");
+  TAP_LT_INT (wr_image_resolve (s, "multi:1", &img, NULL), 0, "and no image");
 
   /* duplicates are kept once, at the top-most position */
   struct wr_layer_ref ok[3] = { { .staged = a }, { .staged = b }, { .staged = a } };
   r = wr_image_commit (s, "multi:1", ok, 3, NULL, &img, &err);
-  CHECK (r == 0 && img->n_layers == 2 && strcmp (img->layers[0], b->digest) == 0
-             && strcmp (img->layers[1], a->digest) == 0,
-         "commit: duplicate layer kept once, top-most (%s)", r ? err.msg : "ok");
-  CHECK (count_dir (layers) == before + 2, "two layer files");
+  TAP_OK (TAP_C_EQ (r, 0) && TAP_C_EQ (img->n_layers, 2) && TAP_C_EQ_STR (img->layers[0], b->digest)
+              && TAP_C_EQ_STR (img->layers[1], a->digest),
+          "commit: duplicate layer kept once, top-most (%s)", r ? err.msg : "ok");
+  TAP_EQ (count_dir (layers), before + 2, "two layer files");
   wr_image_free (img);
   img = NULL;
 
   /* tags */
   r = wr_image_tag (s, "multi:1", "multi:2", &img, &err);
-  CHECK (r == 0 && strcmp (img->name, "multi:2") == 0, "tag");
+  TAP_OK (TAP_C_EQ (r, 0) && TAP_C_EQ_STR (img->name, "multi:2"), "tag");
   wr_image_free (img);
   img = NULL;
-  CHECK (wr_image_tag (s, "ghost:1", "x:1", NULL, &err) < 0
-             && strcmp (err.code, WR_E_NOT_FOUND) == 0,
-         "tag of an unknown image: not_found");
-  CHECK (wr_image_tag (s, "multi:1", "Bad:1", NULL, &err) < 0
-             && strcmp (err.code, WR_E_INVALID) == 0,
-         "tag to a bad name: invalid_argument");
+  TAP_OK (TAP_C_LT (wr_image_tag (s, "ghost:1", "x:1", NULL, &err), 0)
+              && TAP_C_EQ_STR (err.code, WR_E_NOT_FOUND),
+          "tag of an unknown image: not_found");
+  TAP_OK (TAP_C_LT (wr_image_tag (s, "multi:1", "Bad:1", NULL, &err), 0)
+              && TAP_C_EQ_STR (err.code, WR_E_INVALID),
+          "tag to a bad name: invalid_argument");
 
   /* blob mappings follow their layer */
   snprintf (a->blob, sizeof a->blob, "sha256:%064d", 7);
   struct wr_layer_ref withblob[1] = { { .staged = a } };
-  CHECK (wr_image_commit (s, "blobbed:1", withblob, 1, NULL, NULL, &err) == 0, "commit with blob");
+  TAP_EQ (wr_image_commit (s, "blobbed:1", withblob, 1, NULL, NULL, &err), 0, "commit with blob");
   char have[72];
-  CHECK (wr_blob_layer (s, a->blob, have, &err) == 1 && strcmp (have, a->digest) == 0,
-         "blob maps to its layer");
+  TAP_OK (TAP_C_EQ (wr_blob_layer (s, a->blob, have, &err), 1) && TAP_C_EQ_STR (have, a->digest),
+          "blob maps to its layer");
   wr_image_remove (s, "blobbed:1", NULL);
   wr_image_remove (s, "multi:1", NULL);
   wr_image_remove (s, "multi:2", NULL);
-  CHECK (wr_blob_layer (s, a->blob, have, &err) == 0, "mapping gone with the layer");
-  CHECK (count_dir (layers) == before, "gc removed both layers");
+  TAP_EQ (wr_blob_layer (s, a->blob, have, &err), 0, "mapping gone with the layer");
+  TAP_EQ (count_dir (layers), before, "gc removed both layers");
   wr_layer_stage_free (a);
   wr_layer_stage_free (b);
   snprintf (p, sizeof p, "%s/tmp", root);
-  CHECK (count_dir (p) == 0, "staged work dirs removed");
+  TAP_EQ (count_dir (p), 0, "staged work dirs removed");
 }
 
 static void
@@ -211,32 +212,32 @@ test_oci_layout (struct wr_store *s)
       " printf '{\"schemaVersion\":2,\"manifests\":[{\"digest\":\"sha256:'$M'\",\"size\":'$MS'}]}'"
       " > $d/index.json; rm -rf $d/l",
       d);
-  CHECK (r == 0, "made an OCI layout");
+  TAP_EQ (r, 0, "made an OCI layout");
   wr_err_t err;
   struct wr_image *img = NULL;
   r = wr_image_import_any (s, "ocil:1", d, NULL, NULL, &img, &err);
-  CHECK (r == 0, "import OCI layout (%s)", r ? err.msg : "ok");
+  TAP_EQ (r, 0, "import OCI layout (%s)", r ? err.msg : "ok");
   if (r == 0)
     {
-      CHECK (img->n_layers == 1, "one layer");
-      CHECK (strcmp (json_string_value (json_object_get (img->config, "workdir")), "/etc") == 0,
-             "WorkingDir mapped");
-      CHECK (strcmp (json_string_value (json_array_get (json_object_get (img->config, "env"), 0)),
-                     "A=1")
-                 == 0,
-             "Env mapped");
+      TAP_EQ (img->n_layers, 1, "one layer");
+      TAP_EQ_STR (json_string_value (json_object_get (img->config, "workdir")), "/etc",
+                  "WorkingDir mapped");
+      TAP_EQ_STR (json_string_value (json_array_get (json_object_get (img->config, "env"), 0)),
+                  "A=1", "Env mapped");
       /* the layer holds the converted whiteout */
       const char *dir = NULL;
       r = wr_layer_acquire (s, img->layers[0], &dir, &err);
       char p[4200];
       struct stat st;
       snprintf (p, sizeof p, "%s/etc/motd", dir ? dir : "/nonexistent");
-      CHECK (r == 0 && lstat (p, &st) == 0 && S_ISCHR (st.st_mode) && st.st_rdev == 0,
-             "whiteout in the EROFS layer is a 0/0 char device");
+      TAP_OK (TAP_C_EQ (r, 0) && TAP_C_EQ (lstat (p, &st), 0) && S_ISCHR (st.st_mode)
+                  && TAP_C_EQ (st.st_rdev, 0),
+              "whiteout in the EROFS layer is a 0/0 char device");
       char v[4] = "";
       snprintf (p, sizeof p, "%s/opt", dir ? dir : "/nonexistent");
-      CHECK (getxattr (p, "user.overlay.opaque", v, sizeof v) == 1 && v[0] == 'y',
-             "opaque xattr in the EROFS layer");
+      TAP_OK (TAP_C_EQ (getxattr (p, "user.overlay.opaque", v, sizeof v), 1)
+                  && TAP_C_EQ (v[0], 'y'),
+              "opaque xattr in the EROFS layer");
       if (r == 0)
         wr_layer_release (s, img->layers[0]);
       wr_image_free (img);
@@ -251,9 +252,9 @@ test_oci_layout (struct wr_store *s)
       "printf x >> $f; fi; done",
       d);
   r = wr_image_import_any (s, "ocil:2", d, NULL, NULL, &img, &err);
-  CHECK (r < 0 && strstr (err.msg, "digest mismatch"), "tampered blob rejected (%s)",
-         r < 0 ? err.msg : "accepted");
-  CHECK (count_dir (layers) == before, "nothing stored");
+  TAP_OK (TAP_C_LT (r, 0) && TAP_C_HAS_STR (err.msg, "digest mismatch"),
+          "tampered blob rejected (%s)", r < 0 ? err.msg : "accepted");
+  TAP_EQ (count_dir (layers), before, "nothing stored");
 }
 
 /* A docker-save directory: every layer listed in manifest.json with the
@@ -331,26 +332,26 @@ test_docker_save_cache_poisoning (struct wr_store *s)
     wr_sha256_fd (fd, evil_hex);
   }
   snprintf (py, sizeof py, "[('blobs/sha256/%s', '%s', '%s')]", evil_hex, evil, claim);
-  CHECK (docker_dir (d, py) == 0, "made a docker-save dir lying about its diff id");
+  TAP_EQ (docker_dir (d, py), 0, "made a docker-save dir lying about its diff id");
   int r = wr_image_import_any (s, "evil:1", d, NULL, NULL, NULL, &err);
-  CHECK (r < 0 && strcmp (err.code, WR_E_INVALID) == 0 && strstr (err.msg, "digest mismatch")
-             && strstr (err.msg, "diff_id"),
-         "content not matching its claimed diff id is rejected (%s)", r < 0 ? err.msg : "stored");
-  CHECK (count_dir (layers) == before, "nothing stored");
+  TAP_OK (TAP_C_LT (r, 0) && TAP_C_EQ_STR (err.code, WR_E_INVALID)
+              && TAP_C_HAS_STR (err.msg, "digest mismatch") && TAP_C_HAS_STR (err.msg, "diff_id"),
+          "content not matching its claimed diff id is rejected (%s)", r < 0 ? err.msg : "stored");
+  TAP_EQ (count_dir (layers), before, "nothing stored");
   /* same lie in a classic layout (<id>/layer.tar) */
   snprintf (py, sizeof py, "[('x/layer.tar', '%s', '%s')]", evil, claim);
   docker_dir (d, py);
   r = wr_image_import_any (s, "evil:2", d, NULL, NULL, NULL, &err);
-  CHECK (r < 0 && strstr (err.msg, "digest mismatch"), "classic layout: rejected too (%s)",
-         r < 0 ? err.msg : "stored");
+  TAP_OK (TAP_C_LT (r, 0) && TAP_C_HAS_STR (err.msg, "digest mismatch"),
+          "classic layout: rejected too (%s)", r < 0 ? err.msg : "stored");
 
   /* the genuine image gets its own content */
   snprintf (py, sizeof py, "[('v/layer.tar', '%s', None)]", victim);
   docker_dir (d, py);
   struct wr_image *img = NULL;
   r = wr_image_import_any (s, "victim:1", d, NULL, NULL, &img, &err);
-  CHECK (r == 0 && layer_file_says (s, img->layers[0], "f", "genuine\n"),
-         "victim imported with its own bytes (%s)", r ? err.msg : "ok");
+  TAP_OK (TAP_C_EQ (r, 0) && layer_file_says (s, img->layers[0], "f", "genuine\n"),
+          "victim imported with its own bytes (%s)", r ? err.msg : "ok");
   char vlayer[72] = "";
   if (r == 0)
     snprintf (vlayer, sizeof vlayer, "%s", img->layers[0]);
@@ -361,13 +362,13 @@ test_docker_save_cache_poisoning (struct wr_store *s)
   snprintf (py, sizeof py, "[('blobs/sha256/%s', '%s', '%s')]", evil_hex, evil, claim);
   docker_dir (d, py);
   r = wr_image_import_any (s, "evil:3", d, NULL, NULL, NULL, &err);
-  CHECK (r < 0, "lie rejected with the victim stored (%s)", r < 0 ? err.msg : "stored");
+  TAP_LT_INT (r, 0, "lie rejected with the victim stored (%s)", r < 0 ? err.msg : "stored");
   snprintf (py, sizeof py, "[('w/layer.tar', '%s', None)]", victim);
   docker_dir (d, py);
   r = wr_image_import_any (s, "victim:2", d, NULL, NULL, &img, &err);
-  CHECK (r == 0 && strcmp (img->layers[0], vlayer) == 0
-             && layer_file_says (s, img->layers[0], "f", "genuine\n"),
-         "victim re-import reuses the genuine layer (%s)", r ? err.msg : "ok");
+  TAP_OK (TAP_C_EQ (r, 0) && TAP_C_EQ_STR (img->layers[0], vlayer)
+              && layer_file_says (s, img->layers[0], "f", "genuine\n"),
+          "victim re-import reuses the genuine layer (%s)", r ? err.msg : "ok");
   wr_image_free (img);
   img = NULL;
 
@@ -382,15 +383,15 @@ test_docker_save_cache_poisoning (struct wr_store *s)
   snprintf (py, sizeof py, "[('blobs/sha256/%s', '%s', '%s')]", gz_hex, gz, claim);
   docker_dir (d, py);
   r = wr_image_import_any (s, "victim:gz", d, NULL, NULL, &img, &err);
-  CHECK (r == 0 && layer_file_says (s, img->layers[0], "f", "genuine\n"),
-         "gzip layer matching its diff id accepted (%s)", r ? err.msg : "ok");
+  TAP_OK (TAP_C_EQ (r, 0) && layer_file_says (s, img->layers[0], "f", "genuine\n"),
+          "gzip layer matching its diff id accepted (%s)", r ? err.msg : "ok");
   wr_image_free (img);
   img = NULL;
   snprintf (py, sizeof py, "[('blobs/sha256/%s', '%s', 'sha256:%s')]", gz_hex, gz, evil_hex);
   docker_dir (d, py);
   r = wr_image_import_any (s, "evil:gz", d, NULL, NULL, NULL, &err);
-  CHECK (r < 0 && strstr (err.msg, "diff_id"), "gzip layer with a wrong diff id rejected (%s)",
-         r < 0 ? err.msg : "stored");
+  TAP_OK (TAP_C_LT (r, 0) && TAP_C_HAS_STR (err.msg, "diff_id"),
+          "gzip layer with a wrong diff id rejected (%s)", r < 0 ? err.msg : "stored");
 
   /* a file swapped between its check and its extraction (a directory the
    * caller controls): what is extracted is hashed as it is read */
@@ -405,10 +406,10 @@ test_docker_save_cache_poisoning (struct wr_store *s)
     r = wr_oci_commit (s, "swapped:1", cfg, fds, blobs, 1, NULL, NULL, NULL, &err);
     json_decref (cfg);
     char have[72];
-    CHECK (r < 0 && strstr (err.msg, "changed while it was read")
-               && wr_blob_layer (s, claim, have, NULL) == 0,
-           "bytes differing from the verified digest are not cached under it (%s)",
-           r < 0 ? err.msg : "stored");
+    TAP_OK (TAP_C_LT (r, 0) && TAP_C_HAS_STR (err.msg, "changed while it was read")
+                && TAP_C_EQ (wr_blob_layer (s, claim, have, NULL), 0),
+            "bytes differing from the verified digest are not cached under it (%s)",
+            r < 0 ? err.msg : "stored");
   }
 }
 
@@ -447,7 +448,7 @@ test_layer_limit (struct wr_store *s)
   char d[400];
   snprintf (d, sizeof d, "%s/many", base);
   int r = oci_layers (d, WR_MAX_LAYERS + 6, 1);
-  CHECK (r == 0, "made an OCI layout with %d layers", WR_MAX_LAYERS + 6);
+  TAP_EQ (r, 0, "made an OCI layout with %d layers", WR_MAX_LAYERS + 6);
   char layers[400];
   snprintf (layers, sizeof layers, "%s/layers/sha256", root);
   int before = count_dir (layers);
@@ -455,59 +456,60 @@ test_layer_limit (struct wr_store *s)
   r = wr_image_import_any (s, "many:1", d, NULL, NULL, NULL, &err);
   char want[64];
   snprintf (want, sizeof want, "at most %d", WR_MAX_LAYERS);
-  CHECK (r < 0 && strcmp (err.code, WR_E_INVALID) == 0 && strstr (err.msg, "layers")
-             && strstr (err.msg, want),
-         "%d layers refused at import (%s)", WR_MAX_LAYERS + 6, r < 0 ? err.msg : "accepted");
-  CHECK (count_dir (layers) == before, "nothing stored");
+  TAP_OK (TAP_C_LT (r, 0) && TAP_C_EQ_STR (err.code, WR_E_INVALID)
+              && TAP_C_HAS_STR (err.msg, "layers") && TAP_C_HAS_STR (err.msg, want),
+          "%d layers refused at import (%s)", WR_MAX_LAYERS + 6, r < 0 ? err.msg : "accepted");
+  TAP_EQ (count_dir (layers), before, "nothing stored");
 
   /* stacking one more layer on a full image (pack, build COPY) */
   char dir[400];
   snprintf (dir, sizeof dir, "%s/c1", base);
   struct wr_staged_layer *a = NULL;
-  CHECK (wr_layer_stage (s, dir, 0, &a, &err) == 0, "stage a layer");
+  TAP_EQ (wr_layer_stage (s, dir, 0, &a, &err), 0, "stage a layer");
   struct wr_image *img = NULL;
   struct wr_layer_ref one[1] = { { .staged = a } };
-  CHECK (wr_image_commit (s, "one:1", one, 1, NULL, &img, &err) == 0, "commit it");
+  TAP_EQ (wr_image_commit (s, "one:1", one, 1, NULL, &img, &err), 0, "commit it");
   const char *base_layers[WR_MAX_LAYERS];
   for (size_t i = 0; i < WR_MAX_LAYERS; i++)
     base_layers[i] = img ? img->layers[0] : "";
   struct wr_import_opts o = { .base_layers = base_layers, .n_base_layers = WR_MAX_LAYERS };
   r = wr_image_import_ex (s, "full:1", dir, &o, NULL, &err);
-  CHECK (r < 0 && strcmp (err.code, WR_E_INVALID) == 0 && strstr (err.msg, want),
-         "a layer on %d layers refused (%s)", WR_MAX_LAYERS, r < 0 ? err.msg : "accepted");
+  TAP_OK (TAP_C_LT (r, 0) && TAP_C_EQ_STR (err.code, WR_E_INVALID) && TAP_C_HAS_STR (err.msg, want),
+          "a layer on %d layers refused (%s)", WR_MAX_LAYERS, r < 0 ? err.msg : "accepted");
   struct wr_layer_ref refs[WR_MAX_LAYERS + 1];
   for (size_t i = 0; i <= WR_MAX_LAYERS; i++)
     refs[i] = (struct wr_layer_ref){ .digest = img ? img->layers[0] : "" };
   r = wr_image_commit (s, "full:2", refs, WR_MAX_LAYERS + 1, NULL, NULL, &err);
-  CHECK (r < 0 && strcmp (err.code, WR_E_INVALID) == 0, "commit of %d layers refused (%s)",
-         WR_MAX_LAYERS + 1, r < 0 ? err.msg : "accepted");
+  TAP_OK (TAP_C_LT (r, 0) && TAP_C_EQ_STR (err.code, WR_E_INVALID),
+          "commit of %d layers refused (%s)", WR_MAX_LAYERS + 1, r < 0 ? err.msg : "accepted");
   wr_image_free (img);
   wr_layer_stage_free (a);
   wr_image_remove (s, "one:1", NULL);
 
   /* the image bytes limit holds across layers */
-  CHECK (oci_layers (d, 3, 600) == 0, "made a 3-layer OCI layout of 600-byte files");
+  TAP_EQ (oci_layers (d, 3, 600), 0, "made a 3-layer OCI layout of 600-byte files");
   struct wr_store_limits dflt, l;
   wr_store_get_limits (s, &dflt);
   l = dflt;
   l.image_bytes = 1000;
   wr_store_set_limits (s, &l);
   r = wr_image_import_any (s, "three:1", d, NULL, NULL, NULL, &err);
-  CHECK (r < 0 && strcmp (err.code, WR_E_TOO_LARGE) == 0 && strstr (err.msg, "at layer 2"),
-         "an image unpacking past image_bytes is refused (%s)", r < 0 ? err.msg : "accepted");
-  CHECK (count_dir (layers) == before, "nothing stored");
+  TAP_OK (TAP_C_LT (r, 0) && TAP_C_EQ_STR (err.code, WR_E_TOO_LARGE)
+              && TAP_C_HAS_STR (err.msg, "at layer 2"),
+          "an image unpacking past image_bytes is refused (%s)", r < 0 ? err.msg : "accepted");
+  TAP_EQ (count_dir (layers), before, "nothing stored");
   wr_store_set_limits (s, &dflt);
   r = wr_image_import_any (s, "three:1", d, NULL, NULL, NULL, &err);
-  CHECK (r == 0, "and accepted under the default limits (%s)", r ? err.msg : "ok");
+  TAP_EQ (r, 0, "and accepted under the default limits (%s)", r ? err.msg : "ok");
   struct wr_image *conf = NULL, *here = NULL;
   wr_image_resolve (s, "three:1", &conf, NULL);
   /* the fuzzing mode (no helper) builds the same layers */
   wr_store_set_unpack_in_process (s, true);
   r = wr_image_import_any (s, "three:2", d, NULL, NULL, &here, &err);
   wr_store_set_unpack_in_process (s, false);
-  CHECK (r == 0 && conf && here && conf->n_layers == 3 && here->n_layers == 3
-             && strcmp (conf->layers[2], here->layers[2]) == 0,
-         "unpacking in process gives the same layers (%s)", r ? err.msg : "ok");
+  TAP_OK (TAP_C_EQ (r, 0) && conf && here && TAP_C_EQ (conf->n_layers, 3)
+              && TAP_C_EQ (here->n_layers, 3) && TAP_C_EQ_STR (conf->layers[2], here->layers[2]),
+          "unpacking in process gives the same layers (%s)", r ? err.msg : "ok");
   wr_image_free (conf);
   wr_image_free (here);
   wr_image_remove (s, "three:2", NULL);
@@ -535,18 +537,20 @@ test_ratio (void)
   struct stat st;
   char p[500];
   snprintf (p, sizeof p, "%s/zeros", out);
-  CHECK (r < 0 && strcmp (err.code, WR_E_TOO_LARGE) == 0 && strstr (err.msg, "expands more than")
-             && (stat (p, &st) < 0 || st.st_size < (4 << 20)),
-         "8 MiB of zeros from ~8 KiB of gzip stopped early (%s)", r < 0 ? err.msg : "accepted");
+  TAP_OK (TAP_C_LT (r, 0) && TAP_C_EQ_STR (err.code, WR_E_TOO_LARGE)
+              && TAP_C_HAS_STR (err.msg, "expands more than")
+              && (TAP_C_LT (stat (p, &st), 0) || TAP_C_LT (st.st_size, (4 << 20))),
+          "8 MiB of zeros from ~8 KiB of gzip stopped early (%s)", r < 0 ? err.msg : "accepted");
   r = extract (tar, out, 0, &xs, &err); /* defaults: under the 64 MiB grace */
-  CHECK (r == 0 && xs.bytes == 8 << 20, "the default limits let 8 MiB through (%s)",
-         r ? err.msg : "ok");
+  TAP_OK (TAP_C_EQ (r, 0) && TAP_C_EQ (xs.bytes, 8 << 20),
+          "the default limits let 8 MiB through (%s)", r ? err.msg : "ok");
   char want[65] = "", got[65] = "";
   snprintf (p, sizeof p, "%s/zeros.tar", base);
   _cleanup_close_ int pfd = open (p, O_RDONLY | O_CLOEXEC);
   wr_sha256_fd (pfd, want);
   r = wr_tar_sha256 (fd, NULL, got, &err);
-  CHECK (r == 0 && strcmp (got, want) == 0, "uncompressed digest of a .tar.gz is the tar's");
+  TAP_OK (TAP_C_EQ (r, 0) && TAP_C_EQ_STR (got, want),
+          "uncompressed digest of a .tar.gz is the tar's");
 }
 
 /* Archives are parsed by the confined helper: it writes as its own host ids
@@ -566,31 +570,34 @@ test_confined_unpack (void)
   struct wr_extract_stats xs;
   wr_err_t err;
   int r = wr_unpack (fd, dfd, -1, 0, NULL, &xs, &err);
-  CHECK (r == 0, "unpack in the helper (%s)", r ? err.msg : "ok");
+  TAP_EQ (r, 0, "unpack in the helper (%s)", r ? err.msg : "ok");
   uint32_t b = wr_unpack_uid_base ();
   struct stat st;
   snprintf (p, sizeof p, "%s/f", out);
-  CHECK (stat (p, &st) == 0 && st.st_uid == b + 1000 && st.st_gid == b + 1001
-             && (st.st_mode & 07777) == 04755,
-         "files belong to the helper's range on the host (%u:%u, mode %o; base %u)",
-         (unsigned)st.st_uid, (unsigned)st.st_gid, (unsigned)(st.st_mode & 07777), b);
-  CHECK (fstat (dfd, &st) == 0 && st.st_uid == b, "the staging root is the helper's root");
+  TAP_OK (TAP_C_EQ (stat (p, &st), 0) && TAP_C_EQ (st.st_uid, b + 1000)
+              && TAP_C_EQ (st.st_gid, b + 1001) && TAP_C_EQ ((st.st_mode & 07777), 04755),
+          "files belong to the helper's range on the host (%u:%u, mode %o; base %u)",
+          (unsigned)st.st_uid, (unsigned)st.st_gid, (unsigned)(st.st_mode & 07777), b);
+  TAP_OK (TAP_C_EQ (fstat (dfd, &st), 0) && TAP_C_EQ (st.st_uid, b),
+          "the staging root is the helper's root");
   char want[65] = "";
   wr_sha256_fd (fd, want);
-  CHECK (r == 0 && strcmp (xs.source, want) == 0 && xs.entries == 2,
-         "the digest is of the bytes the daemon fed it");
+  TAP_OK (TAP_C_EQ (r, 0) && TAP_C_EQ_STR (xs.source, want) && TAP_C_EQ (xs.entries, 2),
+          "the digest is of the bytes the daemon fed it");
   /* ids outside the helper's 65536 cannot be written */
   sh ("cd %s && chown 70000 o/f && tar --numeric-owner -C o -cf owned.tar . && rm -rf %s/*", base,
       out);
   r = wr_unpack (fd, dfd, -1, 0, NULL, &xs, &err);
-  CHECK (r < 0 && strstr (err.msg, "chown"), "uid 70000 is refused (%s)",
-         r < 0 ? err.msg : "accepted");
+  TAP_OK (TAP_C_LT (r, 0) && TAP_C_HAS_STR (err.msg, "chown"), "uid 70000 is refused (%s)",
+          r < 0 ? err.msg : "accepted");
   /* in its chroot the host's files are gone, and a call outside the
    * allow-list kills it */
   sh ("rm -rf %s/*", out);
   r = wr_unpack (fd, dfd, -1, WR_UNPACK_SELFTEST, NULL, &xs, &err);
-  CHECK (r < 0 && strstr (err.msg, "killed by signal 31") && strstr (err.msg, "seccomp"),
-         "socket(2) in the helper: killed by its seccomp filter (%s)", r < 0 ? err.msg : "allowed");
+  TAP_OK (TAP_C_LT (r, 0) && TAP_C_HAS_STR (err.msg, "killed by signal 31")
+              && TAP_C_HAS_STR (err.msg, "seccomp"),
+          "socket(2) in the helper: killed by its seccomp filter (%s)",
+          r < 0 ? err.msg : "allowed");
 }
 
 int
@@ -621,7 +628,7 @@ main (void)
   struct wr_store *s = NULL;
   wr_err_t err;
   int r = wr_store_open (root, db, -1, &s, &err);
-  CHECK (r == 0, "open store (%s)", r ? err.msg : "ok");
+  TAP_EQ (r, 0, "open store (%s)", r ? err.msg : "ok");
   if (r == 0)
     {
       test_commit (s);

@@ -21,15 +21,6 @@
 #include "common/util.h"
 #include "tap.h"
 
-/* TAP_OK evaluates its condition twice: never give it side effects */
-#define CHECK(cond, ...)                                                                           \
-  do                                                                                               \
-    {                                                                                              \
-      bool c_ = (cond);                                                                            \
-      TAP_OK (c_, __VA_ARGS__);                                                                    \
-    }                                                                                              \
-  while (0)
-
 static char base[256]; /* scratch dir for everything */
 static char root[300]; /* store root */
 
@@ -117,15 +108,15 @@ test_sha256 (void)
 {
   char hex[65];
   wr_sha256_hex ("", 0, hex);
-  CHECK (strcmp (hex, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855") == 0,
-         "sha256 of empty string");
+  TAP_EQ_STR (hex, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+              "sha256 of empty string");
   wr_sha256_hex ("abc", 3, hex);
-  CHECK (strcmp (hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad") == 0,
-         "sha256 of abc");
+  TAP_EQ_STR (hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
+              "sha256 of abc");
   const char *m = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
   wr_sha256_hex (m, strlen (m), hex);
-  CHECK (strcmp (hex, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1") == 0,
-         "sha256 of the 448-bit vector");
+  TAP_EQ_STR (hex, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1",
+              "sha256 of the 448-bit vector");
   /* one million 'a' fed in odd-sized pieces exercises buffering */
   struct wr_sha256 c;
   uint8_t d[32];
@@ -141,8 +132,8 @@ test_sha256 (void)
     }
   wr_sha256_final (&c, d);
   wr_sha256_to_hex (d, hex);
-  CHECK (strcmp (hex, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0") == 0,
-         "sha256 of a million a");
+  TAP_EQ_STR (hex, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0",
+              "sha256 of a million a");
 }
 
 static void
@@ -185,25 +176,25 @@ test_refs (void)
     if (!wr_ref_valid (good[i]))
       {
         ok = false;
-        printf ("# rejected good ref %s\n", good[i]);
+        TAP_DIAG ("rejected good ref %s", good[i]);
       }
-  CHECK (ok, "valid references accepted");
+  TAP_OK (ok, "valid references accepted");
   ok = true;
   for (size_t i = 0; i < WR_ARRAY_SIZE (bad); i++)
     if (wr_ref_valid (bad[i]))
       {
         ok = false;
-        printf ("# accepted bad ref %s\n", bad[i]);
+        TAP_DIAG ("accepted bad ref %s", bad[i]);
       }
-  CHECK (ok, "invalid references rejected");
+  TAP_OK (ok, "invalid references rejected");
   char longname[260];
   memset (longname, 'a', 201);
   longname[201] = '\0';
   bool too_long = !wr_ref_valid (longname);
   longname[200] = '\0';
   bool max_ok = wr_ref_valid (longname);
-  CHECK (too_long && max_ok, "name length limit is 200");
-  CHECK (!wr_ref_valid (NULL), "NULL reference rejected");
+  TAP_OK (too_long && max_ok, "name length limit is 200");
+  TAP_OK (!wr_ref_valid (NULL), "NULL reference rejected");
 }
 
 /* ---- fixtures ---- */
@@ -251,16 +242,16 @@ test_import_formats (struct wr_store *s)
   wr_err_t err;
   struct wr_image *img = NULL;
   int r = wr_image_import (s, "tree", src, &img, &err);
-  CHECK (r == 0, "import from a directory (%s)", r ? err.msg : "ok");
+  TAP_EQ (r, 0, "import from a directory (%s)", r ? err.msg : "ok");
   if (r < 0)
     return;
-  CHECK (img->n_layers == 1 && strncmp (img->layers[0], "sha256:", 7) == 0
-             && strlen (img->layers[0]) == 71,
-         "one sha256 layer");
-  CHECK (strcmp (img->name, "tree:latest") == 0, "tag defaults to latest (%s)", img->name);
-  CHECK (json_is_string (json_object_get (img->config, "workdir"))
-             && json_is_array (json_object_get (img->config, "env")),
-         "default config");
+  TAP_OK (TAP_C_EQ (img->n_layers, 1) && TAP_C_EQ (strncmp (img->layers[0], "sha256:", 7), 0)
+              && TAP_C_EQ (strlen (img->layers[0]), 71),
+          "one sha256 layer");
+  TAP_EQ_STR (img->name, "tree:latest", "tag defaults to latest (%s)", img->name);
+  TAP_OK (json_is_string (json_object_get (img->config, "workdir"))
+              && json_is_array (json_object_get (img->config, "env")),
+          "default config");
   char layer_file[600];
   snprintf (layer_file, sizeof layer_file, "%s/layers/sha256/%s.erofs", root, img->layers[0] + 7);
   int fd = open (layer_file, O_RDONLY | O_CLOEXEC);
@@ -270,7 +261,7 @@ test_import_formats (struct wr_store *s)
       wr_sha256_fd (fd, hex);
       close (fd);
     }
-  CHECK (strcmp (hex, img->layers[0] + 7) == 0, "layer digest is the sha256 of its file");
+  TAP_EQ_STR (hex, img->layers[0] + 7, "layer digest is the sha256 of its file");
   snprintf (dir_layer, sizeof dir_layer, "%s", img->layers[0]);
   char mdigest[72];
   snprintf (mdigest, sizeof mdigest, "%s", img->digest);
@@ -278,8 +269,9 @@ test_import_formats (struct wr_store *s)
 
   /* identical content -> identical layer and manifest digests */
   r = wr_image_import (s, "tree:again", src, &img, &err);
-  CHECK (r == 0 && strcmp (img->layers[0], dir_layer) == 0 && strcmp (img->digest, mdigest) == 0,
-         "re-import of the same directory gives the same digests");
+  TAP_OK (TAP_C_EQ (r, 0) && TAP_C_EQ_STR (img->layers[0], dir_layer)
+              && TAP_C_EQ_STR (img->digest, mdigest),
+          "re-import of the same directory gives the same digests");
   wr_image_free (img);
 
   /* a tarball of the very same tree extracts to the same layer */
@@ -287,19 +279,18 @@ test_import_formats (struct wr_store *s)
   snprintf (p0, sizeof p0, "%s/same.tar", base);
   sh ("tar --xattrs -C %s -cf %s .", src, p0);
   r = wr_image_import (s, "same", p0, &img, &err);
-  CHECK (r == 0 && strcmp (img->layers[0], dir_layer) == 0,
-         "tar of a directory gives the directory's layer digest (%s)", r ? err.msg : "ok");
+  TAP_OK (TAP_C_EQ (r, 0) && TAP_C_EQ_STR (img->layers[0], dir_layer),
+          "tar of a directory gives the directory's layer digest (%s)", r ? err.msg : "ok");
   if (r == 0)
     wr_image_free (img);
-  CHECK (wr_image_remove (s, "same", &err) == 0, "remove same");
+  TAP_EQ (wr_image_remove (s, "same", &err), 0, "remove same");
 
   /* the format tests use a slightly different tree: their own layer */
-  CHECK (sh ("cp -a %s %s/src2 && echo extra > %s/src2/extra"
-             " && tar --xattrs -C %s/src2 -cf %s/t.tar . && gzip -c %s/t.tar > %s/t.tgz"
-             " && zstd -q -c %s/t.tar > %s/t.tzst && cp %s/t.tar %s/t.weird.gz",
-             src, base, base, base, base, base, base, base, base, base, base)
-             == 0,
-         "archives created with tar, gzip, zstd");
+  TAP_EQ (sh ("cp -a %s %s/src2 && echo extra > %s/src2/extra"
+              " && tar --xattrs -C %s/src2 -cf %s/t.tar . && gzip -c %s/t.tar > %s/t.tgz"
+              " && zstd -q -c %s/t.tar > %s/t.tzst && cp %s/t.tar %s/t.weird.gz",
+              src, base, base, base, base, base, base, base, base, base, base),
+          0, "archives created with tar, gzip, zstd");
   static const char *files[] = { "t.tar", "t.tgz", "t.tzst", "t.weird.gz" };
   char first[72] = "";
   bool same = true;
@@ -309,22 +300,22 @@ test_import_formats (struct wr_store *s)
       snprintf (p, sizeof p, "%s/%s", base, files[i]);
       snprintf (ref, sizeof ref, "fmt:v%zu", i);
       r = wr_image_import (s, ref, p, &img, &err);
-      CHECK (r == 0, "import %s (%s)", files[i], r ? err.msg : "ok");
+      TAP_EQ (r, 0, "import %s (%s)", files[i], r ? err.msg : "ok");
       if (r == 0)
         {
           if (!first[0])
             snprintf (first, sizeof first, "%s", img->layers[0]);
           same = same && strcmp (first, img->layers[0]) == 0;
-          CHECK (img->skipped_special == 0, "nothing skipped in %s", files[i]);
+          TAP_EQ (img->skipped_special, 0, "nothing skipped in %s", files[i]);
           wr_image_free (img);
         }
     }
-  CHECK (same && first[0] && strcmp (first, dir_layer) != 0,
-         "plain, gzip and zstd archives of one tree give one layer digest");
+  TAP_OK (same && first[0] && TAP_C_NE_STR (first, dir_layer),
+          "plain, gzip and zstd archives of one tree give one layer digest");
   snprintf (tar_layer, sizeof tar_layer, "%s", first);
-  CHECK (count_entries (root) >= 0
-             && count_entries (strcat (strcpy ((char[400]){ 0 }, root), "/tmp")) == 0,
-         "no leftovers in ROOT/tmp after imports");
+  TAP_OK (TAP_C_GE (count_entries (root), 0)
+              && TAP_C_EQ (count_entries (strcat (strcpy ((char[400]){ 0 }, root), "/tmp")), 0),
+          "no leftovers in ROOT/tmp after imports");
 }
 
 static void
@@ -333,41 +324,47 @@ test_layer_content (struct wr_store *s)
   wr_err_t err;
   const char *dir = NULL, *dir2 = NULL;
   int r = wr_layer_acquire (s, tar_layer, &dir, &err);
-  CHECK (r == 0, "acquire the tar layer (%s)", r ? err.msg : "ok");
+  TAP_EQ (r, 0, "acquire the tar layer (%s)", r ? err.msg : "ok");
   if (r < 0)
     return;
   r = wr_layer_acquire (s, tar_layer, &dir2, &err);
-  CHECK (r == 0 && strcmp (dir, dir2) == 0, "second acquire returns the same dir");
-  CHECK (mount_count (dir) == 1, "layer mounted exactly once (%d)", mount_count (dir));
+  TAP_OK (TAP_C_EQ (r, 0) && TAP_C_EQ_STR (dir, dir2), "second acquire returns the same dir");
+  TAP_EQ (mount_count (dir), 1, "layer mounted exactly once (%d)", mount_count (dir));
   char p[600];
   struct stat st, st2;
   snprintf (p, sizeof p, "%s/etc/greeting", dir);
-  CHECK (read_eq (p, "hello\n"), "file content readable through the mount");
-  CHECK (stat (p, &st) == 0 && st.st_mtime == 1000000000, "mtime preserved");
+  TAP_OK (read_eq (p, "hello\n"), "file content readable through the mount");
+  TAP_OK (TAP_C_EQ (stat (p, &st), 0) && TAP_C_EQ (st.st_mtime, 1000000000), "mtime preserved");
   snprintf (p, sizeof p, "%s/etc/hardlink", dir);
-  CHECK (stat (p, &st2) == 0 && st2.st_ino == st.st_ino && st.st_nlink == 2, "hard link preserved");
+  TAP_OK (TAP_C_EQ (stat (p, &st2), 0) && TAP_C_EQ (st2.st_ino, st.st_ino)
+              && TAP_C_EQ (st.st_nlink, 2),
+          "hard link preserved");
   snprintf (p, sizeof p, "%s/bin/tool", dir);
-  CHECK (stat (p, &st) == 0 && (st.st_mode & 07777) == 04755 && st.st_size == 5000,
-         "setuid mode and size preserved");
+  TAP_OK (TAP_C_EQ (stat (p, &st), 0) && TAP_C_EQ ((st.st_mode & 07777), 04755)
+              && TAP_C_EQ (st.st_size, 5000),
+          "setuid mode and size preserved");
   char xv[16] = "";
-  CHECK (getxattr (p, "user.test", xv, sizeof xv) == 4 && memcmp (xv, "tool", 4) == 0,
-         "xattr preserved");
+  TAP_OK (TAP_C_EQ (getxattr (p, "user.test", xv, sizeof xv), 4) && TAP_C_EQ_MEM (xv, 4, "tool", 4),
+          "xattr preserved");
   snprintf (p, sizeof p, "%s/home/user/file", dir);
-  CHECK (stat (p, &st) == 0 && st.st_uid == 1000 && st.st_gid == 1000, "ownership preserved");
+  TAP_OK (TAP_C_EQ (stat (p, &st), 0) && TAP_C_EQ (st.st_uid, 1000) && TAP_C_EQ (st.st_gid, 1000),
+          "ownership preserved");
   char target[64] = "";
   snprintf (p, sizeof p, "%s/abs-link", dir);
-  CHECK (readlink (p, target, sizeof target - 1) > 0 && strcmp (target, "/etc/greeting") == 0,
-         "absolute symlink kept as a symlink");
+  TAP_OK (TAP_C_GT (readlink (p, target, sizeof target - 1), 0)
+              && TAP_C_EQ_STR (target, "/etc/greeting"),
+          "absolute symlink kept as a symlink");
   snprintf (p, sizeof p, "%s/newfile", dir);
-  CHECK (open (p, O_WRONLY | O_CREAT | O_CLOEXEC, 0600) < 0 && errno == EROFS,
-         "layer mount is read-only");
+  TAP_OK (TAP_C_LT (open (p, O_WRONLY | O_CREAT | O_CLOEXEC, 0600), 0) && TAP_C_EQ (errno, EROFS),
+          "layer mount is read-only");
   wr_layer_release (s, tar_layer);
   wr_layer_release (s, tar_layer);
-  CHECK (
-      wr_layer_acquire (
-          s, "sha256:0000000000000000000000000000000000000000000000000000000000000000", &dir, &err)
-              < 0
-          && strcmp (err.code, WR_E_NOT_FOUND) == 0,
+  TAP_OK (
+      TAP_C_LT (wr_layer_acquire (
+                    s, "sha256:0000000000000000000000000000000000000000000000000000000000000000",
+                    &dir, &err),
+                0)
+          && TAP_C_EQ_STR (err.code, WR_E_NOT_FOUND),
       "acquire of an unknown layer: not_found");
 }
 
@@ -377,51 +374,55 @@ test_resolve_list (struct wr_store *s)
   wr_err_t err;
   struct wr_image *img = NULL;
   int r = wr_image_resolve (s, "tree", &img, &err);
-  CHECK (r == 0 && strcmp (img->name, "tree:latest") == 0, "resolve name");
+  TAP_OK (TAP_C_EQ (r, 0) && TAP_C_EQ_STR (img->name, "tree:latest"), "resolve name");
   if (r < 0)
     return;
   char digest[72], ref[200];
   snprintf (digest, sizeof digest, "%s", img->digest);
   wr_image_free (img);
   r = wr_image_resolve (s, "tree:again", &img, &err);
-  CHECK (r == 0 && strcmp (img->digest, digest) == 0, "resolve name:tag");
+  TAP_OK (TAP_C_EQ (r, 0) && TAP_C_EQ_STR (img->digest, digest), "resolve name:tag");
   wr_image_free (img);
   snprintf (ref, sizeof ref, "tree@%s", digest);
   r = wr_image_resolve (s, ref, &img, &err);
-  CHECK (r == 0 && strcmp (img->digest, digest) == 0 && strncmp (img->name, "tree:", 5) == 0,
-         "resolve name@digest");
+  TAP_OK (TAP_C_EQ (r, 0) && TAP_C_EQ_STR (img->digest, digest)
+              && TAP_C_EQ (strncmp (img->name, "tree:", 5), 0),
+          "resolve name@digest");
   wr_image_free (img);
   r = wr_image_resolve (s, digest, &img, &err);
-  CHECK (r == 0 && strcmp (img->digest, digest) == 0, "resolve by manifest digest");
+  TAP_OK (TAP_C_EQ (r, 0) && TAP_C_EQ_STR (img->digest, digest), "resolve by manifest digest");
   wr_image_free (img);
   snprintf (ref, sizeof ref, "tree:again@%s", digest);
   r = wr_image_resolve (s, ref, &img, &err);
-  CHECK (r == 0 && strcmp (img->name, "tree:again") == 0, "resolve name:tag@digest");
+  TAP_OK (TAP_C_EQ (r, 0) && TAP_C_EQ_STR (img->name, "tree:again"), "resolve name:tag@digest");
   wr_image_free (img);
   snprintf (ref, sizeof ref, "tree:nope@%s", digest);
   r = wr_image_resolve (s, ref, &img, &err);
-  CHECK (r < 0 && strcmp (err.code, WR_E_NOT_FOUND) == 0, "name:tag@digest with another tag");
+  TAP_OK (TAP_C_LT (r, 0) && TAP_C_EQ_STR (err.code, WR_E_NOT_FOUND),
+          "name:tag@digest with another tag");
   snprintf (ref, sizeof ref, "fmt@%s", digest);
   r = wr_image_resolve (s, ref, &img, &err);
-  CHECK (r < 0 && strcmp (err.code, WR_E_NOT_FOUND) == 0, "name@digest of another name: not_found");
+  TAP_OK (TAP_C_LT (r, 0) && TAP_C_EQ_STR (err.code, WR_E_NOT_FOUND),
+          "name@digest of another name: not_found");
   r = wr_image_resolve (s, "nope:1", &img, &err);
-  CHECK (r < 0 && strcmp (err.code, WR_E_NOT_FOUND) == 0
-             && strcmp (err.msg, "image nope:1 not found: No such file or directory") == 0,
-         "unknown image: not_found (%s)", err.msg);
+  TAP_OK (TAP_C_LT (r, 0) && TAP_C_EQ_STR (err.code, WR_E_NOT_FOUND)
+              && TAP_C_EQ_STR (err.msg, "image nope:1 not found: No such file or directory"),
+          "unknown image: not_found (%s)", err.msg);
   r = wr_image_resolve (s, "Bad Ref", &img, &err);
-  CHECK (r < 0 && strcmp (err.code, WR_E_INVALID) == 0, "invalid reference: invalid_argument");
+  TAP_OK (TAP_C_LT (r, 0) && TAP_C_EQ_STR (err.code, WR_E_INVALID),
+          "invalid reference: invalid_argument");
 
   json_t *list = NULL;
   r = wr_image_list (s, &list, &err);
-  CHECK (r == 0 && json_array_size (list) == 6, "list has one entry per tag (%zu)",
-         json_array_size (list));
+  TAP_OK (TAP_C_EQ (r, 0) && TAP_C_EQ (json_array_size (list), 6),
+          "list has one entry per tag (%zu)", json_array_size (list));
   json_t *e = json_array_get (list, 0);
-  CHECK (json_is_string (json_object_get (e, "name"))
-             && json_is_string (json_object_get (e, "digest"))
-             && json_is_array (json_object_get (e, "layers"))
-             && json_integer_value (json_object_get (e, "size")) > 0
-             && json_integer_value (json_object_get (e, "created")) > 0,
-         "list entries carry name, digest, layers, size, created");
+  TAP_OK (json_is_string (json_object_get (e, "name"))
+              && json_is_string (json_object_get (e, "digest"))
+              && json_is_array (json_object_get (e, "layers"))
+              && TAP_C_GT (json_integer_value (json_object_get (e, "size")), 0)
+              && TAP_C_GT (json_integer_value (json_object_get (e, "created")), 0),
+          "list entries carry name, digest, layers, size, created");
   json_decref (list);
 }
 
@@ -523,23 +524,24 @@ test_hostile (struct wr_store *s, sqlite3 *db)
       wr_err_t err = { 0 };
       struct wr_image *img = NULL;
       int r = wr_image_import (s, "hostile:x", p, &img, &err);
-      CHECK (r < 0 && strcmp (err.code, WR_E_INVALID) == 0, "%s rejected: %s", rejected[i],
-             r < 0 ? err.msg : "IMPORTED");
+      TAP_OK (TAP_C_LT (r, 0) && TAP_C_EQ_STR (err.code, WR_E_INVALID), "%s rejected: %s",
+              rejected[i], r < 0 ? err.msg : "IMPORTED");
       if (r == 0)
         wr_image_free (img);
-      CHECK (count_entries (tmpdir) == 0 && count_entries (layersdir) == layers0
-                 && count_rows (db, "layers") == rows0 && count_rows (db, "tags") == tags0
-                 && count_rows (db, "images") == images0,
-             "%s: store unchanged", rejected[i]);
+      TAP_OK (TAP_C_EQ (count_entries (tmpdir), 0) && TAP_C_EQ (count_entries (layersdir), layers0)
+                  && TAP_C_EQ (count_rows (db, "layers"), rows0)
+                  && TAP_C_EQ (count_rows (db, "tags"), tags0)
+                  && TAP_C_EQ (count_rows (db, "images"), images0),
+              "%s: store unchanged", rejected[i]);
     }
-  CHECK (count_entries (sentinel) == 0, "nothing written through symlinks or absolute paths");
+  TAP_EQ (count_entries (sentinel), 0, "nothing written through symlinks or absolute paths");
   char esc[400];
   snprintf (esc, sizeof esc, "%s/escape", base);
-  CHECK (access (esc, F_OK) < 0, "no ../escape written");
+  TAP_LT_INT (access (esc, F_OK), 0, "no ../escape written");
   pfd = open ("/etc/passwd", O_RDONLY | O_CLOEXEC);
   wr_sha256_fd (pfd, passwd_after);
   close (pfd);
-  CHECK (strcmp (passwd_before, passwd_after) == 0, "/etc/passwd untouched");
+  TAP_EQ_STR (passwd_before, passwd_after, "/etc/passwd untouched");
 
   /* a directory entry over an earlier symlink replaces the symlink (as tar
    * does); it must never chmod the symlink's target */
@@ -550,9 +552,9 @@ test_hostile (struct wr_store *s, sqlite3 *db)
   wr_err_t serr;
   int sr = wr_image_import (s, "symdir", sd, NULL, &serr);
   stat ("/etc", &etc1);
-  CHECK (sr == 0 && etc0.st_mode == etc1.st_mode,
-         "directory entry replacing a symlink: imported, /etc mode untouched (%s)",
-         sr ? serr.msg : "ok");
+  TAP_OK (TAP_C_EQ (sr, 0) && TAP_C_EQ (etc0.st_mode, etc1.st_mode),
+          "directory entry replacing a symlink: imported, /etc mode untouched (%s)",
+          sr ? serr.msg : "ok");
   wr_image_remove (s, "symdir", NULL);
 
   /* device nodes and fifos: skipped and counted, the rest imported */
@@ -561,8 +563,8 @@ test_hostile (struct wr_store *s, sqlite3 *db)
   wr_err_t err;
   struct wr_image *img = NULL;
   int r = wr_image_import (s, "devices", p, &img, &err);
-  CHECK (r == 0 && img->skipped_special == 3, "device nodes and fifos skipped and counted (%s)",
-         r ? err.msg : "ok");
+  TAP_OK (TAP_C_EQ (r, 0) && TAP_C_EQ (img->skipped_special, 3),
+          "device nodes and fifos skipped and counted (%s)", r ? err.msg : "ok");
   if (r == 0)
     {
       const char *dir;
@@ -573,25 +575,27 @@ test_hostile (struct wr_store *s, sqlite3 *db)
           snprintf (q, sizeof q, "%s/dev/null", dir);
           bool no_dev = lstat (q, &st) < 0;
           snprintf (q, sizeof q, "%s/dev/keep", dir);
-          CHECK (no_dev && read_eq (q, "kept"), "device absent, regular file present");
+          TAP_OK (no_dev && read_eq (q, "kept"), "device absent, regular file present");
           wr_layer_release (s, img->layers[0]);
         }
       else
-        CHECK (false, "acquire device layer: %s", err.msg);
+        TAP_OK (false, "acquire device layer: %s", err.msg);
       wr_image_free (img);
     }
   r = wr_image_remove (s, "devices", &err);
-  CHECK (r == 0, "remove devices image");
+  TAP_EQ (r, 0, "remove devices image");
 
   /* not a file or directory */
   r = wr_image_import (s, "x", "/dev/null", &img, &err);
-  CHECK (r < 0 && strcmp (err.code, WR_E_INVALID) == 0, "character device source rejected");
+  TAP_OK (TAP_C_LT (r, 0) && TAP_C_EQ_STR (err.code, WR_E_INVALID),
+          "character device source rejected");
   r = wr_image_import (s, "x", "/nonexistent/path", &img, &err);
-  CHECK (r < 0 && strcmp (err.code, WR_E_NOT_FOUND) == 0, "missing source: not_found");
+  TAP_OK (TAP_C_LT (r, 0) && TAP_C_EQ_STR (err.code, WR_E_NOT_FOUND), "missing source: not_found");
   r = wr_image_import (s,
                        "x@sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
                        src, &img, &err);
-  CHECK (r < 0 && strcmp (err.code, WR_E_INVALID) == 0, "import to a digest ref rejected");
+  TAP_OK (TAP_C_LT (r, 0) && TAP_C_EQ_STR (err.code, WR_E_INVALID),
+          "import to a digest ref rejected");
 }
 
 /* ---- remove, gc ---- */
@@ -609,47 +613,49 @@ test_remove_gc (struct wr_store *s, sqlite3 *db)
 {
   wr_err_t err;
   /* the four fmt:* tags share one manifest */
-  CHECK (wr_image_remove (s, "fmt:v0", &err) == 0, "remove one tag");
+  TAP_EQ (wr_image_remove (s, "fmt:v0", &err), 0, "remove one tag");
   struct wr_image *img = NULL;
-  CHECK (wr_image_resolve (s, "fmt:v1", &img, &err) == 0 && layer_file_exists (tar_layer),
-         "other tags and the layer stay");
+  TAP_OK (TAP_C_EQ (wr_image_resolve (s, "fmt:v1", &img, &err), 0) && layer_file_exists (tar_layer),
+          "other tags and the layer stay");
   wr_image_free (img);
-  CHECK (wr_image_remove (s, "fmt:v0", &err) < 0 && strcmp (err.code, WR_E_NOT_FOUND) == 0,
-         "removing a missing tag: not_found");
+  TAP_OK (TAP_C_LT (wr_image_remove (s, "fmt:v0", &err), 0)
+              && TAP_C_EQ_STR (err.code, WR_E_NOT_FOUND),
+          "removing a missing tag: not_found");
 
   /* a layer in use survives the removal of its last image */
   const char *acq = NULL;
   char dir[600] = "/nonexistent"; /* acq is only valid until the release */
-  CHECK (wr_layer_acquire (s, tar_layer, &acq, &err) == 0, "acquire before removal");
+  TAP_EQ (wr_layer_acquire (s, tar_layer, &acq, &err), 0, "acquire before removal");
   if (acq)
     snprintf (dir, sizeof dir, "%s", acq);
-  CHECK (wr_image_remove (s, "fmt:v1", &err) == 0 && wr_image_remove (s, "fmt:v2", &err) == 0
-             && wr_image_remove (s, "fmt", &err) < 0,
-         "remove more tags");
+  TAP_OK (TAP_C_EQ (wr_image_remove (s, "fmt:v1", &err), 0)
+              && TAP_C_EQ (wr_image_remove (s, "fmt:v2", &err), 0)
+              && TAP_C_LT (wr_image_remove (s, "fmt", &err), 0),
+          "remove more tags");
   char digest[72];
-  CHECK (wr_image_resolve (s, "fmt:v3", &img, &err) == 0, "last tag resolves");
+  TAP_EQ (wr_image_resolve (s, "fmt:v3", &img, &err), 0, "last tag resolves");
   snprintf (digest, sizeof digest, "%s", img->digest);
   wr_image_free (img);
-  CHECK (wr_image_remove (s, digest, &err) == 0, "remove by manifest digest");
-  CHECK (wr_image_resolve (s, "fmt:v3", &img, &err) < 0, "its tags are gone");
-  CHECK (layer_file_exists (tar_layer) && mount_count (dir) == 1,
-         "acquired layer kept and still mounted");
+  TAP_EQ (wr_image_remove (s, digest, &err), 0, "remove by manifest digest");
+  TAP_LT_INT (wr_image_resolve (s, "fmt:v3", &img, &err), 0, "its tags are gone");
+  TAP_OK (layer_file_exists (tar_layer) && TAP_C_EQ (mount_count (dir), 1),
+          "acquired layer kept and still mounted");
   wr_layer_release (s, tar_layer);
-  CHECK (!layer_file_exists (tar_layer), "last release collects a removed image's layer");
-  CHECK (mount_count (dir) == 0, "and unmounts it");
-  CHECK (wr_store_gc (s, &err) == 0, "gc");
-  CHECK (layer_file_exists (dir_layer), "layers still referenced kept");
+  TAP_OK (!layer_file_exists (tar_layer), "last release collects a removed image's layer");
+  TAP_EQ (mount_count (dir), 0, "and unmounts it");
+  TAP_EQ (wr_store_gc (s, &err), 0, "gc");
+  TAP_OK (layer_file_exists (dir_layer), "layers still referenced kept");
 
   /* moving a tag to new content collects the old manifest and layer */
   int images0 = count_rows (db, "images");
   char p[400];
   snprintf (p, sizeof p, "%s/t.tar", base);
-  CHECK (wr_image_import (s, "tree:again", p, NULL, &err) == 0, "retag tree:again to the tar");
-  CHECK (count_rows (db, "images") == images0 + 1, "new manifest stored (%d)",
-         count_rows (db, "images"));
-  CHECK (wr_image_remove (s, "tree:again", &err) == 0 && count_rows (db, "images") == images0
-             && !layer_file_exists (tar_layer),
-         "removing it drops its manifest and layer");
+  TAP_EQ (wr_image_import (s, "tree:again", p, NULL, &err), 0, "retag tree:again to the tar");
+  TAP_EQ (count_rows (db, "images"), images0 + 1, "new manifest stored (%d)",
+          count_rows (db, "images"));
+  TAP_OK (TAP_C_EQ (wr_image_remove (s, "tree:again", &err), 0)
+              && TAP_C_EQ (count_rows (db, "images"), images0) && !layer_file_exists (tar_layer),
+          "removing it drops its manifest and layer");
 }
 
 /* ---- mounts: loop fallback, idmap ---- */
@@ -700,40 +706,42 @@ test_mount_variants (struct wr_store *s, sqlite3 *db)
     }
   int r = wr_store_open (root, db, userns, &s2, &err);
   close (userns);
-  CHECK (r == 0, "open store with a userns (%s)", r ? err.msg : "ok");
+  TAP_EQ (r, 0, "open store with a userns (%s)", r ? err.msg : "ok");
   if (r < 0)
     return;
   const char *dir;
   r = wr_layer_acquire (s2, dir_layer, &dir, &err);
-  CHECK (r == 0 && strstr (dir, "/mnt/idmap/") != NULL, "idmapped acquire (%s)", r ? err.msg : dir);
+  TAP_OK (TAP_C_EQ (r, 0) && TAP_C_HAS_STR (dir, "/mnt/idmap/"), "idmapped acquire (%s)",
+          r ? err.msg : dir);
   if (r == 0)
     {
       char p[600];
       struct stat st;
       snprintf (p, sizeof p, "%s/etc/greeting", dir);
-      CHECK (stat (p, &st) == 0 && st.st_uid == 100000 && read_eq (p, "hello\n"),
-             "root-owned file appears as host uid 100000 (%u)", (unsigned)st.st_uid);
+      TAP_OK (TAP_C_EQ (stat (p, &st), 0) && TAP_C_EQ (st.st_uid, 100000) && read_eq (p, "hello\n"),
+              "root-owned file appears as host uid 100000 (%u)", (unsigned)st.st_uid);
       snprintf (p, sizeof p, "%s/home/user/file", dir);
-      CHECK (stat (p, &st) == 0 && st.st_uid == 101000 && st.st_gid == 101000,
-             "uid 1000 appears as 101000");
+      TAP_OK (TAP_C_EQ (stat (p, &st), 0) && TAP_C_EQ (st.st_uid, 101000)
+                  && TAP_C_EQ (st.st_gid, 101000),
+              "uid 1000 appears as 101000");
       wr_layer_release (s2, dir_layer);
     }
   json_t *desc = NULL;
-  CHECK (wr_store_describe (s2, &desc, &err) == 0
-             && json_is_true (json_object_get (desc, "idmapped"))
-             && json_integer_value (json_object_get (desc, "mounted")) == 1,
-         "describe reports the mount");
+  TAP_OK (TAP_C_EQ (wr_store_describe (s2, &desc, &err), 0)
+              && json_is_true (json_object_get (desc, "idmapped"))
+              && TAP_C_EQ (json_integer_value (json_object_get (desc, "mounted")), 1),
+          "describe reports the mount");
   json_decref (desc);
   char mdir[400];
   snprintf (mdir, sizeof mdir, "%s/mnt/idmap/%s", root, dir_layer + 7);
   wr_store_close (s2);
-  CHECK (mount_count (mdir) == 0, "close unmounts everything");
+  TAP_EQ (mount_count (mdir), 0, "close unmounts everything");
 
   /* loop device fallback */
   r = wr_store_open (root, db, -1, &s2, &err);
   if (r < 0)
     {
-      CHECK (false, "reopen: %s", err.msg);
+      TAP_OK (false, "reopen: %s", err.msg);
       return;
     }
   wr_store_set_force_loop (s2, 1);
@@ -744,8 +752,8 @@ test_mount_variants (struct wr_store *s, sqlite3 *db)
     {
       char p[600];
       snprintf (p, sizeof p, "%s/etc/greeting", dir);
-      CHECK (r == 0 && read_eq (p, "hello\n"), "loop device fallback mount (%s)",
-             r ? err.msg : "ok");
+      TAP_OK (TAP_C_EQ (r, 0) && read_eq (p, "hello\n"), "loop device fallback mount (%s)",
+              r ? err.msg : "ok");
       if (r == 0)
         wr_layer_release (s2, dir_layer);
     }
@@ -767,12 +775,12 @@ test_recovery (sqlite3 *db)
 
   /* an image whose layer file vanished */
   struct wr_store *s = NULL;
-  CHECK (wr_store_open (root, db, -1, &s, &err) == 0, "open");
+  TAP_EQ (wr_store_open (root, db, -1, &s, &err), 0, "open");
   char q[400];
   snprintf (q, sizeof q, "%s/hostile/big.tar", base);
   struct wr_image *img = NULL;
   int r = wr_image_import (s, "doomed", q, &img, &err);
-  CHECK (r == 0, "import doomed");
+  TAP_EQ (r, 0, "import doomed");
   char lf[600];
   snprintf (lf, sizeof lf, "%s/layers/sha256/%s.erofs", root, r == 0 ? img->layers[0] + 7 : "x");
   wr_image_free (img);
@@ -781,26 +789,27 @@ test_recovery (sqlite3 *db)
   sh ("mkdir -p %s/tmp/import-dead2", root);
 
   r = wr_store_open (root, db, -1, &s, &err);
-  CHECK (r == 0, "reopen after simulated crash (%s)", r ? err.msg : "ok");
+  TAP_EQ (r, 0, "reopen after simulated crash (%s)", r ? err.msg : "ok");
   if (r < 0)
     return;
   char tmp[400];
   snprintf (tmp, sizeof tmp, "%s/tmp", root);
-  CHECK (count_entries (tmp) == 0, "ROOT/tmp emptied");
-  CHECK (access (p, F_OK) < 0, "orphan layer file removed");
-  CHECK (wr_image_resolve (s, "doomed", &img, &err) < 0 && strcmp (err.code, WR_E_NOT_FOUND) == 0,
-         "image with a missing layer dropped");
-  CHECK (count_rows (db, "layers") == layers_rows, "missing layer's row dropped");
+  TAP_EQ (count_entries (tmp), 0, "ROOT/tmp emptied");
+  TAP_LT_INT (access (p, F_OK), 0, "orphan layer file removed");
+  TAP_OK (TAP_C_LT (wr_image_resolve (s, "doomed", &img, &err), 0)
+              && TAP_C_EQ_STR (err.code, WR_E_NOT_FOUND),
+          "image with a missing layer dropped");
+  TAP_EQ (count_rows (db, "layers"), layers_rows, "missing layer's row dropped");
   json_t *d = NULL;
   wr_store_describe (s, &d, &err);
   json_t *rec = json_object_get (d, "recovered");
-  CHECK (json_integer_value (json_object_get (rec, "tmp_entries")) == 1
-             && json_integer_value (json_object_get (rec, "orphan_layers")) == 0
-             && json_integer_value (json_object_get (rec, "missing_layers")) == 1
-             && json_integer_value (json_object_get (rec, "dropped_images")) == 1,
-         "recovery counted");
+  TAP_OK (TAP_C_EQ (json_integer_value (json_object_get (rec, "tmp_entries")), 1)
+              && TAP_C_EQ (json_integer_value (json_object_get (rec, "orphan_layers")), 0)
+              && TAP_C_EQ (json_integer_value (json_object_get (rec, "missing_layers")), 1)
+              && TAP_C_EQ (json_integer_value (json_object_get (rec, "dropped_images")), 1),
+          "recovery counted");
   json_decref (d);
-  CHECK (wr_image_resolve (s, "tree", &img, &err) == 0, "healthy images survive recovery");
+  TAP_EQ (wr_image_resolve (s, "tree", &img, &err), 0, "healthy images survive recovery");
   wr_image_free (img);
   wr_store_close (s);
 
@@ -820,14 +829,15 @@ test_recovery (sqlite3 *db)
   kill (pid, SIGKILL);
   waitpid (pid, NULL, 0);
   r = wr_store_open (root, db, -1, &s, &err);
-  CHECK (r == 0 && count_entries (tmp) == 0, "store consistent after kill -9 mid-import");
+  TAP_OK (TAP_C_EQ (r, 0) && TAP_C_EQ (count_entries (tmp), 0),
+          "store consistent after kill -9 mid-import");
   if (r == 0)
     {
       /* every row has its file, every file its row */
       char ld[400];
       snprintf (ld, sizeof ld, "%s/layers/sha256", root);
-      CHECK (count_entries (ld) == count_rows (db, "layers"), "layer files match rows (%d/%d)",
-             count_entries (ld), count_rows (db, "layers"));
+      TAP_EQ (count_entries (ld), count_rows (db, "layers"), "layer files match rows (%d/%d)",
+              count_entries (ld), count_rows (db, "layers"));
       wr_image_remove (s, "killed", NULL);
       wr_store_close (s);
     }
@@ -859,7 +869,7 @@ test_threads (sqlite3 *db)
   struct wr_store *s;
   if (wr_store_open (root, db, -1, &s, &err) < 0)
     {
-      CHECK (false, "open: %s", err.msg);
+      TAP_OK (false, "open: %s", err.msg);
       return;
     }
   char p[400];
@@ -884,8 +894,8 @@ test_threads (sqlite3 *db)
       lookups++;
       usleep (1000);
     }
-  CHECK (im.r == 0 && bad == 0 && lookups > 0,
-         "imports in a thread while the main thread reads (%d lookups)", lookups);
+  TAP_OK (TAP_C_EQ (im.r, 0) && TAP_C_EQ (bad, 0) && TAP_C_GT (lookups, 0),
+          "imports in a thread while the main thread reads (%d lookups)", lookups);
   wr_image_remove (s, "threaded", NULL);
   wr_store_close (s);
 }
@@ -910,7 +920,7 @@ test_disk_full (void)
   char sroot[500];
   snprintf (sroot, sizeof sroot, "%s/root", small);
   int r = wr_store_open (sroot, db, -1, &s, &err);
-  CHECK (r == 0, "store on a 1 MiB tmpfs (in-memory db)");
+  TAP_EQ (r, 0, "store on a 1 MiB tmpfs (in-memory db)");
   if (r == 0)
     {
       char big[500];
@@ -919,14 +929,15 @@ test_disk_full (void)
           big, big, big, base);
       snprintf (big, sizeof big, "%s/big2.tar", base);
       r = wr_image_import (s, "big", big, NULL, &err);
-      CHECK (r < 0 && strcmp (err.code, WR_E_EXHAUSTED) == 0 && err.errnum == ENOSPC,
-             "disk full: resource_exhausted (%s)", r < 0 ? err.msg : "imported?");
+      TAP_OK (TAP_C_LT (r, 0) && TAP_C_EQ_STR (err.code, WR_E_EXHAUSTED)
+                  && TAP_C_EQ (err.errnum, ENOSPC),
+              "disk full: resource_exhausted (%s)", r < 0 ? err.msg : "imported?");
       char t[600];
       snprintf (t, sizeof t, "%s/tmp", sroot);
-      CHECK (count_entries (t) == 0, "nothing left after disk full");
+      TAP_EQ (count_entries (t), 0, "nothing left after disk full");
       /* a small import still works afterwards */
       r = wr_image_import (s, "small", src, NULL, &err);
-      CHECK (r == 0, "store usable after disk full (%s)", r ? err.msg : "ok");
+      TAP_EQ (r, 0, "store usable after disk full (%s)", r ? err.msg : "ok");
       wr_store_close (s);
     }
   sqlite3_close (db);
@@ -943,18 +954,18 @@ test_busybox (void)
       TAP_SKIP ("scripts/mk-busybox-rootfs.sh or busybox-static missing", "busybox image");
       return;
     }
-  CHECK (sh ("scripts/mk-busybox-rootfs.sh %s", bb) == 0, "build the busybox rootfs");
+  TAP_EQ (sh ("scripts/mk-busybox-rootfs.sh %s", bb), 0, "build the busybox rootfs");
   sqlite3 *db = open_db ();
   struct wr_store *s;
   wr_err_t err;
   if (wr_store_open (root, db, -1, &s, &err) < 0)
     {
-      CHECK (false, "open: %s", err.msg);
+      TAP_OK (false, "open: %s", err.msg);
       return;
     }
   struct wr_image *img = NULL;
   int r = wr_image_import (s, "busybox:latest", bb, &img, &err);
-  CHECK (r == 0, "import busybox:latest (%s)", r ? err.msg : "ok");
+  TAP_EQ (r, 0, "import busybox:latest (%s)", r ? err.msg : "ok");
   if (r == 0)
     {
       const char *dir;
@@ -965,12 +976,12 @@ test_busybox (void)
           snprintf (p, sizeof p, "%s/bin/sh", dir);
           bool link_ok = readlink (p, t, sizeof t - 1) > 0 && strcmp (t, "/bin/busybox") == 0;
           snprintf (p, sizeof p, "%s/tmp", dir);
-          CHECK (link_ok && stat (p, &st) == 0 && (st.st_mode & 07777) == 01777,
-                 "busybox layer has /bin/sh and a 1777 /tmp");
+          TAP_OK (link_ok && TAP_C_EQ (stat (p, &st), 0) && TAP_C_EQ ((st.st_mode & 07777), 01777),
+                  "busybox layer has /bin/sh and a 1777 /tmp");
           wr_layer_release (s, img->layers[0]);
         }
       else
-        CHECK (false, "acquire busybox: %s", err.msg);
+        TAP_OK (false, "acquire busybox: %s", err.msg);
       wr_image_free (img);
     }
   wr_store_close (s);
@@ -984,21 +995,21 @@ test_limits (struct wr_store *s, sqlite3 *db)
 {
   struct wr_store_limits dflt, l;
   wr_store_get_limits (s, &dflt);
-  CHECK (dflt.layer_bytes == 8ull << 30 && dflt.image_bytes == 32ull << 30
-             && dflt.entries == 1000000 && dflt.ratio == 100 && !dflt.private_redirects,
-         "default limits: 8 GiB a layer, 32 GiB an image, 1e6 entries, ratio 100");
+  TAP_OK (TAP_C_EQ (dflt.layer_bytes, 8ull << 30) && TAP_C_EQ (dflt.image_bytes, 32ull << 30)
+              && TAP_C_EQ (dflt.entries, 1000000) && TAP_C_EQ (dflt.ratio, 100)
+              && !dflt.private_redirects,
+          "default limits: 8 GiB a layer, 32 GiB an image, 1e6 entries, ratio 100");
   char d[400], tmp[400], layers[400];
   snprintf (d, sizeof d, "%s/lim", base);
   snprintf (tmp, sizeof tmp, "%s/tmp", root);
   snprintf (layers, sizeof layers, "%s/layers/sha256", root);
-  CHECK (sh ("set -e; d=%s; rm -rf $d; mkdir -p $d/big $d/ok $d/many $d/sp;"
-             " head -c 2097152 /dev/urandom > $d/big/f; head -c 524288 /dev/urandom > $d/ok/f;"
-             " for i in $(seq 100); do : > $d/many/$i; done; truncate -s 1G $d/sp/f;"
-             " for t in big ok many; do tar -C $d/$t -cf $d/$t.tar .; done;"
-             " tar -S -C $d/sp -cf $d/sp.tar .",
-             d)
-             == 0,
-         "made the limit tarballs");
+  TAP_EQ (sh ("set -e; d=%s; rm -rf $d; mkdir -p $d/big $d/ok $d/many $d/sp;"
+              " head -c 2097152 /dev/urandom > $d/big/f; head -c 524288 /dev/urandom > $d/ok/f;"
+              " for i in $(seq 100); do : > $d/many/$i; done; truncate -s 1G $d/sp/f;"
+              " for t in big ok many; do tar -C $d/$t -cf $d/$t.tar .; done;"
+              " tar -S -C $d/sp -cf $d/sp.tar .",
+              d),
+          0, "made the limit tarballs");
   int nlayers = count_entries (layers), rows = count_rows (db, "layers");
   l = dflt;
   l.layer_bytes = 1 << 20;
@@ -1018,21 +1029,22 @@ test_limits (struct wr_store *s, sqlite3 *db)
       snprintf (p, sizeof p, "%s/%s.tar", d, cases[i].tar);
       wr_err_t err;
       int r = wr_image_import (s, "lim:1", p, NULL, &err);
-      CHECK (r < 0 && strcmp (err.code, WR_E_TOO_LARGE) == 0 && strstr (err.msg, cases[i].msg),
-             "%s.tar refused (%s)", cases[i].tar, r < 0 ? err.msg : "accepted");
+      TAP_OK (TAP_C_LT (r, 0) && TAP_C_EQ_STR (err.code, WR_E_TOO_LARGE)
+                  && TAP_C_HAS_STR (err.msg, cases[i].msg),
+              "%s.tar refused (%s)", cases[i].tar, r < 0 ? err.msg : "accepted");
     }
-  CHECK (count_entries (tmp) == 0 && count_entries (layers) == nlayers
-             && count_rows (db, "layers") == rows,
-         "nothing left in ROOT/tmp or ROOT/layers");
+  TAP_OK (TAP_C_EQ (count_entries (tmp), 0) && TAP_C_EQ (count_entries (layers), nlayers)
+              && TAP_C_EQ (count_rows (db, "layers"), rows),
+          "nothing left in ROOT/tmp or ROOT/layers");
   char p[500];
   snprintf (p, sizeof p, "%s/ok.tar", d);
   wr_err_t err;
   int r = wr_image_import (s, "lim:1", p, NULL, &err);
-  CHECK (r == 0, "a layer under the limits is fine (%s)", r ? err.msg : "ok");
+  TAP_EQ (r, 0, "a layer under the limits is fine (%s)", r ? err.msg : "ok");
   wr_store_set_limits (s, &dflt);
   snprintf (p, sizeof p, "%s/many.tar", d);
   r = wr_image_import (s, "lim:2", p, NULL, &err);
-  CHECK (r == 0, "limits can be raised again (%s)", r ? err.msg : "ok");
+  TAP_EQ (r, 0, "limits can be raised again (%s)", r ? err.msg : "ok");
   wr_image_remove (s, "lim:1", NULL);
   wr_image_remove (s, "lim:2", NULL);
 }
@@ -1064,7 +1076,7 @@ main (void)
   struct wr_store *s = NULL;
   wr_err_t err;
   int r = wr_store_open (root, db, -1, &s, &err);
-  CHECK (r == 0, "open store (%s)", r ? err.msg : "ok");
+  TAP_EQ (r, 0, "open store (%s)", r ? err.msg : "ok");
   if (r == 0)
     {
       test_import_formats (s);

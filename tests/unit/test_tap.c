@@ -31,11 +31,7 @@ capture (void (*fn) (void))
       _exit (TAP_DONE ());
     }
   close (p[1]);
-  size_t n = 0;
-  ssize_t r;
-  while (n < sizeof out - 1 && (r = read (p[0], out + n, sizeof out - 1 - n)) > 0)
-    n += (size_t)r;
-  out[n] = '\0';
+  tap_read_all (p[0], out, sizeof out);
   close (p[0]);
   int st;
   if (waitpid (pid, &st, 0) < 0 || !WIFEXITED (st))
@@ -58,6 +54,7 @@ failing (void)
   TAP_EQ (got_size, (size_t)9, "generic uint");
   TAP_NE ("same", "same", "generic str");
   TAP_OK (got_count == 0, "plain");
+  TAP_OK (got_count > 0 && TAP_C_EQ (got_count, 40) && TAP_C_EQ_STR (name, "x"), "clauses");
 }
 
 static void
@@ -72,6 +69,8 @@ passing (void)
   TAP_EQ_MEM ("ab", 2, "ab", 2, "mem");
   TAP_EQ ("x", "x", "generic str");
   TAP_EQ (three, 3, "generic int");
+  TAP_OK (TAP_C_EQ (three, 4) || TAP_C_EQ (three, 3), "a failed clause rescued by ||");
+  TAP_OK ((three = 7) == 7, "the condition runs before the description: %d", three);
   TAP_SKIP ("no reason", "skipped");
 }
 
@@ -102,15 +101,20 @@ main (void)
   TAP_OK (has ("#     got:  7\n#     want: 9\n"), "TAP_EQ picks the unsigned compare for size_t");
   TAP_OK (has ("#     want: != \"same\"\n"), "TAP_NE picks the string compare for strings");
   TAP_OK (has ("failed at ") && has (": got_count == 0\n"), "TAP_OK prints the condition");
-  TAP_OK (has ("1..9\n") && !has ("\nok "), "all nine fail, the plan counts them");
+  TAP_OK (has ("not ok 10 - clauses\n#   failed at ")
+              && has ("#   got_count == 40\n#     got:  41\n#     want: 40\n")
+              && !has ("name == \"x\""),
+          "a failed clause prints its operands, later clauses are short-circuited");
+  TAP_OK (has ("1..10\n") && !has ("\nok "), "all ten fail, the plan counts them");
   if (tap_failed)
     TAP_DIAG ("the failing child printed: %s", out);
 
   rc = capture (passing);
   TAP_EQ_INT (rc, 0, "a passing test exits 0");
-  TAP_OK (has ("ok 9 - skipped # SKIP no reason\n") && has ("1..9\n") && !has ("not ok")
+  TAP_OK (has ("ok 10 - the condition runs before the description: 7\n")
+              && has ("ok 11 - skipped # SKIP no reason\n") && has ("1..11\n") && !has ("not ok")
               && !has ("#   failed"),
-          "passing assertions print only ok lines");
+          "passing assertions (and a clause rescued by ||) print only ok lines");
   if (tap_failed)
     TAP_DIAG ("the passing child printed: %s", out);
   return TAP_DONE ();
