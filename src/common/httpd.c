@@ -430,7 +430,8 @@ wr_httpd_new (struct event_base *base, const struct wr_httpd_config *cfg, struct
   evhttp_set_max_body_size (h->http, h->cfg.max_body);
   evhttp_set_max_headers_size (h->http, WR_HTTPD_HEADER_MAX);
   evhttp_set_allowed_methods (h->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_PUT
-                                           | EVHTTP_REQ_DELETE | EVHTTP_REQ_HEAD);
+                                           | EVHTTP_REQ_DELETE | EVHTTP_REQ_HEAD
+                                           | EVHTTP_REQ_PATCH);
   /* a backstop against dead peers; idleness is the guard's business */
   evhttp_set_timeout (h->http, 3600);
   evhttp_set_bevcb (h->http, bev_cb, h);

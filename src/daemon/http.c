@@ -1295,7 +1295,7 @@ http_new_unix (struct wrd *d)
   evhttp_set_max_body_size (h, FILE_BODY_MAX + 4096);
   evhttp_set_max_headers_size (h, 64 * 1024);
   evhttp_set_allowed_methods (h, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_PUT
-                                     | EVHTTP_REQ_DELETE | EVHTTP_REQ_HEAD);
+                                     | EVHTTP_REQ_DELETE | EVHTTP_REQ_HEAD | EVHTTP_REQ_PATCH);
   evhttp_set_timeout (h, 3600); /* a backstop against dead peers */
   return h;
 }

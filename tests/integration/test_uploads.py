@@ -173,6 +173,11 @@ def test_resume_after_wrong_offset(tcp):
     st, j, _ = req(tcp, "PUT", f"/v1/uploads/{uid}", b"b" * 50,
                    headers={"Content-Range": "bytes 100-149/*"})
     assert st == 202 and j["size"] == 150, j
+    # PATCH is the method of record (PUT its synonym), over TCP and the unix socket
+    st, j, _ = req(tcp, "PATCH", f"/v1/uploads/{uid}?offset=150", b"p" * 10)
+    assert st == 202 and j["size"] == 160, j
+    r = tcp.api.raw("PATCH", f"/v1/uploads/{uid}", b"u" * 5, headers={"Content-Range": "160-164"})
+    assert r.status == 202 and r.json()["size"] == 165, r
     # a chunk without an offset, or whose range does not match its body
     st, j, _ = req(tcp, "PUT", f"/v1/uploads/{uid}", b"c")
     assert st == 400, j
