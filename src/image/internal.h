@@ -118,6 +118,8 @@ int wr_unpack (int src, int root_dfd, int out_fd, unsigned flags,
  * idmapped read-only clone of the tree: ids 0-65535 as themselves, no host
  * privilege (needs a file system with idmapped mounts). */
 int wr_unpack_mkfs (int tree_dfd, int out_fd, wr_err_t *err);
+/* the error code a helper reported, if it is one of ours, else internal */
+const char *wr_unpack_code (const char *code);
 /* first host uid (and gid) of the helper's 65536 ids */
 uint32_t wr_unpack_uid_base (void);
 

@@ -13,13 +13,22 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
+#include <linux/netlink.h>
+#include <limits.h>
 #include <pthread.h>
+#include <sched.h>
+#include <seccomp.h>
+#include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include <sys/wait.h>
 
+#include "../backend/jail.h"
 #include "../common/util.h"
 #include "internal.h"
 #include "sha256.h"
@@ -657,25 +666,197 @@ get_manifest (const struct rref *r, const char *ref, const char *want_digest, js
   return 0;
 }
 
-/* ---- parallel layer fetch ---- */
+/* ---- the fetcher ----
+ *
+ * Everything that talks to the registry (HTTP, redirects, manifests,
+ * indexes, the config and the blobs) runs in the fetcher: a helper forked
+ * from the daemon that enters new mount, pid, IPC and UTS namespaces (not
+ * network: it needs the host's), pivots into a root holding only /usr, the
+ * resolver's files and its staging directory, drops to the unpack helper's
+ * uid with no capabilities and no_new_privs, and runs under a seccomp
+ * allow-list whose sockets are AF_INET/AF_INET6 (and a NETLINK_ROUTE one
+ * for the host's own addresses). It writes "config" and "layer-N" into the
+ * staging directory and reports over a socket; the daemon checks what it
+ * is told, re-hashes every file it takes and only then commits. */
+
+/* what the fetcher reports: untrusted */
+struct fetch_status
+{
+  int32_t r, errnum;
+  char code[32];
+  char msg[512];
+};
+
+struct fetch_meta
+{
+  struct fetch_status st;
+  char config[72];
+  uint32_t n;
+  struct
+  {
+    char digest[72];
+    int64_t size;
+  } layers[WR_MAX_LAYERS];
+};
+
+/* the daemon's answer: which layers to fetch (the others are stored) */
+struct fetch_plan
+{
+  uint8_t fetch[WR_MAX_LAYERS];
+};
+
+/* progress (done 0) and the end (done 1) */
+struct fetch_note
+{
+  uint32_t done;
+  uint64_t bytes;
+  struct fetch_status st;
+};
+
+struct fetcher
+{
+  struct rref r;
+  int dirfd; /* the staging directory */
+  int sock;  /* to the daemon */
+};
+
+static int
+send_all (int sock, const void *buf, size_t len)
+{
+  const char *p = buf;
+  while (len > 0)
+    {
+      ssize_t n = send (sock, p, len, MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n < 0)
+        return -errno;
+      p += n;
+      len -= (size_t)n;
+    }
+  return 0;
+}
+
+static void
+status_set (struct fetch_status *st, int r, const wr_err_t *err)
+{
+  memset (st, 0, sizeof *st);
+  st->r = r < 0 ? -1 : 0;
+  if (r < 0 && err)
+    {
+      st->errnum = err->errnum;
+      snprintf (st->code, sizeof st->code, "%s", err->code ? err->code : WR_E_INTERNAL);
+      snprintf (st->msg, sizeof st->msg, "%s", err->msg);
+    }
+}
+
+static bool
+digest_ok (const char *d)
+{
+  if (d == NULL || strncmp (d, "sha256:", 7) != 0 || strlen (d) != 71)
+    return false;
+  for (const char *c = d + 7; *c; c++)
+    if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f')))
+      return false;
+  return true;
+}
+
+/* fetcher: the manifest (through indexes), its layer list and its config,
+ * written to "config" */
+static int
+fetch_meta (struct fetcher *f, struct fetch_meta *ret, wr_err_t *err)
+{
+  const struct rref *r = &f->r;
+  _cleanup_ (json_decrefp) json_t *m = NULL;
+  _cleanup_free_ char *mt = NULL;
+  int e = get_manifest (r, r->digest[0] ? r->digest : r->tag, r->digest, &m, &mt, err);
+  if (e < 0)
+    return e;
+  for (int depth = 0; json_is_array (json_object_get (m, "manifests")); depth++)
+    {
+      if (depth > 2)
+        return wr_error (err, 0, WR_E_INVALID, "image indexes nested too deep");
+      json_t *pick = NULL;
+      size_t i;
+      json_t *d;
+      json_array_foreach (json_object_get (m, "manifests"), i, d)
+      {
+        json_t *pl = json_object_get (d, "platform");
+        const char *os = json_string_value (json_object_get (pl, "os"));
+        const char *arch = json_string_value (json_object_get (pl, "architecture"));
+        if (pick == NULL
+            && (pl == NULL
+                || ((!os || !strcmp (os, "linux")) && (!arch || !strcmp (arch, WR_OCI_ARCH)))))
+          pick = d;
+      }
+      const char *dg = json_string_value (json_object_get (pick, "digest"));
+      if (!digest_ok (dg))
+        return wr_error (err, 0, WR_E_NOT_FOUND, "no linux/%s image in the index", WR_OCI_ARCH);
+      char dgc[72];
+      snprintf (dgc, sizeof dgc, "%s", dg);
+      json_t *next = NULL;
+      free (mt);
+      mt = NULL;
+      e = get_manifest (r, dgc, dgc, &next, &mt, err);
+      if (e < 0)
+        return e;
+      json_decref (m);
+      m = next;
+    }
+  json_t *layers = json_object_get (m, "layers");
+  size_t n = json_array_size (layers);
+  if (!json_is_array (layers) || n == 0)
+    return wr_error (err, 0, WR_E_INVALID,
+                     "registry manifest has no usable layer list (schema 1 is not supported)");
+  e = wr_layers_check (n, "the registry manifest", err);
+  if (e < 0)
+    return e;
+  const char *cdg = json_string_value (json_object_get (json_object_get (m, "config"), "digest"));
+  if (!digest_ok (cdg))
+    return wr_error (err, 0, WR_E_INVALID, "registry manifest has no config digest");
+  snprintf (ret->config, sizeof ret->config, "%s", cdg);
+  ret->n = (uint32_t)n;
+  for (size_t i = 0; i < n; i++)
+    {
+      json_t *l = json_array_get (layers, i);
+      const char *dg = json_string_value (json_object_get (l, "digest"));
+      json_t *szv = json_object_get (l, "size");
+      if (!digest_ok (dg))
+        return wr_error (err, 0, WR_E_INVALID, "layer %zu has an invalid digest", i + 1);
+      if (!json_is_integer (szv) || json_integer_value (szv) <= 0)
+        return wr_error (err, 0, WR_E_INVALID, "layer %zu has no size in the manifest", i + 1);
+      snprintf (ret->layers[i].digest, sizeof ret->layers[i].digest, "%s", dg);
+      ret->layers[i].size = json_integer_value (szv);
+    }
+
+  /* the config, to a file the daemon reads (and hashes) itself */
+  char path[1024];
+  snprintf (path, sizeof path, "/v2/%s/blobs/%s", r->repo, cdg);
+  _cleanup_close_ int fd
+      = openat (f->dirfd, "config", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0)
+    return wr_sys_error (err, "create the config file");
+  struct wr_sha256 h;
+  wr_sha256_init (&h);
+  struct sink k = { .fd = fd, .max = MAX_MANIFEST, .hash = &h, .what = "config", .blob = true };
+  struct resp rp;
+  e = http_get (r, path, NULL, &k, &rp, err);
+  if (e < 0)
+    return wr_error_wrap (err, "config");
+  return check_digest (&h, cdg, "config", err);
+}
 
 struct pull
 {
   const struct rref *r;
-  struct wr_store *s;
-  json_t *layers;
-  size_t n;
-  int *fds;
-  const char **blobs;
-  char workdir[4096];
+  const struct fetch_meta *meta;
+  const struct fetch_plan *plan;
+  int dirfd, sock;
   pthread_mutex_t lock;
   size_t next;
   bool failed;
   wr_err_t err;
-  uint64_t done, total;
-  wr_progress_fn progress;
-  void *ud;
-  uint64_t last_report;
+  uint64_t done, last_report;
 };
 
 static void
@@ -684,10 +865,11 @@ pull_tick (void *ud, size_t n)
   struct pull *p = ud;
   pthread_mutex_lock (&p->lock);
   p->done += n;
-  if (p->progress && (p->done - p->last_report >= (1u << 20) || p->done == p->total))
+  if (p->done - p->last_report >= (1u << 20))
     {
       p->last_report = p->done;
-      p->progress (p->ud, "download", p->done, p->total);
+      struct fetch_note note = { .bytes = p->done };
+      send_all (p->sock, &note, sizeof note);
     }
   pthread_mutex_unlock (&p->lock);
 }
@@ -695,13 +877,13 @@ pull_tick (void *ud, size_t n)
 static int
 fetch_blob (struct pull *p, size_t i, wr_err_t *err)
 {
-  const char *digest = p->blobs[i];
-  char file[4200];
-  snprintf (file, sizeof file, "%s/%zu", p->workdir, i);
-  int fd = open (file, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  const char *digest = p->meta->layers[i].digest;
+  char name[32];
+  snprintf (name, sizeof name, "layer-%zu", i);
+  _cleanup_close_ int fd
+      = openat (p->dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0)
-    return wr_sys_error (err, "create %s", file);
-  p->fds[i] = fd;
+    return wr_sys_error (err, "create %s", name);
   char path[1024];
   snprintf (path, sizeof path, "/v2/%s/blobs/%s", p->r->repo, digest);
   struct wr_sha256 h;
@@ -709,7 +891,7 @@ fetch_blob (struct pull *p, size_t i, wr_err_t *err)
   char what[64];
   snprintf (what, sizeof what, "layer %zu", i + 1);
   /* never more than the manifest declares (checked against the limits) */
-  json_int_t want = json_integer_value (json_object_get (json_array_get (p->layers, i), "size"));
+  int64_t want = p->meta->layers[i].size;
   struct sink k = { .fd = fd,
                     .max = (size_t)want,
                     .hash = &h,
@@ -735,12 +917,10 @@ pull_worker (void *arg)
     {
       pthread_mutex_lock (&p->lock);
       size_t i = p->next;
-      while (i < p->n && p->fds[i] != -1)
+      while (i < p->meta->n && !p->plan->fetch[i])
         i++;
       p->next = i + 1;
-      bool stop = p->failed || i >= p->n;
-      if (!stop)
-        p->fds[i] = -3; /* claimed */
+      bool stop = p->failed || i >= p->meta->n;
       pthread_mutex_unlock (&p->lock);
       if (stop)
         return NULL;
@@ -759,145 +939,29 @@ pull_worker (void *arg)
     }
 }
 
-int
-wr_image_pull (struct wr_store *s, const char *refstr, const char *name, bool insecure,
-               wr_progress_fn progress, void *ud, struct wr_image **ret, wr_err_t *err)
+/* The fetcher's whole conversation with the daemon. */
+static void *
+fetcher_main (void *arg)
 {
-  struct rref r;
-  int e = rref_parse (refstr, &r, err);
-  if (e < 0)
-    return e;
-  if (!insecure)
-    return wr_error (err, 0, WR_E_UNSUPPORTED,
-                     "pulls use plain HTTP (TLS is not built in): set \"insecure\" for a "
-                     "registry you trust on this network");
-  char target[512];
-  if (name && name[0])
-    snprintf (target, sizeof target, "%s", name);
-  else
-    snprintf (target, sizeof target, "%s:%s", r.repo, r.tag[0] ? r.tag : "latest");
-  if (!wr_ref_valid (target) || strchr (target, '@'))
-    return wr_error (err, 0, WR_E_INVALID, "invalid local image name '%.300s'", target);
-
-  struct wr_store_limits lim;
-  wr_store_get_limits (s, &lim);
-  r.private_ok = lim.private_redirects;
-  r.local_ok = host_is_loopback (r.host, r.port);
-  if (progress)
-    progress (ud, "manifest", 0, 1);
-  _cleanup_ (json_decrefp) json_t *m = NULL;
-  _cleanup_free_ char *mt = NULL;
-  e = get_manifest (&r, r.digest[0] ? r.digest : r.tag, r.digest, &m, &mt, err);
-  if (e < 0)
-    return e;
-  for (int depth = 0; json_is_array (json_object_get (m, "manifests")); depth++)
+  struct fetcher *f = arg;
+  struct fetch_meta *meta = calloc (1, sizeof *meta);
+  if (meta == NULL)
+    return NULL;
+  wr_err_t err = { 0 };
+  int r = fetch_meta (f, meta, &err);
+  status_set (&meta->st, r, &err);
+  struct fetch_plan plan;
+  if (send_all (f->sock, meta, sizeof *meta) < 0 || r < 0
+      || wr_read_all (f->sock, &plan, sizeof plan) != (ssize_t)sizeof plan)
     {
-      if (depth > 2)
-        return wr_error (err, 0, WR_E_INVALID, "image indexes nested too deep");
-      json_t *pick = NULL;
-      size_t i;
-      json_t *d;
-      json_array_foreach (json_object_get (m, "manifests"), i, d)
-      {
-        json_t *pl = json_object_get (d, "platform");
-        const char *os = json_string_value (json_object_get (pl, "os"));
-        const char *arch = json_string_value (json_object_get (pl, "architecture"));
-        if (pick == NULL
-            && (pl == NULL
-                || ((!os || !strcmp (os, "linux")) && (!arch || !strcmp (arch, WR_OCI_ARCH)))))
-          pick = d;
-      }
-      const char *dg = json_string_value (json_object_get (pick, "digest"));
-      if (dg == NULL || strncmp (dg, "sha256:", 7) != 0 || strlen (dg) != 71)
-        return wr_error (err, 0, WR_E_NOT_FOUND, "no linux/%s image in the index", WR_OCI_ARCH);
-      char dgc[72];
-      snprintf (dgc, sizeof dgc, "%s", dg);
-      json_t *next = NULL;
-      free (mt);
-      mt = NULL;
-      e = get_manifest (&r, dgc, dgc, &next, &mt, err);
-      if (e < 0)
-        return e;
-      json_decref (m);
-      m = next;
+      free (meta);
+      return NULL;
     }
-  json_t *layers = json_object_get (m, "layers");
-  size_t n = json_array_size (layers);
-  if (!json_is_array (layers) || n == 0)
-    return wr_error (err, 0, WR_E_INVALID,
-                     "registry manifest has no usable layer list (schema 1 is not supported)");
-  e = wr_layers_check (n, "the registry manifest", err);
-  if (e < 0)
-    return e;
-  const char *cdg = json_string_value (json_object_get (json_object_get (m, "config"), "digest"));
-  if (cdg == NULL || strncmp (cdg, "sha256:", 7) != 0 || strlen (cdg) != 71)
-    return wr_error (err, 0, WR_E_INVALID, "registry manifest has no config digest");
-
-  /* config */
-  _cleanup_ (json_decrefp) json_t *config = NULL;
-  {
-    char path[1024];
-    snprintf (path, sizeof path, "/v2/%s/blobs/%s", r.repo, cdg);
-    struct wr_sha256 h;
-    wr_sha256_init (&h);
-    struct sink k = { .fd = -1, .max = MAX_MANIFEST, .hash = &h, .what = "config", .blob = true };
-    struct resp rp;
-    e = http_get (&r, path, NULL, &k, &rp, err);
-    _cleanup_free_ char *buf = k.buf;
-    if (e < 0)
-      return wr_error_wrap (err, "config");
-    e = check_digest (&h, cdg, "config", err);
-    if (e < 0)
-      return e;
-    json_error_t jerr;
-    config = json_loadb (buf ? buf : "", k.len, 0, &jerr);
-    if (config == NULL)
-      return wr_error (err, 0, WR_E_INVALID, "image config is not JSON: %s", jerr.text);
-  }
-
-  /* layers: skip the ones already stored, fetch the rest in parallel */
-  struct pull p = { .r = &r, .s = s, .layers = layers, .n = n, .progress = progress, .ud = ud };
-  int fds[WR_MAX_LAYERS];
-  const char *blobs[WR_MAX_LAYERS];
-  p.fds = fds;
-  p.blobs = blobs;
-  size_t todo = 0;
-  for (size_t i = 0; i < n; i++)
-    {
-      json_t *l = json_array_get (layers, i);
-      blobs[i] = json_string_value (json_object_get (l, "digest"));
-      if (blobs[i] == NULL || strncmp (blobs[i], "sha256:", 7) != 0 || strlen (blobs[i]) != 71)
-        return wr_error (err, 0, WR_E_INVALID, "layer %zu has an invalid digest", i + 1);
-      for (const char *c = blobs[i] + 7; *c; c++)
-        if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f')))
-          return wr_error (err, 0, WR_E_INVALID, "layer %zu has an invalid digest", i + 1);
-      /* the key was hashed from the blob's bytes when it was stored */
-      char have[72];
-      fds[i] = wr_blob_layer (s, blobs[i], have, NULL) == 1 ? -2 : -1;
-      if (fds[i] == -1)
-        {
-          todo++;
-          json_t *szv = json_object_get (l, "size");
-          json_int_t sz = json_integer_value (szv);
-          if (!json_is_integer (szv) || sz <= 0)
-            return wr_error (err, 0, WR_E_INVALID, "layer %zu has no size in the manifest", i + 1);
-          if (lim.layer_bytes && (uint64_t)sz > lim.layer_bytes)
-            return wr_error (err, EFBIG, WR_E_TOO_LARGE,
-                             "layer %zu is %lld bytes, more than the %llu allowed (docs/images.md, "
-                             "Limits)",
-                             i + 1, (long long)sz, (unsigned long long)lim.layer_bytes);
-          p.total += (uint64_t)sz;
-          if (lim.image_bytes && p.total > lim.image_bytes)
-            return wr_error (err, EFBIG, WR_E_TOO_LARGE,
-                             "the image's layers are more than the %llu bytes allowed "
-                             "(docs/images.md, Limits)",
-                             (unsigned long long)lim.image_bytes);
-        }
-    }
-  e = wr_store_tmpdir (s, "pull", p.workdir, sizeof p.workdir, err);
-  if (e < 0)
-    return e;
+  struct pull p = { .r = &f->r, .meta = meta, .plan = &plan, .dirfd = f->dirfd, .sock = f->sock };
   pthread_mutex_init (&p.lock, NULL);
+  size_t todo = 0;
+  for (size_t i = 0; i < meta->n; i++)
+    todo += plan.fetch[i] != 0;
   pthread_t th[PULL_THREADS];
   size_t nth = todo < PULL_THREADS ? todo : PULL_THREADS, started = 0;
   for (size_t t = 0; t < nth; t++)
@@ -908,26 +972,469 @@ wr_image_pull (struct wr_store *s, const char *refstr, const char *name, bool in
   for (size_t t = 0; t < started; t++)
     pthread_join (th[t], NULL);
   pthread_mutex_destroy (&p.lock);
-  if (p.failed)
+  struct fetch_note note = { .done = 1, .bytes = p.done };
+  status_set (&note.st, p.failed ? -1 : 0, &p.err);
+  send_all (f->sock, &note, sizeof note);
+  free (meta);
+  return NULL;
+}
+
+static int
+fetcher_syscalls (void)
+{
+  static const int allowed[]
+      = { SCMP_SYS (read),
+          SCMP_SYS (write),
+          SCMP_SYS (pread64),
+          SCMP_SYS (readv),
+          SCMP_SYS (writev),
+          SCMP_SYS (lseek),
+          SCMP_SYS (openat),
+          SCMP_SYS (close),
+          SCMP_SYS (fstat),
+          SCMP_SYS (newfstatat),
+          SCMP_SYS (statx),
+          SCMP_SYS (fcntl),
+          SCMP_SYS (faccessat),
+          SCMP_SYS (faccessat2),
+          SCMP_SYS (readlinkat),
+          SCMP_SYS (getdents64),
+          SCMP_SYS (mmap),
+          SCMP_SYS (munmap),
+          SCMP_SYS (mremap),
+          SCMP_SYS (mprotect),
+          SCMP_SYS (brk),
+          SCMP_SYS (madvise),
+          SCMP_SYS (futex),
+          SCMP_SYS (set_robust_list),
+          SCMP_SYS (rseq),
+          SCMP_SYS (exit),
+          SCMP_SYS (exit_group),
+          SCMP_SYS (rt_sigreturn),
+          SCMP_SYS (rt_sigprocmask),
+          SCMP_SYS (clock_gettime),
+          SCMP_SYS (clock_nanosleep),
+          SCMP_SYS (nanosleep),
+          SCMP_SYS (gettid),
+          SCMP_SYS (getpid),
+          SCMP_SYS (getrandom),
+          SCMP_SYS (sched_yield),
+          SCMP_SYS (sched_getaffinity),
+          SCMP_SYS (getuid),
+          SCMP_SYS (geteuid),
+          SCMP_SYS (getgid),
+          SCMP_SYS (getegid),
+          SCMP_SYS (uname),
+          SCMP_SYS (prlimit64),
+          SCMP_SYS (connect),
+          SCMP_SYS (bind),
+          SCMP_SYS (getsockname),
+          SCMP_SYS (getpeername),
+          SCMP_SYS (setsockopt),
+          SCMP_SYS (getsockopt),
+          SCMP_SYS (sendto),
+          SCMP_SYS (recvfrom),
+          SCMP_SYS (sendmsg),
+          SCMP_SYS (recvmsg),
+          SCMP_SYS (sendmmsg),
+          SCMP_SYS (poll),
+          SCMP_SYS (ppoll),
+          SCMP_SYS (shutdown),
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_UNDEFINED__)
+          SCMP_SYS (sigaltstack),
+#endif
+        };
+  scmp_filter_ctx ctx = seccomp_init (SCMP_ACT_KILL_PROCESS);
+  if (ctx == NULL)
+    return -ENOMEM;
+  int r = 0;
+  for (size_t i = 0; i < WR_ARRAY_SIZE (allowed) && r == 0; i++)
+    if (allowed[i] >= 0)
+      r = seccomp_rule_add (ctx, SCMP_ACT_ALLOW, allowed[i], 0);
+  /* the network: IPv4 and IPv6 sockets, and the route netlink getifaddrs
+   * reads the host's own addresses with; nscd's unix socket is refused
+   * (the resolver then asks DNS itself) */
+  if (r == 0)
+    r = seccomp_rule_add (ctx, SCMP_ACT_ALLOW, SCMP_SYS (socket), 1,
+                          SCMP_A0 (SCMP_CMP_EQ, AF_INET));
+  if (r == 0)
+    r = seccomp_rule_add (ctx, SCMP_ACT_ALLOW, SCMP_SYS (socket), 1,
+                          SCMP_A0 (SCMP_CMP_EQ, AF_INET6));
+  if (r == 0)
+    r = seccomp_rule_add (ctx, SCMP_ACT_ALLOW, SCMP_SYS (socket), 2,
+                          SCMP_A0 (SCMP_CMP_EQ, AF_NETLINK), SCMP_A2 (SCMP_CMP_EQ, NETLINK_ROUTE));
+  if (r == 0)
+    r = seccomp_rule_add (ctx, SCMP_ACT_ERRNO (EACCES), SCMP_SYS (socket), 1,
+                          SCMP_A0 (SCMP_CMP_EQ, AF_UNIX));
+  /* threads only (pthread_create falls back from clone3 to clone) */
+  if (r == 0)
+    r = seccomp_rule_add (ctx, SCMP_ACT_ALLOW, SCMP_SYS (clone), 1,
+                          SCMP_A0 (SCMP_CMP_MASKED_EQ, CLONE_THREAD, CLONE_THREAD));
+  if (r == 0)
+    r = seccomp_rule_add (ctx, SCMP_ACT_ERRNO (ENOSYS), SCMP_SYS (clone3), 0);
+  if (r == 0)
+    r = seccomp_load (ctx);
+  seccomp_release (ctx);
+  return r;
+}
+
+/* The forked fetcher: fd 3 is its socket, everything else of the daemon's
+ * is closed. Returns only in the parent. */
+static pid_t
+fetcher_spawn (struct fetcher *f, int sock, const char *workdir, const char *jaildir, uid_t uid)
+{
+  /* the resolver's files (resolv.conf may be a link into /run) */
+  char resolv[PATH_MAX];
+  bool linked = realpath ("/etc/resolv.conf", resolv) != NULL;
+  struct wr_jail j = { .uid = uid,
+                       .gid = uid,
+                       .root = jaildir,
+                       .state_dir = workdir,
+                       .ro = { "/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf",
+                               "/etc/host.conf", "/etc/gai.conf" },
+                       .n_ro = 5 };
+  if (linked && strcmp (resolv, "/etc/resolv.conf") != 0)
+    j.ro[j.n_ro++] = resolv;
+  pid_t pid = fork ();
+  if (pid != 0)
+    return pid;
+  prctl (PR_SET_PDEATHSIG, SIGKILL);
+  int devnull = open ("/dev/null", O_RDWR);
+  if (devnull < 0 || dup2 (devnull, 0) < 0 || dup2 (devnull, 1) < 0 || dup2 (devnull, 2) < 0
+      || dup2 (sock, 3) < 0)
+    _exit (2);
+  close_range (4, ~0u, 0);
+  if (unshare (CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS) < 0)
+    _exit (2);
+  /* PID 1 of its own pid namespace: its /proc shows nothing else */
+  pid_t child = fork ();
+  if (child < 0)
+    _exit (2);
+  if (child == 0)
     {
+      prctl (PR_SET_PDEATHSIG, SIGKILL);
+      f->sock = 3;
+      if (wr_jail_enter (&j) < 0 || prctl (PR_SET_DUMPABLE, 0) < 0
+          || (f->dirfd = open (".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0
+          || fetcher_syscalls () < 0)
+        _exit (3);
+      fetcher_main (f);
+      _exit (0);
+    }
+  close (3);
+  int status;
+  while (waitpid (child, &status, 0) < 0)
+    if (errno != EINTR)
+      _exit (2);
+  _exit (WIFSIGNALED (status) ? 100 + WTERMSIG (status) : WEXITSTATUS (status));
+}
+
+/* daemon: read the fetcher's config file, check it is the config the
+ * manifest names, parse it */
+static int
+load_config (int dirfd, const char *digest, json_t **ret, wr_err_t *err)
+{
+  _cleanup_close_ int fd = openat (dirfd, "config", O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  struct stat st;
+  if (fd < 0 || fstat (fd, &st) < 0 || !S_ISREG (st.st_mode) || st.st_size > MAX_MANIFEST)
+    return wr_error (err, 0, WR_E_INVALID, "the registry fetcher left no usable image config");
+  _cleanup_free_ char *buf = malloc ((size_t)st.st_size + 1);
+  if (buf == NULL)
+    return wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
+  if (wr_read_all (fd, buf, (size_t)st.st_size) != (ssize_t)st.st_size)
+    return wr_sys_error (err, "read the image config");
+  struct wr_sha256 h;
+  wr_sha256_init (&h);
+  wr_sha256_update (&h, buf, (size_t)st.st_size);
+  int e = check_digest (&h, digest, "config", err);
+  if (e < 0)
+    return e;
+  json_error_t jerr;
+  *ret = json_loadb (buf, (size_t)st.st_size, 0, &jerr);
+  if (*ret == NULL)
+    return wr_error (err, 0, WR_E_INVALID, "image config is not JSON: %s", jerr.text);
+  return 0;
+}
+
+/* daemon: take a blob the fetcher wrote, if it is what the manifest says:
+ * our own hash, never the fetcher's word */
+static int
+take_blob (int dirfd, size_t i, const char *digest, int64_t size, wr_err_t *err)
+{
+  char name[32];
+  snprintf (name, sizeof name, "layer-%zu", i);
+  _cleanup_close_ int fd = openat (dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  struct stat st;
+  if (fd < 0 || fstat (fd, &st) < 0 || !S_ISREG (st.st_mode) || st.st_nlink != 1)
+    return wr_error (err, 0, WR_E_INVALID, "the registry fetcher left no usable layer %zu", i + 1);
+  if (st.st_size != size)
+    return wr_error (err, 0, WR_E_INVALID, "layer %zu is %lld bytes, the manifest says %lld", i + 1,
+                     (long long)st.st_size, (long long)size);
+  /* ours from now on: nothing of the fetcher's uid may change it */
+  if (fchown (fd, 0, 0) < 0 || fchmod (fd, 0400) < 0)
+    return wr_sys_error (err, "take layer %zu", i + 1);
+  char hex[65];
+  int r = wr_sha256_fd (fd, hex);
+  if (r < 0)
+    return wr_error (err, -r, WR_E_INTERNAL, "hash layer %zu", i + 1);
+  if (strcmp (hex, digest + 7) != 0)
+    return wr_error (err, 0, WR_E_INVALID,
+                     "digest mismatch for layer %zu: content is sha256:%.12s..., expected "
+                     "%.19s...",
+                     i + 1, hex, digest);
+  return TAKE_FD (fd);
+}
+
+/* daemon: the fetcher's report is untrusted; check what we act on */
+static int
+meta_check (struct fetch_meta *m, wr_err_t *err)
+{
+  m->st.code[sizeof m->st.code - 1] = '\0';
+  m->st.msg[sizeof m->st.msg - 1] = '\0';
+  m->config[sizeof m->config - 1] = '\0';
+  if (m->st.r < 0)
+    {
+      wr_error (err, m->st.errnum > 0 && m->st.errnum < 4096 ? m->st.errnum : 0,
+                wr_unpack_code (m->st.code), "%s", m->st.msg);
       if (err)
-        *err = p.err;
-      e = -EIO;
+        snprintf (err->msg, sizeof err->msg, "%s", m->st.msg);
+      return -1;
     }
-  else
+  int e = wr_layers_check (m->n, "the registry manifest", err);
+  if (e < 0)
+    return e;
+  if (m->n == 0 || !digest_ok (m->config))
+    return wr_error (err, 0, WR_E_INVALID, "the registry fetcher sent a bad layer list");
+  for (size_t i = 0; i < m->n; i++)
     {
-      for (size_t i = 0; i < n; i++)
-        if (fds[i] == -2)
-          fds[i] = -1; /* already stored: wr_oci_commit looks it up */
-      e = wr_oci_commit (s, target, config, fds, blobs, n, progress, ud, ret, err);
+      m->layers[i].digest[sizeof m->layers[i].digest - 1] = '\0';
+      if (!digest_ok (m->layers[i].digest) || m->layers[i].size <= 0)
+        return wr_error (err, 0, WR_E_INVALID, "layer %zu has an invalid digest or size", i + 1);
     }
-  for (size_t i = 0; i < n; i++)
+  return 0;
+}
+
+struct pull_run
+{
+  pid_t pid;        /* the forked fetcher, or 0 */
+  pthread_t thread; /* in-process (fuzzing) */
+  bool threaded;
+  int sock;
+  struct fetcher f;
+};
+
+static int
+run_wait (struct pull_run *run, bool kill_it)
+{
+  if (run->sock >= 0)
+    close (run->sock);
+  run->sock = -1;
+  if (run->threaded)
+    {
+      pthread_join (run->thread, NULL);
+      run->threaded = false;
+      if (run->f.dirfd >= 0)
+        close (run->f.dirfd);
+      if (run->f.sock >= 0)
+        close (run->f.sock);
+      return 0;
+    }
+  if (run->pid <= 0)
+    return 0;
+  if (kill_it)
+    kill (run->pid, SIGKILL);
+  int status = 0;
+  while (waitpid (run->pid, &status, 0) < 0)
+    if (errno != EINTR)
+      break;
+  run->pid = 0;
+  return WIFEXITED (status) ? WEXITSTATUS (status) : 128;
+}
+
+/* daemon: the fetcher ended without a word */
+static int
+fetcher_died (struct pull_run *run, wr_err_t *err)
+{
+  int code = run_wait (run, true);
+  if (code > 100)
+    return wr_error (err, 0, WR_E_INVALID, "the registry fetcher was killed by signal %d%s",
+                     code - 100,
+                     code - 100 == SIGSYS ? " (a call outside its seccomp filter)" : "");
+  return wr_error (err, 0, WR_E_INTERNAL, "the registry fetcher failed (status %d)", code);
+}
+
+static int
+pull_in (struct wr_store *s, struct pull_run *run, int wfd, const char *target,
+         const struct wr_store_limits *lim, wr_progress_fn progress, void *ud,
+         struct wr_image **ret, wr_err_t *err)
+{
+  _cleanup_free_ struct fetch_meta *m = calloc (1, sizeof *m);
+  if (m == NULL)
+    return wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
+  if (wr_read_all (run->sock, m, sizeof *m) != (ssize_t)sizeof *m)
+    return fetcher_died (run, err);
+  int e = meta_check (m, err);
+  if (e < 0)
+    return e;
+  _cleanup_ (json_decrefp) json_t *config = NULL;
+  e = load_config (wfd, m->config, &config, err);
+  if (e < 0)
+    return e;
+
+  /* layers already stored are not fetched */
+  struct fetch_plan plan = { { 0 } };
+  uint64_t total = 0;
+  for (size_t i = 0; i < m->n; i++)
+    {
+      char have[72];
+      if (wr_blob_layer (s, m->layers[i].digest, have, NULL) == 1)
+        continue;
+      uint64_t sz = (uint64_t)m->layers[i].size;
+      if (lim->layer_bytes && sz > lim->layer_bytes)
+        return wr_error (err, EFBIG, WR_E_TOO_LARGE,
+                         "layer %zu is %llu bytes, more than the %llu allowed (docs/images.md, "
+                         "Limits)",
+                         i + 1, (unsigned long long)sz, (unsigned long long)lim->layer_bytes);
+      total += sz;
+      if (lim->image_bytes && total > lim->image_bytes)
+        return wr_error (err, EFBIG, WR_E_TOO_LARGE,
+                         "the image's layers are more than the %llu bytes allowed "
+                         "(docs/images.md, Limits)",
+                         (unsigned long long)lim->image_bytes);
+      plan.fetch[i] = 1;
+    }
+  if (send_all (run->sock, &plan, sizeof plan) < 0)
+    return fetcher_died (run, err);
+  struct fetch_note note;
+  for (;;)
+    {
+      if (wr_read_all (run->sock, &note, sizeof note) != (ssize_t)sizeof note)
+        return fetcher_died (run, err);
+      if (progress)
+        progress (ud, "download", note.bytes < total ? note.bytes : total, total);
+      if (note.done)
+        break;
+    }
+  note.st.code[sizeof note.st.code - 1] = '\0';
+  note.st.msg[sizeof note.st.msg - 1] = '\0';
+  if (note.st.r < 0)
+    {
+      wr_error (err, note.st.errnum > 0 && note.st.errnum < 4096 ? note.st.errnum : 0,
+                wr_unpack_code (note.st.code), "%s", note.st.msg);
+      if (err)
+        snprintf (err->msg, sizeof err->msg, "%s", note.st.msg);
+      return -1;
+    }
+  /* gone before we look at what it wrote */
+  run_wait (run, false);
+
+  int fds[WR_MAX_LAYERS];
+  const char *blobs[WR_MAX_LAYERS];
+  for (size_t i = 0; i < m->n; i++)
+    {
+      fds[i] = -1;
+      blobs[i] = m->layers[i].digest;
+    }
+  e = 0;
+  for (size_t i = 0; i < m->n && e == 0; i++)
+    if (plan.fetch[i])
+      {
+        fds[i] = take_blob (wfd, i, m->layers[i].digest, m->layers[i].size, err);
+        e = fds[i] < 0 ? fds[i] : 0;
+      }
+  if (e == 0)
+    e = wr_oci_commit (s, target, config, fds, blobs, m->n, progress, ud, ret, err);
+  for (size_t i = 0; i < m->n; i++)
     if (fds[i] >= 0)
       close (fds[i]);
-  char *slash = strrchr (p.workdir, '/');
+  return e;
+}
+
+static void
+rm_tmpdir (char *dir)
+{
+  if (dir[0] == '\0')
+    return;
+  char *slash = strrchr (dir, '/');
   *slash = '\0';
-  _cleanup_close_ int pfd = open (p.workdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  _cleanup_close_ int pfd = open (dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (pfd >= 0)
     wr_rm_rf_at (pfd, slash + 1);
+  *slash = '/';
+}
+
+int
+wr_image_pull (struct wr_store *s, const char *refstr, const char *name, bool insecure,
+               wr_progress_fn progress, void *ud, struct wr_image **ret, wr_err_t *err)
+{
+  struct pull_run run = { .sock = -1, .f = { .dirfd = -1, .sock = -1 } };
+  int e = rref_parse (refstr, &run.f.r, err);
+  if (e < 0)
+    return e;
+  struct rref *r = &run.f.r;
+  if (!insecure)
+    return wr_error (err, 0, WR_E_UNSUPPORTED,
+                     "pulls use plain HTTP (TLS is not built in): set \"insecure\" for a "
+                     "registry you trust on this network");
+  char target[512];
+  if (name && name[0])
+    snprintf (target, sizeof target, "%s", name);
+  else
+    snprintf (target, sizeof target, "%s:%s", r->repo, r->tag[0] ? r->tag : "latest");
+  if (!wr_ref_valid (target) || strchr (target, '@'))
+    return wr_error (err, 0, WR_E_INVALID, "invalid local image name '%.300s'", target);
+
+  struct wr_store_limits lim;
+  wr_store_get_limits (s, &lim);
+  struct wr_extract_limits xlim;
+  wr_store_extract_limits (s, false, &xlim);
+  r->private_ok = lim.private_redirects;
+  r->local_ok = host_is_loopback (r->host, r->port);
+  if (progress)
+    progress (ud, "manifest", 0, 1);
+
+  char workdir[4096] = "", jaildir[4096] = "";
+  e = wr_store_tmpdir (s, "pull", workdir, sizeof workdir, err);
+  if (e < 0)
+    return e;
+  _cleanup_close_ int wfd = open (workdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+  uid_t uid = wr_unpack_uid_base ();
+  int sp[2] = { -1, -1 };
+  if (wfd < 0)
+    e = wr_sys_error (err, "open %s", workdir);
+  else if (socketpair (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0)
+    e = wr_sys_error (err, "socketpair");
+  else if (xlim.in_process)
+    {
+      /* fuzzing: the same conversation with a thread of ours */
+      run.sock = sp[0];
+      run.f.sock = sp[1];
+      run.f.dirfd = fcntl (wfd, F_DUPFD_CLOEXEC, 3);
+      run.threaded = pthread_create (&run.thread, NULL, fetcher_main, &run.f) == 0;
+      if (!run.threaded)
+        e = wr_error (err, EAGAIN, WR_E_INTERNAL, "cannot start the registry fetcher");
+    }
+  else if (fchown (wfd, uid, uid) < 0)
+    e = wr_sys_error (err, "hand %s to the registry fetcher", workdir);
+  else if ((e = wr_store_tmpdir (s, "pulljail", jaildir, sizeof jaildir, err)) == 0)
+    {
+      run.sock = sp[0];
+      run.pid = fetcher_spawn (&run.f, sp[1], workdir, jaildir, uid);
+      close (sp[1]);
+      if (run.pid < 0)
+        e = wr_sys_error (err, "fork the registry fetcher");
+    }
+  if (run.sock < 0)
+    {
+      if (sp[0] >= 0)
+        close (sp[0]);
+      if (sp[1] >= 0 && !xlim.in_process)
+        close (sp[1]);
+    }
+  if (e == 0)
+    e = pull_in (s, &run, wfd, target, &lim, progress, ud, ret, err);
+  run_wait (&run, true);
+  rm_tmpdir (workdir);
+  rm_tmpdir (jaildir);
   return e;
 }

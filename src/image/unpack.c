@@ -331,8 +331,8 @@ feed (int src, int sock, char hex[65])
   return r;
 }
 
-static const char *
-known_code (const char *c)
+const char *
+wr_unpack_code (const char *c)
 {
   static const char *const codes[] = { WR_E_INVALID,  WR_E_TOO_LARGE, WR_E_EXHAUSTED,
                                        WR_E_INTERNAL, WR_E_NOT_FOUND, WR_E_UNSUPPORTED };
@@ -536,7 +536,7 @@ confined (int src, int root_dfd, int tree_dfd, int out_fd, unsigned flags,
       rep.code[sizeof rep.code - 1] = '\0';
       rep.msg[sizeof rep.msg - 1] = '\0';
       r = wr_error (err, rep.errnum > 0 && rep.errnum < 4096 ? rep.errnum : 0,
-                    known_code (rep.code), "%s", rep.msg);
+                    wr_unpack_code (rep.code), "%s", rep.msg);
       /* wr_error appended strerror again: keep the helper's text */
       if (err)
         snprintf (err->msg, sizeof err->msg, "%s", rep.msg);

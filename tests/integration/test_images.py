@@ -991,6 +991,102 @@ def test_pull_stops_at_declared_blob_size(api, daemon, liar):
         assert (store_state(daemon.root), images(api)) == before, name
 
 
+def peer_process(local_port, server_port):
+    """uid and /proc status of the process owning the TCP connection from
+    local_port to server_port (the registry's view of its client)."""
+    inode = uid = None
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                c = line.split()
+                if (int(c[1].split(":")[1], 16) == local_port
+                        and int(c[2].split(":")[1], 16) == server_port):
+                    uid, inode = int(c[7]), c[9]
+    assert inode, "no such connection"
+    want = "socket:[%s]" % inode
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fds = os.listdir("/proc/%s/fd" % pid)
+            if any(os.readlink("/proc/%s/fd/%s" % (pid, fd)) == want for fd in fds):
+                with open("/proc/%s/status" % pid) as f:
+                    st = dict(l.split(":", 1) for l in f.read().splitlines() if ":" in l)
+                return uid, int(pid), {k: v.strip() for k, v in st.items()}
+        except OSError:
+            continue
+    raise AssertionError("no process holds " + want)
+
+
+def test_registry_client_runs_unprivileged(api, daemon, liar):
+    # the registry sees a client that is not root, has no capabilities,
+    # no_new_privs and a seccomp filter: the fetcher, not warrend
+    layer = tar_bytes([("fetched", "file", "by the fetcher\n")])
+    seen = {}
+
+    def serve_layer(h):
+        seen["peer"] = peer_process(h.client_address[1], liar.port)
+        h.send_response(200)
+        h.send_header("Content-Length", str(len(layer)))
+        h.end_headers()
+        h.wfile.write(layer)
+    liar.image("whoami", serve_layer, layer=layer)
+    # by name: the resolver works inside its jail and filter
+    r = pull(api, "localhost:%d/whoami:v1" % liar.port)
+    assert r.status == 201, r
+    uid, pid, st = seen["peer"]
+    assert uid != 0 and st["Uid"].split()[0] != "0", st
+    assert pid != daemon.proc.pid
+    for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(st[cap], 16) == 0, (cap, st)
+    assert st["NoNewPrivs"] == "1" and st["Seccomp"] == "2", st
+    # its own pid namespace: it is PID 1 there
+    assert st["NSpid"].split()[-1] == "1", st
+    assert api.raw("DELETE", "/v1/images/whoami:v1").status in (200, 204)
+
+
+def test_hostile_registry_leaves_store_unchanged(api, daemon, liar):
+    before = store_state(daemon.root), images(api)
+    reg = "127.0.0.1:%d" % liar.port
+
+    def answer(body, ctype="application/vnd.oci.image.manifest.v1+json", length=None):
+        def act(h):
+            h.send_response(200)
+            h.send_header("Content-Type", ctype)
+            h.send_header("Content-Length", str(len(body) if length is None else length))
+            h.end_headers()
+            try:
+                h.wfile.write(body)
+            except OSError:
+                pass
+        return act
+    layer = tar_bytes([("x", "file", "x")])
+    many = json.dumps({"schemaVersion": 2, "config": {"digest": sha(b"{}"), "size": 2},
+                       "layers": [{"digest": sha(b"%d" % i), "size": 1}
+                                  for i in range(65)]}).encode()
+    baddigest = json.dumps({"schemaVersion": 2, "config": {"digest": sha(b"{}"), "size": 2},
+                            "layers": [{"digest": "sha256:../../etc", "size": 1}]}).encode()
+    cases = {
+        "malformed": (answer(b'{"schemaVersion": 2, "layers": [', "application/json"),
+                      "not JSON"),
+        "huge": (answer(b"{" * 1024, length=64 << 20), "more than"),
+        "toomany": (answer(many), "64"),
+        "baddigest": (answer(baddigest), "invalid digest"),
+    }
+    for name, (act, words) in cases.items():
+        liar.image(name, None, manifest_behaviour=act)
+        r = pull(api, "%s/%s:v1" % (reg, name))
+        assert r.status == 400, (name, r)
+        assert words in r.json()["error"]["message"], (name, r.json())
+    # the blob is not what its digest says: the same bytes with one flipped
+    bad = bytearray(layer)
+    bad[-1] ^= 1
+    liar.image("wrongblob", answer(bytes(bad)), layer=layer)
+    r = pull(api, "%s/wrongblob:v1" % reg)
+    assert r.status == 400, r
+    assert "digest mismatch" in r.json()["error"]["message"], r.json()
+    assert (store_state(daemon.root), images(api)) == before
+    assert healthy(api)
+
+
 def test_pull_redirects(api, daemon, liar):
     before = store_state(daemon.root), images(api)
     reg = "127.0.0.1:%d" % liar.port
