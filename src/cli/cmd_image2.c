@@ -340,7 +340,7 @@ import_here (cli_t *cli, int argc, char **argv)
   if (isatty (2))
     return true;
   for (int i = 1; i < argc && strcmp (argv[i], "--") != 0; i++)
-    if (strcmp (argv[i], "--upload") == 0)
+    if (strcmp (argv[i], "--upload") == 0 || strcmp (argv[i], "--json") == 0)
       return true;
   for (int i = 1; i < argc; i++)
     if (strcmp (argv[i], "-h") == 0 || strcmp (argv[i], "--help") == 0)

@@ -78,15 +78,16 @@ static const struct help helps[] = {
     "[NAME[:TAG]]\n"
     "Pull from an OCI registry over plain HTTP (--insecure; implied for loopback).\n" },
   { "image build",
-    "Usage: warren image build NAME[:TAG] -f SPEC [--context DIR] [--quiet] [--json]\n"
+    "Usage: warren image build NAME[:TAG] -f SPEC [--context DIR] [--upload] [--quiet] [--json]\n"
     "Build from FROM/RUN/COPY/ENV/WORKDIR/USER/LABEL steps (docs/images.md); steps are cached.\n"
-    "The context defaults to the spec's directory.\n" },
+    "The context defaults to the spec's directory; over http (or --upload) it is local and\n"
+    "sent as a tar through /v1/uploads.\n" },
   { "image gc", "Usage: warren image gc [--json]\nRemove manifests and layers nothing uses.\n" },
-  { "image import", "Usage: warren image import NAME[:TAG] PATH\n"
+  { "image import", "Usage: warren image import [--upload] [--json] NAME[:TAG] PATH\n"
                     "Import a rootfs directory or a .tar/.tar.gz/.tar.zst (an OCI layout or\n"
-                    "docker-save archive where the daemon supports it). PATH is read by the\n"
-                    "daemon: over a unix socket it is made absolute here; over http it must be\n"
-                    "a path on the daemon's host.\n" },
+                    "docker-save archive where the daemon supports it). Over a unix socket the\n"
+                    "daemon reads PATH (made absolute here); over http, or with --upload, PATH\n"
+                    "is local and sent through /v1/uploads (a directory as a tar).\n" },
   { "image ls",
     "Usage: warren image ls [--json]\nList images: NAME DIGEST LAYERS SIZE CREATED.\n" },
   { "image inspect", "Usage: warren image inspect REF\nPrint an image as JSON.\n" },
