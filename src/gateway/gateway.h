@@ -5,6 +5,7 @@
 #define WRG_GATEWAY_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <jansson.h>
@@ -18,6 +19,15 @@
 
 #define GW_MAX_NODES 4096
 #define GW_IDLE_MAX 64
+/* A node publishes a create within this many seconds (it writes its status
+ * at most once a second): until then the gateway keeps counting the slot. */
+#define GW_SETTLE_S 5
+/* The gateway's etcd session: its reserve keys and its reconciler
+ * candidacy live under one lease of this TTL, refreshed every second. */
+#define GW_SESSION_TTL_S 5
+/* Outside /warren/, so their writes do not wake every gateway's watch. */
+#define GW_KEY_RESERVE "/warren-reserve/"  /* PROJECT/GATEWAY-ID -> {"sandboxes","memory_mb"} */
+#define GW_KEY_LEADER "/warren-reconciler" /* the elected reconciler's id, under its lease */
 
 struct gw_node
 {
@@ -51,6 +61,16 @@ struct gw_project
   long long free_sb, free_mem;
   bool reserving;
   uint64_t last_use_ms; /* an idle reserve goes back to etcd (gw_quota_sweep) */
+  /* What the reconciler may not take away (docs/cluster.md, "The reconciler"):
+   * slots handed to creates still in flight, slots of creates answered in
+   * the last GW_SETTLE_S seconds (the node may not have published them yet),
+   * and credits from deletes, usable only once published. */
+  long long inflight_sb, inflight_mem;
+  long long pending_sb, pending_mem;
+  long long recent_sb[GW_SETTLE_S + 1], recent_mem[GW_SETTLE_S + 1];
+  uint64_t recent_s[GW_SETTLE_S + 1]; /* monotonic second of each bucket */
+  long long pub_sb, pub_mem;          /* last value in /warren-reserve/NAME/ID */
+  uint64_t pub_gen;                   /* under session generation pub_gen */
   struct create_ctx *waiters, **waiters_tail;
 };
 
@@ -88,6 +108,17 @@ struct gw
   struct wr_etcd *probe_etcd;
   _Atomic uint64_t cp_ok_ms; /* monotonic ms of the last successful quorum read */
   pthread_t probe_thread;
+  /* reconcile.c: the session lease, the reconciler election */
+  char id[40]; /* "gw-" + 16 hex: this gateway's reserve keys */
+  pthread_mutex_t session_mu;
+  _Atomic int64_t session;          /* lease id, 0 when none */
+  _Atomic uint64_t session_gen;     /* bumped on every new lease */
+  _Atomic uint64_t session_ok_ms;   /* last time etcd confirmed the lease */
+  _Atomic bool reconciler;          /* this gateway is the elected reconciler */
+  _Atomic uint64_t reconcile_fixes; /* counters lowered by this gateway's reconciler */
+  long long idle_return_ms;         /* an unused reserve goes back after this (default 2 s) */
+  long long priority_headroom_mb;   /* --priority-headroom: kept free for priority > 0 */
+  pthread_t reconcile_thread;
 };
 
 /* nodes.c */
@@ -161,5 +192,15 @@ void gw_projects_create (struct gw *g, struct evhttp_request *req);
 void gw_quota_sweep (struct gw *g);
 /* Release every unused reservation (shutdown). */
 void gw_quota_release_all (struct gw *g);
+/* A create that took a slot ended: made (the slot is now the sandbox's) or not (credited back). */
+void gw_quota_done (struct gw *g, struct gw_project *p, long long memory_mb, bool made);
+
+/* reconcile.c */
+/* The session lease (granted on first use); 0 and err when etcd does not answer. */
+int64_t gw_session (struct gw *g, wr_err_t *err);
+/* Is the lease surely alive (refreshed within TTL - 2 s)? Reserves are usable only then. */
+bool gw_session_fresh (struct gw *g);
+int gw_reconcile_start (struct gw *g, wr_err_t *err);
+void gw_reconcile_stop (struct gw *g); /* after gw_watch_stop: g->stop is set */
 
 #endif

@@ -19,7 +19,8 @@ usage (FILE *f)
   fprintf (f, "usage: warren-gateway --cluster http://H:P[,http://H:P...] --listen tcp:ADDR:PORT\n"
               "                      --token-file F --node-token-file F2 [--quota-chunk N]\n"
               "                      [--max-connections N] [--http-header-timeout S]\n"
-              "                      [--http-idle-timeout S]\n"
+              "                      [--http-idle-timeout S] [--quota-idle-return S]\n"
+              "                      [--priority-headroom MB]\n"
               "Serves the Warren API for a cluster: places creates on nodes, routes every\n"
               "other sandbox request to the node named in its id. F holds the admin token\n"
               "clients present; F2 the token the nodes' TCP listeners accept.\n");
@@ -72,7 +73,10 @@ on_signal (evutil_socket_t sig, short what WR_UNUSED, void *arg)
 int
 main (int argc, char **argv)
 {
-  static struct gw g = { .chunk = 16, .mu = PTHREAD_MUTEX_INITIALIZER };
+  static struct gw g = { .chunk = 16,
+                         .mu = PTHREAD_MUTEX_INITIALIZER,
+                         .session_mu = PTHREAD_MUTEX_INITIALIZER,
+                         .idle_return_ms = 2000 };
   const char *urls = NULL, *token_file = NULL, *node_token_file = NULL;
   const char *listens[8];
   size_t n_listen = 0;
@@ -85,6 +89,8 @@ main (int argc, char **argv)
     { "max-connections", required_argument, NULL, 'C' },
     { "http-header-timeout", required_argument, NULL, 'H' },
     { "http-idle-timeout", required_argument, NULL, 'I' },
+    { "quota-idle-return", required_argument, NULL, 'r' },
+    { "priority-headroom", required_argument, NULL, 'p' },
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 },
   };
@@ -134,6 +140,23 @@ main (int argc, char **argv)
               = (unsigned)v;
           break;
         }
+      case 'r':
+      case 'p':
+        {
+          char *end;
+          long long v = strtoll (optarg, &end, 10);
+          if (*end || v < 0 || v > 100000000)
+            {
+              fprintf (stderr, "warren-gateway: --%s wants a number in [0, 100000000]\n",
+                       c == 'r' ? "quota-idle-return" : "priority-headroom");
+              return 2;
+            }
+          if (c == 'r')
+            g.idle_return_ms = v * 1000;
+          else
+            g.priority_headroom_mb = v;
+          break;
+        }
       case 'h':
         usage (stdout);
         return 0;
@@ -171,7 +194,7 @@ main (int argc, char **argv)
         fprintf (stderr, "warren-gateway: %s\n", err.msg);
         return 1;
       }
-  if (gw_watch_start (&g, &err) < 0)
+  if (gw_watch_start (&g, &err) < 0 || gw_reconcile_start (&g, &err) < 0)
     {
       fprintf (stderr, "warren-gateway: %s\n", err.msg);
       return 1;
@@ -189,6 +212,7 @@ main (int argc, char **argv)
   wr_httpd_free (g.httpd);
   gw_watch_stop (&g);
   gw_quota_release_all (&g);
+  gw_reconcile_stop (&g);
   gw_nodes_free_conns (&g);
   event_free (sigint);
   event_free (sigterm);

@@ -18,6 +18,15 @@
 #include <event2/buffer.h>
 
 #include "common/util.h"
+
+/* etcd's JSON gateway takes 64-bit numbers as strings */
+static json_t *
+rev_json (long long v)
+{
+  char b[24];
+  snprintf (b, sizeof b, "%lld", v);
+  return json_string (b);
+}
 #include "image/sha256.h"
 
 struct create_ctx; /* opaque here: waiters are kept in their own nodes */
@@ -39,6 +48,12 @@ struct job
   long long delta_sb, delta_mem; /* > 0 reserve, < 0 release */
   long long min_sb, min_mem;     /* a reservation below this is useless */
   long long got_sb, got_mem;
+  /* the holding published with the change: base + what the change got */
+  long long base_sb, base_mem;
+  long long credit_sb, credit_mem; /* pending credits the publication makes usable */
+  bool publish_only;
+  uint64_t gen;  /* session generation the publication was made under */
+  int64_t lease; /* that session's lease */
   bool ok;
   char why[300];
   struct event *done;
@@ -57,6 +72,60 @@ wq_set_head (struct gw_project *p, struct waiter *w)
   p->waiters = (struct create_ctx *)w;
   if (w == NULL)
     p->waiters_tail = &p->waiters;
+}
+
+static void
+holding_text (struct job *j, long long dsb, long long dmem, char *buf, size_t size)
+{
+  long long sb = j->base_sb + (dsb > 0 ? dsb : 0), mem = j->base_mem + (dmem > 0 ? dmem : 0);
+  snprintf (buf, size, "{\"sandboxes\":%lld,\"memory_mb\":%lld}", sb, mem);
+}
+
+static void
+holding_key (struct gw *g, const char *project, char *buf, size_t size)
+{
+  snprintf (buf, size, "%s%s/%s", GW_KEY_RESERVE, project, g->id);
+}
+
+/* The counter's compare-and-swap, and this gateway's published holding in
+ * the same transaction (under its session lease): the reconciler never sees
+ * a reservation that no holding accounts for. 1 written, 0 lost the race. */
+static int
+cas_and_publish (struct gw *g, struct job *j, const char *key, int64_t rev, const char *text,
+                 long long dsb, long long dmem, wr_err_t *err)
+{
+  int64_t lease = j->lease;
+  if (lease == 0)
+    return wr_etcd_cas (g->etcd, key, rev, text, 0, err); /* shutdown: no session */
+  char hk[200], hv[128];
+  holding_key (g, j->name, hk, sizeof hk);
+  holding_text (j, dsb, dmem, hv, sizeof hv);
+  json_t *k = wr_etcd_b64 (key, strlen (key));
+  json_t *body
+      = json_pack ("{s:[{s:O,s:s,s:s,s:o}],s:[{s:{s:O,s:o}},{s:{s:o,s:o,s:o}}]}", "compare", "key",
+                   k, "target", "MOD", "result", "EQUAL", "mod_revision", rev_json (rev), "success",
+                   "request_put", "key", k, "value", wr_etcd_b64 (text, strlen (text)),
+                   "request_put", "key", wr_etcd_b64 (hk, strlen (hk)), "value",
+                   wr_etcd_b64 (hv, strlen (hv)), "lease", rev_json (lease));
+  json_decref (k);
+  json_t *resp = NULL;
+  int r = wr_etcd_call (g->etcd, "/v3/kv/txn", body, &resp, err);
+  json_decref (body);
+  if (r < 0)
+    return r;
+  bool ok = json_is_true (json_object_get (resp, "succeeded"));
+  json_decref (resp);
+  return ok ? 1 : 0;
+}
+
+static int
+publish (struct gw *g, struct job *j, wr_err_t *err)
+{
+  int64_t lease = j->lease;
+  char hk[200], hv[128];
+  holding_key (g, j->name, hk, sizeof hk);
+  holding_text (j, 0, 0, hv, sizeof hv);
+  return wr_etcd_put (g->etcd, hk, hv, lease, err);
 }
 
 static int
@@ -104,7 +173,7 @@ quota_cas (struct gw *g, struct job *j, wr_err_t *err)
         }
       char text[128];
       snprintf (text, sizeof text, "{\"sandboxes\":%lld,\"memory_mb\":%lld}", R + dsb, M + dmem);
-      r = wr_etcd_cas (g->etcd, key, rev, text, 0, err);
+      r = cas_and_publish (g, j, key, rev, text, dsb, dmem, err);
       if (r < 0)
         return r;
       g->m.quota_txns++;
@@ -127,7 +196,15 @@ job_main (void *arg)
 {
   struct job *j = arg;
   wr_err_t err;
-  j->ok = quota_cas (j->g, j, &err) == 0;
+  /* the holding is absolute: whatever session it goes under, it is all of it */
+  j->gen = atomic_load (&j->g->session_gen);
+  j->lease = gw_session (j->g, &err);
+  if (j->lease && j->gen != atomic_load (&j->g->session_gen))
+    j->gen = atomic_load (&j->g->session_gen);
+  if (j->lease == 0)
+    j->ok = false;
+  else
+    j->ok = (j->publish_only ? publish (j->g, j, &err) : quota_cas (j->g, j, &err)) == 0;
   if (!j->ok)
     snprintf (j->why, sizeof j->why, "%s%s", err.msg,
               strcmp (err.code, WR_E_EXHAUSTED) == 0 ? "" : " (control plane unavailable)");
@@ -136,6 +213,7 @@ job_main (void *arg)
 }
 
 static void serve_waiters (struct gw *g, struct gw_project *p, const char *failure);
+static long long holding (struct gw_project *p, long long *ret_mem);
 static void start_job (struct gw *g, struct gw_project *p, long long dsb, long long dmem,
                        long long min_sb, long long min_mem);
 
@@ -146,6 +224,17 @@ job_done (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
   struct gw_project *p = j->p;
   struct gw *g = j->g;
   p->reserving = false;
+  if (j->ok)
+    {
+      /* the publication made these credits count: now they may be used */
+      p->pending_sb -= j->credit_sb;
+      p->pending_mem -= j->credit_mem;
+      p->free_sb += j->credit_sb;
+      p->free_mem += j->credit_mem;
+      p->pub_sb = j->base_sb + (j->got_sb > 0 ? j->got_sb : 0);
+      p->pub_mem = j->base_mem + (j->got_mem > 0 ? j->got_mem : 0);
+      p->pub_gen = j->gen;
+    }
   if (j->ok && j->delta_sb > 0)
     {
       p->free_sb += j->got_sb;
@@ -187,6 +276,10 @@ start_job (struct gw *g, struct gw_project *p, long long dsb, long long dmem, lo
       p->free_sb += dsb;
       p->free_mem += dmem;
     }
+  j->publish_only = dsb == 0 && dmem == 0;
+  j->base_sb = holding (p, &j->base_mem);
+  j->credit_sb = p->pending_sb;
+  j->credit_mem = p->pending_mem;
   p->reserving = true;
   pthread_t t;
   if (pthread_create (&t, NULL, job_main, j) != 0)
@@ -198,10 +291,66 @@ start_job (struct gw *g, struct gw_project *p, long long dsb, long long dmem, lo
   pthread_detach (t);
 }
 
-static bool
-fits (struct gw_project *p, long long mem)
+/* What the reconciler must keep counting for this gateway (gateway.h);
+ * *ret_mem the memory of it. */
+static long long
+holding (struct gw_project *p, long long *ret_mem)
 {
-  return p->free_sb >= 1 && (p->max_memory_mb == 0 || p->free_mem >= mem);
+  uint64_t now = wr_now_ms () / 1000;
+  long long sb = p->free_sb + p->inflight_sb + p->pending_sb;
+  long long mem = p->free_mem + p->inflight_mem + p->pending_mem;
+  for (int i = 0; i <= GW_SETTLE_S; i++)
+    if (now - p->recent_s[i] <= (uint64_t)GW_SETTLE_S)
+      {
+        sb += p->recent_sb[i];
+        mem += p->recent_mem[i];
+      }
+  *ret_mem = mem;
+  return sb;
+}
+
+/* A slot leaves the reserve for a create. */
+static void
+use_slot (struct gw_project *p, long long mem)
+{
+  p->free_sb--;
+  p->inflight_sb++;
+  if (p->max_memory_mb)
+    {
+      p->free_mem -= mem;
+      p->inflight_mem += mem;
+    }
+}
+
+void
+gw_quota_done (struct gw *g, struct gw_project *p, long long memory_mb, bool made)
+{
+  long long mem = p->max_memory_mb ? memory_mb : 0;
+  p->inflight_sb--;
+  p->inflight_mem -= mem;
+  if (!made)
+    {
+      gw_quota_put (g, p, memory_mb);
+      return;
+    }
+  uint64_t now = wr_now_ms () / 1000;
+  int b = (int)(now % (uint64_t)(GW_SETTLE_S + 1));
+  if (p->recent_s[b] != now)
+    {
+      p->recent_s[b] = now;
+      p->recent_sb[b] = p->recent_mem[b] = 0;
+    }
+  p->recent_sb[b]++;
+  p->recent_mem[b] += mem;
+}
+
+static bool
+fits (struct gw *g, struct gw_project *p, long long mem)
+{
+  /* a reserve the cluster cannot see (no live session, or not published
+   * under it) is not used: the reconciler may have handed it out again */
+  return p->free_sb >= 1 && (p->max_memory_mb == 0 || p->free_mem >= mem) && gw_session_fresh (g)
+         && p->pub_gen == atomic_load (&g->session_gen);
 }
 
 /* Slots per etcd transaction: the gateway's --quota-chunk, but at most an
@@ -249,7 +398,7 @@ serve_waiters (struct gw *g, struct gw_project *p, const char *failure)
   struct waiter *w;
   while ((w = wq_head (p)) != NULL)
     {
-      bool ok = fits (p, w->mem);
+      bool ok = fits (g, p, w->mem);
       if (!ok && failure == NULL)
         {
           if (!p->reserving)
@@ -257,11 +406,7 @@ serve_waiters (struct gw *g, struct gw_project *p, const char *failure)
           return;
         }
       if (ok)
-        {
-          p->free_sb--;
-          if (p->max_memory_mb)
-            p->free_mem -= w->mem;
-        }
+        use_slot (p, w->mem);
       wq_set_head (p, w->next);
       w->cb (g, ok, ok ? NULL : failure, w->ud);
       free (w);
@@ -272,11 +417,9 @@ void
 gw_quota_take (struct gw *g, struct gw_project *p, long long memory_mb, gw_quota_cb cb, void *ud)
 {
   p->last_use_ms = wr_now_ms ();
-  if (wq_head (p) == NULL && fits (p, memory_mb))
+  if (wq_head (p) == NULL && fits (g, p, memory_mb))
     {
-      p->free_sb--;
-      if (p->max_memory_mb)
-        p->free_mem -= memory_mb;
+      use_slot (p, memory_mb);
       cb (g, true, NULL, ud);
       return;
     }
@@ -296,9 +439,11 @@ gw_quota_take (struct gw *g, struct gw_project *p, long long memory_mb, gw_quota
 void
 gw_quota_put (struct gw *g, struct gw_project *p, long long memory_mb)
 {
-  p->free_sb++;
+  /* usable once published (gw_quota_sweep): until then the node may have
+   * stopped counting the sandbox while no holding counts the slot */
+  p->pending_sb++;
   if (p->max_memory_mb)
-    p->free_mem += memory_mb;
+    p->pending_mem += memory_mb;
   p->last_use_ms = wr_now_ms ();
   if (wq_head (p))
     {
@@ -323,9 +468,15 @@ gw_quota_sweep (struct gw *g)
   for (size_t i = 0; i < g->n_projects; i++)
     {
       struct gw_project *p = g->projects[i];
-      if (!p->reserving && wq_head (p) == NULL && (p->free_sb > 0 || p->free_mem > 0)
-          && now - p->last_use_ms > 2000)
+      if (p->reserving)
+        continue;
+      long long mem, sb = holding (p, &mem);
+      if (wq_head (p) == NULL && (p->free_sb > 0 || p->free_mem > 0)
+          && now - p->last_use_ms > (uint64_t)g->idle_return_ms)
         start_job (g, p, -p->free_sb, -p->free_mem, 0, 0);
+      else if (p->pending_sb > 0 || p->pending_mem > 0 || sb != p->pub_sb || mem != p->pub_mem
+               || p->pub_gen != atomic_load (&g->session_gen))
+        start_job (g, p, 0, 0, 0, 0); /* publish the holding */
     }
   pthread_mutex_unlock (&g->mu);
 }
@@ -336,15 +487,16 @@ gw_quota_release_all (struct gw *g)
   for (size_t i = 0; i < g->n_projects; i++)
     {
       struct gw_project *p = g->projects[i];
-      if (p->free_sb <= 0 && p->free_mem <= 0)
+      long long sb = p->free_sb + p->pending_sb, mem = p->free_mem + p->pending_mem;
+      if (sb <= 0 && mem <= 0)
         continue;
-      struct job j = { .g = g, .p = p, .delta_sb = -p->free_sb, .delta_mem = -p->free_mem };
+      struct job j = { .g = g, .p = p, .delta_sb = -sb, .delta_mem = -mem };
       snprintf (j.name, sizeof j.name, "%s", p->name);
       wr_err_t err;
       if (quota_cas (g, &j, &err) < 0)
         fprintf (stderr, "warren-gateway: returning %s's reserve: %s\n", p->name, err.msg);
       else
-        p->free_sb = p->free_mem = 0;
+        p->free_sb = p->free_mem = p->pending_sb = p->pending_mem = 0;
     }
 }
 

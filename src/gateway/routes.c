@@ -318,8 +318,8 @@ create_answered (struct gw *g, struct evhttp_request *req, int status, struct ev
     g->m.creates++;
   else
     g->m.create_failures++;
-  if (status != 201 && c->proj)
-    gw_quota_put (g, c->proj, c->mem);
+  if (c->proj)
+    gw_quota_done (g, c->proj, c->mem, status == 201);
   if (status != 201 && c->idem[0])
     idem_forget (g, c->idem);
   if (status == 0)
@@ -334,12 +334,15 @@ create_place (struct create_req *c)
 {
   struct gw *g = c->g;
   c->attempts++;
-  struct gw_node *n
-      = gw_place (g, c->backend, c->mem, c->want_labels, c->image[0] ? c->image : NULL, c->failed);
+  /* priority: projects of priority 0 leave --priority-headroom MB free on
+   * every node for higher priorities and the admin (docs/cluster.md) */
+  long long headroom = c->proj && c->proj->priority <= 0 ? g->priority_headroom_mb : 0;
+  struct gw_node *n = gw_place (g, c->backend, c->mem + headroom, c->want_labels,
+                                c->image[0] ? c->image : NULL, c->failed);
   if (n == NULL)
     {
       if (c->proj)
-        gw_quota_put (g, c->proj, c->mem);
+        gw_quota_done (g, c->proj, c->mem, false);
       if (c->idem[0])
         idem_forget (g, c->idem);
       pthread_mutex_lock (&g->mu);
@@ -925,6 +928,8 @@ gw_metrics_reply (struct gw *g, struct evhttp_request *req)
     { "quota_conflicts_total", "Quota transactions another gateway won first.",
       g->m.quota_conflicts },
     { "idempotency_claims_total", "etcd writes for idempotency keys.", g->m.idem_claims },
+    { "quota_reconciled_total", "Quota counters lowered by this gateway's reconciler.",
+      atomic_load (&g->reconcile_fixes) },
   };
   for (size_t i = 0; i < WR_ARRAY_SIZE (c); i++)
     evbuffer_add_printf (b,

@@ -859,3 +859,127 @@ def test_gateway_refuses_unauthenticated_bodies_and_caps_connections(cluster):
                  lambda: raw_request(gw.port, get_healthz(ADMIN))[0] == 200)
     finally:
         gw.stop()
+
+
+# ---- the quota reconciler and project priority (issue 10) ----
+
+def make_project(g, name, max_sandboxes, priority=0):
+    st, j = g.api.raw("POST", "/v1/projects", {"name": name, "max_sandboxes": max_sandboxes,
+                                               "priority": priority})
+    assert st == 201, j
+    for gw in g_all:
+        wait_for("the project token on the gateway",
+                 lambda gw=gw: gw.api.raw("GET", "/healthz", token=j["token"])[0] == 200)
+    return j["token"]
+
+
+g_all = []
+
+
+def counter(cluster, name):
+    c, _ = cluster["etcd"].get("/warren-quota/" + name)
+    return c or {"sandboxes": 0, "memory_mb": 0}
+
+
+def test_reconciler_returns_a_killed_gateways_reserve(cluster):
+    """kill -9 of a gateway holding an unused reserve: its published holding
+    dies with its lease and the elected reconciler lowers the counter."""
+    all_ready(cluster)
+    g1 = cluster["gws"][0]
+    # a third gateway that never gives an idle reserve back by itself
+    gc = Gateway(cluster["etcd"].urls, cluster["tokdir"], "--quota-idle-return", "3600")
+    made = []
+    try:
+        g_all[:] = [g1, gc]
+        token = make_project(g1, "reco", 2)
+        st, j = gc.api.raw("POST", "/v1/sandboxes", {"memory_mb": 64}, token=token)
+        assert st == 201, j
+        st, _ = gc.api.raw("DELETE", f"/v1/sandboxes/{j['id']}", token=token)
+        assert st == 204
+        # gc holds one unused slot; g1 takes the other one
+        st, j = g1.api.raw("POST", "/v1/sandboxes", {"memory_mb": 64}, token=token)
+        assert st == 201, j
+        made.append(j["id"])
+        assert counter(cluster, "reco")["sandboxes"] == 2
+        st, j = g1.api.raw("POST", "/v1/sandboxes", {"memory_mb": 64}, token=token)
+        assert st == 429 and j["error"]["code"] == "resource_exhausted", j
+        gc.proc.kill()
+        gc.proc.wait()
+        # the lease (5 s) expires, the reconciler (every second) lowers R to 1
+        wait_for("the killed gateway's reserve reconciled away",
+                 lambda: counter(cluster, "reco")["sandboxes"] == 1, timeout=60)
+
+        def create():
+            st, j = g1.api.raw("POST", "/v1/sandboxes", {"memory_mb": 64}, token=token)
+            if st == 201:
+                made.append(j["id"])
+            return st == 201
+        wait_for("a create through the surviving gateway", create, timeout=30, interval=0.5)
+        assert counter(cluster, "reco")["sandboxes"] <= 2
+
+        def fixes(gw):
+            text = gw.api.raw("GET", "/metrics")[1].decode()
+            return int(dict(line.rsplit(" ", 1) for line in text.splitlines()
+                            if line and not line.startswith("#"))
+                       ["warren_gateway_quota_reconciled_total"])
+        assert sum(fixes(gw) for gw in cluster["gws"]) >= 1
+    finally:
+        for sid in made:
+            g1.api.raw("DELETE", f"/v1/sandboxes/{sid}", token=token)
+        if gc.proc.poll() is None:
+            gc.proc.kill()
+            gc.proc.wait()
+
+
+def test_ttl_expired_sandbox_gives_its_slot_back(cluster):
+    all_ready(cluster)
+    g1, g2 = cluster["gws"]
+    g_all[:] = [g1, g2]
+    token = make_project(g1, "ttl", 1)
+    st, j = g1.api.raw("POST", "/v1/sandboxes", {"memory_mb": 64, "ttl_s": 3}, token=token)
+    assert st == 201, j
+    st, j2 = g2.api.raw("POST", "/v1/sandboxes", {"memory_mb": 64}, token=token)
+    assert st == 429, j2
+    made = []
+
+    def create():
+        st, j = g2.api.raw("POST", "/v1/sandboxes", {"memory_mb": 64}, token=token)
+        if st == 201:
+            made.append(j["id"])
+        return st == 201
+    try:
+        # no DELETE went through a gateway: only the reconciler can give the slot back
+        wait_for("the expired sandbox's slot usable again", create, timeout=60, interval=0.5)
+    finally:
+        for sid in made:
+            g2.api.raw("DELETE", f"/v1/sandboxes/{sid}", token=token)
+
+
+def test_priority_headroom(cluster):
+    """--priority-headroom MB: priority-0 projects leave MB free on every node."""
+    all_ready(cluster)
+    g1 = cluster["gws"][0]
+    gp = Gateway(cluster["etcd"].urls, cluster["tokdir"], "--priority-headroom", "100000000")
+    made = []
+    try:
+        g_all[:] = [g1, gp]
+        wait_for("nodes ready on the new gateway",
+                 lambda: [n["state"] for n in gp.nodes().values()] == ["ready", "ready"])
+        low = make_project(g1, "low", 4, priority=0)
+        high = make_project(g1, "high", 4, priority=5)
+        st, j = gp.api.raw("POST", "/v1/sandboxes", {"memory_mb": 64}, token=low)
+        assert st == 503 and j["error"]["code"] == "unavailable", j
+        st, j = gp.api.raw("POST", "/v1/sandboxes", {"memory_mb": 64}, token=high)
+        assert st == 201, j
+        made.append((j["id"], high))
+        st, j = gp.api.raw("POST", "/v1/sandboxes", {"memory_mb": 64})  # the admin: no headroom
+        assert st == 201, j
+        made.append((j["id"], ADMIN))
+        # without the flag the same low-priority create fits
+        st, j = g1.api.raw("POST", "/v1/sandboxes", {"memory_mb": 64}, token=low)
+        assert st == 201, j
+        made.append((j["id"], low))
+    finally:
+        for sid, tok in made:
+            g1.api.raw("DELETE", f"/v1/sandboxes/{sid}", token=tok)
+        gp.stop()
