@@ -14,6 +14,7 @@
 #include <event2/thread.h>
 
 #include "common/util.h"
+#include "daemon/compat_sf.h" /* SandboxFusion API */
 #include "daemon/fncall.h"
 #include "daemon/log.h"
 #include "daemon/cluster.h" /* cluster mode */
@@ -30,7 +31,9 @@ usage (FILE *f)
       "               [--fncall-zygote PATH] [--fncall-preload MOD,...]\n"
       "               [--max-connections N] [--http-header-timeout S] [--http-idle-timeout S]\n"
       "               [--allow-host-paths] [--allow-host-network] [--version]\n"
-      "               [--log-level error|warning|info|debug]\n" WRD_CLUSTER_USAGE
+      "               [--log-level error|warning|info|debug]\n"
+      "               [--listen-compat tcp:ADDR:PORT [--compat-token-file F]]\n"
+      "               [--compat-image [LANG=]REF]...\n" WRD_CLUSTER_USAGE
       "Runs the Warren node daemon in the foreground; all state lives under DIR.\n"
       "Default listener: unix:DIR/warrend.sock (owner-only).\n");
 }
@@ -94,11 +97,15 @@ main (int argc, char **argv)
     { "allow-host-paths", no_argument, NULL, 'A' },
     { "allow-host-network", no_argument, NULL, 'N' },
     WRD_CLUSTER_OPTIONS, /* cluster mode */
+    { "listen-compat", required_argument, NULL, 2000 }, /* SandboxFusion API */
+    { "compat-token-file", required_argument, NULL, 2001 },
+    { "compat-image", required_argument, NULL, 2002 },
     { NULL, 0, NULL, 0 },
   };
   const char *fn_pools[64];
   size_t n_fn_pools = 0;
   struct wrd_fncall_config fcfg = { 0 };
+  struct wrd_compat_sf_config sfcfg = { 0 }; /* SandboxFusion API */
   int c;
   while ((c = getopt_long (argc, argv, "h", opts, NULL)) != -1)
     switch (c)
@@ -145,6 +152,16 @@ main (int argc, char **argv)
               = (unsigned)v;
           break;
         }
+      case 2000: /* SandboxFusion API */
+        sfcfg.listen = optarg;
+        break;
+      case 2001:
+        sfcfg.token_file = optarg;
+        break;
+      case 2002:
+        if (sfcfg.n_images < WRD_COMPAT_SF_MAX_IMAGES)
+          sfcfg.images[sfcfg.n_images++] = optarg;
+        break;
       case 'A':
         d.http.allow_host_paths = true;
         break;
@@ -315,6 +332,11 @@ main (int argc, char **argv)
       wrd_log (WRD_LOG_ERROR, "fncall: %s", err.msg);
       return 2;
     }
+  if (sfcfg.listen && wrd_compat_sf_start (&d, &sfcfg, &err) < 0) /* SandboxFusion API */
+    {
+      wrd_log (WRD_LOG_ERROR, "--listen-compat: %s", err.msg);
+      return 2;
+    }
   for (size_t i = 0; i < n_fn_pools; i++)
     if (wrd_fncall_pool_arg (&d, fn_pools[i], &err) < 0)
       wrd_log (WRD_LOG_WARN, "fncall pool %s: %s", fn_pools[i], err.msg);
@@ -340,6 +362,7 @@ main (int argc, char **argv)
   event_base_dispatch (d.base);
   d.stopping = true;
   wrd_cluster_stop (&d); /* cluster mode: leave at once */
+  wrd_compat_sf_stop (&d); /* SandboxFusion API */
   wrd_http_free (&d);
   wrd_fncall_shutdown (&d);
   wrd_shutdown (&d);
