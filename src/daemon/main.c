@@ -97,7 +97,8 @@ main (int argc, char **argv)
     { "allow-host-paths", no_argument, NULL, 'A' },
     { "allow-host-network", no_argument, NULL, 'N' },
     WRD_CLUSTER_OPTIONS, /* cluster mode */
-    { "listen-compat", required_argument, NULL, 2000 }, /* SandboxFusion API */
+    /* SandboxFusion API */
+    { "listen-compat", required_argument, NULL, 2000 },
     { "compat-token-file", required_argument, NULL, 2001 },
     { "compat-image", required_argument, NULL, 2002 },
     { NULL, 0, NULL, 0 },
@@ -362,7 +363,8 @@ main (int argc, char **argv)
   event_base_dispatch (d.base);
   d.stopping = true;
   wrd_cluster_stop (&d); /* cluster mode: leave at once */
-  wrd_compat_sf_stop (&d); /* SandboxFusion API */
+  /* SandboxFusion API */
+  wrd_compat_sf_stop (&d);
   wrd_http_free (&d);
   wrd_fncall_shutdown (&d);
   wrd_shutdown (&d);
