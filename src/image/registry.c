@@ -1230,15 +1230,14 @@ run_wait (struct pull_run *run, bool kill_it)
     close (run->sock);
   run->sock = -1;
   if (run->threaded)
-    {
-      pthread_join (run->thread, NULL);
-      run->threaded = false;
-      if (run->f.dirfd >= 0)
-        close (run->f.dirfd);
-      if (run->f.sock >= 0)
-        close (run->f.sock);
-      return 0;
-    }
+    pthread_join (run->thread, NULL);
+  run->threaded = false;
+  /* the thread's ends (in the forked case they live in the child only) */
+  if (run->f.dirfd >= 0)
+    close (run->f.dirfd);
+  if (run->f.sock >= 0)
+    close (run->f.sock);
+  run->f.dirfd = run->f.sock = -1;
   if (run->pid <= 0)
     return 0;
   if (kill_it)
