@@ -52,7 +52,7 @@ extern "C"
 #define WARREN_E_UNAVAILABLE "unavailable"      /* 503 */
 #define WARREN_E_TIMEOUT "timeout"              /* 504, or the client's own deadline (status 0) */
 /* Client-side codes (status 0). */
-#define WARREN_E_CONNECT "connect_failed"  /* cannot reach the daemon */
+#define WARREN_E_CONNECT "connect_failed" /* cannot reach the daemon */
 /* The request was sent, then the connection broke before an answer; a
  * non-idempotent request (exec) is not replayed: it may or may not have run.
  * Like connect_failed, an infrastructure failure, not the task's. */
@@ -201,9 +201,8 @@ extern "C"
    * the upload's id (32 hex characters). */
   WARREN_EXPORT int warren_upload_fd (warren_client_t *c, int fd, warren_progress_fn fn, void *ud,
                                       char ret_id[33], warren_error_t *err);
-  WARREN_EXPORT int warren_upload_path (warren_client_t *c, const char *path,
-                                        warren_progress_fn fn, void *ud, char ret_id[33],
-                                        warren_error_t *err);
+  WARREN_EXPORT int warren_upload_path (warren_client_t *c, const char *path, warren_progress_fn fn,
+                                        void *ud, char ret_id[33], warren_error_t *err);
   /* Import / build from a local path (file, or directory tarred) through an
    * upload: what the CLI does over TCP. */
   WARREN_EXPORT json_t *warren_image_import_upload (warren_client_t *c, const char *name,
