@@ -11,7 +11,7 @@ from typing import AsyncIterator, List, Optional, Tuple
 
 from ._common import (FAILOVER_CONNECT, MAX_HEAD, MAX_BODY, Failover, Request, Response, Target,
                       body_mode, keep_alive, parse_chunk_size, parse_header_line,
-                      parse_status_line)
+                      parse_status_line, stream_lost)
 from .errors import ConnectError, ConnectionLost, ProtocolError, Timeout, WarrenError
 
 
@@ -307,7 +307,7 @@ class AsyncStream:
                         raise
                     raise Timeout("the stream did not finish before the deadline") from None
                 except OSError as e:
-                    raise ConnectionLost(f"stream broken: {e}") from None
+                    raise stream_lost(e) from None
                 yield part
         except BaseException:
             self.close()

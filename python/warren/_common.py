@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from .errors import InvalidArgument, ProtocolError, error_from_response
+from .errors import ConnectionLost, InvalidArgument, ProtocolError, WarrenError, error_from_response
 from .types import encode_field
 from ._version import __version__
 
@@ -129,6 +129,7 @@ class Request:
     parse: Callable[[Response], Any] = field(default=lambda r: r.json())
     stream: bool = False
     idempotency_key: Optional[str] = None  # a create's; lets it be replayed on another gateway
+    idempotency_auto: bool = False  # the SDK made the key up (it may make another)
 
     @property
     def retryable(self) -> bool:
@@ -181,7 +182,9 @@ class Failover:
     - ``503 control_plane_unavailable`` (that gateway lost etcd and did
       nothing): the next host;
     - ``409 conflict`` to a create replayed with its key: the first attempt
-      is still being made; ask again with backoff, up to ``IDEM_WAIT``.
+      is still being made; ask again with backoff, up to ``IDEM_WAIT``; then
+      (the gateway died after claiming the key and before any node made a
+      sandbox) a key the SDK made up is replaced once by a fresh one.
     Every host is tried at most once per request; the transport stays on
     the host that answered."""
 
@@ -194,6 +197,7 @@ class Failover:
         self.replayed = False
         self.waited = 0.0
         self.backoff = 0.025
+        self.rekeyed = False
 
     def connect_failed(self) -> bool:
         """True: try the next host."""
@@ -230,13 +234,25 @@ class Failover:
             self.hops += 1
             return "next"
         if resp.status == 409 and self.replayed and self.req.idempotency_key \
-                and self.waited < IDEM_WAIT and now + self.backoff < deadline \
                 and error_code(resp) == "conflict":
-            delay = self.backoff
-            self.waited += delay
-            self.backoff = min(self.backoff * 2, 1.0)
-            return delay
+            if self.waited < IDEM_WAIT and now + self.backoff < deadline:
+                delay = self.backoff
+                self.waited += delay
+                self.backoff = min(self.backoff * 2, 1.0)
+                return delay
+            if self.req.idempotency_auto and not self.rekeyed:
+                self.rekeyed = True
+                self.req.idempotency_key = create_key(None)
+                return 0.0
         return None
+
+
+def stream_lost(e: BaseException) -> ConnectionLost:
+    """The error for a streamed answer cut off by a lost connection (a gateway
+    or node that died): never replayed."""
+    why = e.message if isinstance(e, WarrenError) else str(e)
+    return ConnectionLost(f"stream broken: {why}: the command may or may not have finished, "
+                          "and is not sent again (an infrastructure failure)")
 
 
 def raise_for(resp: Response) -> None:
@@ -360,6 +376,7 @@ def json_req(method: str, path: str, body: Optional[Json] = None, **kw: Any) -> 
     req = Request(method, path, data, ctype, **kw)
     if method == "POST" and path == "/v1/sandboxes":
         req.idempotency_key = create_key(body)
+        req.idempotency_auto = not isinstance((body or {}).get("idempotency_key"), str)
     return req
 
 

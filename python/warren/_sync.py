@@ -10,7 +10,8 @@ import time
 from typing import Iterator, List, Optional, Tuple
 
 from ._common import (FAILOVER_CONNECT, MAX_HEAD, Failover, Request, Response, Target, body_mode,
-                      keep_alive, parse_chunk_size, parse_header_line, parse_status_line)
+                      keep_alive, parse_chunk_size, parse_header_line, parse_status_line,
+                      stream_lost)
 from .errors import ConnectError, ConnectionLost, ProtocolError, Timeout, WarrenError
 
 
@@ -320,7 +321,7 @@ class SyncStream:
             raise Timeout("the stream did not finish before the deadline") from None
         except OSError as e:
             self.close()
-            raise ConnectionLost(f"stream broken: {e}") from None
+            raise stream_lost(e) from None
         self.done = True
         if keep_alive(self.headers) and body_mode(self.req.method, self.status, self.headers)[0] != "close":
             c, self.c = self.c, None

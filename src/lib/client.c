@@ -315,6 +315,7 @@ wl_json_call (warren_client_t *c, const char *method, const char *target, const 
     .timeout_ms = timeout_ms,
     .idem_key = create_idem_key (method, target, body, key),
   };
+  req.idem_auto = req.idem_key == key;
   wl_response_t resp;
   int hr = wl_http_request (c, &req, &resp, err);
   if (hr < 0)

@@ -902,6 +902,9 @@ wl_http_request (warren_client_t *c, const wl_request_t *req, wl_response_t *res
   uint64_t deadline = timeout > 0 ? wr_now_ns () + (uint64_t)timeout * 1000000ull : 0;
   size_t hops = 0;
   int waited_ms = 0, backoff_ms = 25;
+  wl_request_t rekey;
+  char newkey[40];
+  bool rekeyed = false;
   for (;;)
     {
       if (wl_http_begin (c, req, resp, err) < 0)
@@ -923,14 +926,29 @@ wl_http_request (warren_client_t *c, const wl_request_t *req, wl_response_t *res
        * is still being made: the key answers with that sandbox once it
        * exists. */
       if (resp->status == 409 && req->idem_key && c->replayed
-          && strcmp (e.code, WARREN_E_CONFLICT) == 0 && waited_ms < WL_IDEM_WAIT_MS)
+          && strcmp (e.code, WARREN_E_CONFLICT) == 0)
         {
-          int pr = pause_ms (c, backoff_ms, deadline, err);
-          if (pr < 0)
-            return pr;
-          waited_ms += backoff_ms;
-          backoff_ms = backoff_ms * 2 > 1000 ? 1000 : backoff_ms * 2;
-          continue;
+          if (waited_ms < WL_IDEM_WAIT_MS)
+            {
+              int pr = pause_ms (c, backoff_ms, deadline, err);
+              if (pr < 0)
+                return pr;
+              waited_ms += backoff_ms;
+              backoff_ms = backoff_ms * 2 > 1000 ? 1000 : backoff_ms * 2;
+              continue;
+            }
+          /* Still no sandbox for the key: the gateway died after claiming it
+           * and before any node made one, and its claim outlives it. A key
+           * of our own is replaced once by a fresh one. */
+          if (req->idem_auto && !rekeyed && wr_random_hex (newkey + 3, 32) == 0)
+            {
+              memcpy (newkey, "wl-", 3);
+              rekey = *req;
+              rekey.idem_key = newkey;
+              req = &rekey;
+              rekeyed = true;
+              continue;
+            }
         }
       return copy_error (err, &e, r);
     }

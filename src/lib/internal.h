@@ -69,6 +69,7 @@ typedef struct wl_request
   uint64_t body_len;
   int timeout_ms;       /* 0 = the client's default */
   const char *idem_key; /* Idempotency-Key header of a create, or NULL */
+  bool idem_auto;       /* the client made idem_key up (it may make another) */
 } wl_request_t;
 
 typedef struct wl_response
