@@ -61,6 +61,14 @@ extern "C"
 #define WARREN_E_IO "io_error"             /* local file or fd failure */
 #define WARREN_E_CANCELLED "cancelled"     /* the cancel flag was raised */
 
+  /* Whose failure is err (docs/errors.md, "Infra or task")? true: the
+   * platform's (agent or node lost, daemon gone mid-request, out of capacity,
+   * the platform's own limits and timeouts, internal errors): retry it, or
+   * mask the sample instead of scoring it. false: the caller's (bad request,
+   * not found, cancelled, a local file). A completed exec or call is never an
+   * error: its exit code, timeout or OOM is the task's result. */
+  WARREN_EXPORT bool warren_err_is_infra (const warren_error_t *err);
+
   /* host: "unix:/path/sock", "http://host:port" or "tcp:host:port", or a
    * comma-separated list of them (gateways of one cluster: the client fails
    * over between them, docs/cluster.md); NULL -> $WARREN_HOST, else

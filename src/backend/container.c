@@ -762,6 +762,31 @@ clone_as (uid_t owner, int securebits, struct wr_clone_args *ca, struct wr_runti
   return pid;
 }
 
+bool
+wr_timens_supported (void)
+{
+  static int supported = -1;
+  if (supported < 0)
+    supported = access ("/proc/self/ns/time_for_children", F_OK) == 0;
+  return supported;
+}
+
+/* /proc/PID/timens_offsets text that makes CLOCK_MONOTONIC and
+ * CLOCK_BOOTTIME (so /proc/uptime) read uptime_s plus the time since now.
+ * Whole seconds: the kernel wants clock + offset >= 0, which holds for any
+ * uptime_s >= 0 as the sub-second part stays. */
+static int
+timens_offsets_text (uint64_t uptime_s, char *buf, size_t len)
+{
+  struct timespec mono, boot;
+  if (clock_gettime (CLOCK_MONOTONIC, &mono) < 0 || clock_gettime (CLOCK_BOOTTIME, &boot) < 0)
+    return -errno;
+  int n = snprintf (buf, len, "%d %lld 0\n%d %lld 0\n", CLOCK_MONOTONIC,
+                    (long long)uptime_s - (long long)mono.tv_sec, CLOCK_BOOTTIME,
+                    (long long)uptime_s - (long long)boot.tv_sec);
+  return n < 0 || (size_t)n >= len ? -ENOSPC : n;
+}
+
 int
 wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec,
                      struct wr_container *ret, wr_err_t *err)
@@ -787,6 +812,16 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
       return wr_error (err, EINVAL, WR_E_INVALID, "layer dirs must be absolute");
   char tmpfs_size[32];
   snprintf (tmpfs_size, sizeof tmpfs_size, "%" PRIu64 "m", disk_mb);
+  char timens[96];
+  int timens_len = 0;
+  if (spec->time_ns && wr_timens_supported ())
+    {
+      if (spec->uptime_s > WR_MAX_UPTIME_S)
+        return wr_error (err, ERANGE, WR_E_INVALID, "uptime out of range");
+      timens_len = timens_offsets_text (spec->uptime_s, timens, sizeof timens);
+      if (timens_len < 0)
+        return wr_error (err, -timens_len, WR_E_INTERNAL, "time namespace offsets");
+    }
 
   _cleanup_close_ int dirfd = open (spec->state_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (dirfd < 0)
@@ -917,6 +952,13 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
     .pidfd = (uint64_t)(uintptr_t)&pidfd,
     .exit_signal = SIGCHLD,
   };
+  /* A time namespace for the sandbox: with CLONE_VM the child itself stays
+   * in ours (its time_for_children is the new one, offsets still writable:
+   * we write them below, as host root); the agent enters it at execveat, a
+   * new mm switching to time_for_children, and so does everything it
+   * spawns, CLONE_VM or not. */
+  if (timens_len > 0)
+    ca.flags |= CLONE_NEWTIME;
   if (cgs.v2_fd >= 0)
     {
       ca.flags |= CLONE_INTO_CGROUP;
@@ -953,6 +995,13 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
       }
     if (r < 0)
       r = wr_error (err, -r, WR_E_INTERNAL, "write id map");
+    if (r == 0 && timens_len > 0)
+      {
+        snprintf (path, sizeof path, "/proc/%ld/timens_offsets", pid);
+        r = wr_write_file_at (AT_FDCWD, path, timens);
+        if (r < 0)
+          r = wr_error (err, -r, WR_E_INTERNAL, "write time namespace offsets");
+      }
   }
   if (r == 0)
     r = layer_mounts_make (spec, (pid_t)pid, &lm, err);

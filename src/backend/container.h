@@ -68,6 +68,11 @@ struct wr_container_spec
   uint64_t pids_max;    /* 0 = default */
   bool net_host;        /* false: own netns with loopback only */
   const char *hostname; /* NULL = id */
+  /* Determinism (docs/api.md): a time namespace whose CLOCK_MONOTONIC and
+   * CLOCK_BOOTTIME start at uptime_s, where the kernel has time namespaces
+   * (wr_timens_supported); ignored otherwise. */
+  bool time_ns;
+  uint64_t uptime_s;
   /* The same layers as EROFS image files, bottom-most first: VM backends
    * attach these as read-only disks (the container backend ignores them). */
   const char **layer_files;
@@ -94,6 +99,11 @@ struct wr_container
 
 /* Create and start a sandbox whose PID 1 is warren-agent. On success the
  * agent is running and ret->agent_fd is a connected channel to it. */
+/* Can containers get their own time namespace (CLONE_NEWTIME)? */
+bool wr_timens_supported (void);
+/* Largest start uptime a sandbox may ask for: about 100 years. */
+#define WR_MAX_UPTIME_S (100ull * 366 * 86400)
+
 int wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec,
                          struct wr_container *ret, wr_err_t *err);
 

@@ -14,6 +14,9 @@
 #define CLI_EXIT_USAGE 2 /* bad command line */
 #define CLI_EXIT_TIMEOUT 124
 #define CLI_EXIT_OWN 125 /* exec/run/call: warren failed, not the command */
+/* The platform failed, not the request or the task (warren_err_is_infra):
+ * EX_TEMPFAIL, retry later. Any verb. */
+#define CLI_EXIT_INFRA 75
 
 typedef struct cli
 {
@@ -28,7 +31,8 @@ warren_client_t *cli_client (cli_t *cli);
 
 /* "warren: <message>" on stderr. */
 void cli_errorf (const char *fmt, ...) __attribute__ ((format (printf, 1, 2)));
-/* Print e as "warren: [prefix: ]message"; returns CLI_EXIT_FAIL. */
+/* Print e as "warren: [prefix: ]message"; returns CLI_EXIT_INFRA for an
+ * infra failure (warren_err_is_infra), else CLI_EXIT_FAIL. */
 int cli_fail (const warren_error_t *e, const char *prefix);
 /* Usage error for verb: message, then a hint; returns CLI_EXIT_USAGE. */
 int cli_usage (const char *verb, const char *fmt, ...) __attribute__ ((format (printf, 2, 3)));
@@ -85,11 +89,15 @@ int cmd_metrics (cli_t *cli, int argc, char **argv);
 /* Shared by create and run: handle one create flag into req. Returns 1 when
  * opt was a create flag, 0 when not, -1 on a bad value (already printed). */
 int cli_create_opt (int opt, const char *arg, json_t *req, const char *verb);
+/* --seed / --epoch: "deterministic" in the create request (docs/api.md) */
+#define CLI_OPT_SEED 3000
+#define CLI_OPT_EPOCH 3001
 #define CLI_CREATE_LONGOPTS                                                                        \
   { "backend", required_argument, NULL, 'B' }, { "image", required_argument, NULL, 'I' },          \
       { "layer", required_argument, NULL, 'L' }, { "memory", required_argument, NULL, 'M' },       \
       { "cpus", required_argument, NULL, 'C' }, { "disk", required_argument, NULL, 'D' },          \
-      { "ttl", required_argument, NULL, 'T' },                                                     \
+      { "ttl", required_argument, NULL, 'T' }, { "seed", required_argument, NULL, CLI_OPT_SEED },  \
+      { "epoch", required_argument, NULL, CLI_OPT_EPOCH },                                         \
   {                                                                                                \
     "net", required_argument, NULL, 'N'                                                            \
   }

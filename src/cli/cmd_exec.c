@@ -189,7 +189,7 @@ failed_request (const warren_error_t *e)
                 e->message);
   else
     cli_fail (e, NULL);
-  return CLI_EXIT_OWN;
+  return warren_err_is_infra (e) ? CLI_EXIT_INFRA : CLI_EXIT_OWN;
 }
 
 static int

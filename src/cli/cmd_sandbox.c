@@ -81,6 +81,20 @@ cli_create_opt (int opt, const char *arg, json_t *req, const char *verb)
         return cli_usage (verb, "--net must be none or host"), -1;
       json_object_set_new (req, "network", json_string (arg));
       return 1;
+    case CLI_OPT_SEED:
+    case CLI_OPT_EPOCH:
+      {
+        bool seed = opt == CLI_OPT_SEED;
+        if (!cli_parse_u64 (arg, 0, seed ? UINT32_MAX : 1ull << 40, &u))
+          return cli_usage (verb, "--%s: expected a non-negative integer, got '%.32s'",
+                            seed ? "seed" : "epoch", arg),
+                 -1;
+        json_t *det = json_object_get (req, "deterministic");
+        if (det == NULL)
+          json_object_set_new (req, "deterministic", det = json_object ());
+        json_object_set_new (det, seed ? "seed" : "epoch", json_integer ((json_int_t)u));
+        return 1;
+      }
     default:
       return 0;
     }

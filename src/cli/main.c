@@ -29,7 +29,9 @@ struct help
   "  --cpus N        CPU limit (fractions allowed)\n"                                              \
   "  --disk MB       writable layer size\n"                                                        \
   "  --ttl SEC       destroy the sandbox after SEC seconds\n"                                      \
-  "  --net MODE      none (loopback only, default) | host\n"
+  "  --net MODE      none (loopback only, default) | host\n"                                       \
+  "  --seed N        deterministic sandbox: fixed hostname, uptime from 0, PYTHONHASHSEED=N\n"     \
+  "  --epoch T       with --seed: SOURCE_DATE_EPOCH=T (default 0)\n"
 
 #define EXEC_FLAGS                                                                                 \
   "  --timeout S     kill the command after S seconds (default 600); exit status 124\n"            \
@@ -166,7 +168,7 @@ cli_fail (const warren_error_t *e, const char *prefix)
     cli_errorf ("%s: %s%s", prefix, e->message, hint);
   else
     cli_errorf ("%s%s", e->message, hint);
-  return CLI_EXIT_FAIL;
+  return warren_err_is_infra (e) ? CLI_EXIT_INFRA : CLI_EXIT_FAIL;
 }
 
 int

@@ -54,25 +54,70 @@ wr_err_clear (wr_err_t *err)
   err->msg[0] = '\0';
 }
 
+/* The one table: code, HTTP status, and whose failure it is. */
+static const struct
+{
+  const char *code;
+  int status;
+  bool infra;
+} code_table[] = {
+  /* the caller's request: fixing it is the caller's job */
+  { WR_E_INVALID, 400, false },
+  { WR_E_TOO_LARGE, 413, false },
+  { WR_E_UNAUTHORIZED, 401, false },
+  { WR_E_FORBIDDEN, 403, false },
+  { WR_E_NOT_FOUND, 404, false },
+  { WR_E_CONFLICT, 409, false },
+  { WR_E_UNSUPPORTED, 501, false },
+  /* the sandbox's agent died under the request, or the sandbox is dead */
+  { WR_E_GONE, 410, true },
+  /* out of capacity or over one of the platform's own limits */
+  { WR_E_EXHAUSTED, 429, true },
+  { WR_E_UNAVAILABLE, 503, true },
+  /* the platform's internal timeouts (a task's timeout is a result) */
+  { WR_E_TIMEOUT, 504, true },
+  { WR_E_INTERNAL, 500, true },
+  { WR_E_NODE_LOST, 503, true },
+  { WR_E_CONTROL_PLANE_UNAVAILABLE, 503, true },
+  /* the client's own (libwarren, the SDK): the platform never answered */
+  { WR_E_CONNECTION_LOST, 503, true },
+  { "connect_failed", 503, true },
+  { "protocol_error", 502, true },
+};
+
+static int
+code_index (const char *code)
+{
+  if (code == NULL)
+    return -1;
+  for (size_t i = 0; i < sizeof code_table / sizeof code_table[0]; i++)
+    if (strcmp (code_table[i].code, code) == 0)
+      return (int)i;
+  return -1;
+}
+
 int
 wr_code_http_status (const char *code)
 {
-  static const struct
-  {
-    const char *code;
-    int status;
-  } map[] = {
-    { WR_E_INVALID, 400 },   { WR_E_TOO_LARGE, 413 }, { WR_E_UNAUTHORIZED, 401 },
-    { WR_E_FORBIDDEN, 403 }, { WR_E_NOT_FOUND, 404 }, { WR_E_CONFLICT, 409 },
-    { WR_E_GONE, 410 },      { WR_E_EXHAUSTED, 429 }, { WR_E_UNAVAILABLE, 503 },
-    { WR_E_TIMEOUT, 504 },   { WR_E_INTERNAL, 500 },  { WR_E_UNSUPPORTED, 501 },
-  };
   if (code == NULL)
     return 500;
-  for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
-    if (strcmp (map[i].code, code) == 0)
-      return map[i].status;
-  return 400;
+  int i = code_index (code);
+  return i < 0 ? 400 : code_table[i].status;
+}
+
+bool
+wr_code_is_infra (const char *code)
+{
+  if (code == NULL)
+    return true; /* no code: the platform could not even say what failed */
+  int i = code_index (code);
+  return i < 0 ? false : code_table[i].infra;
+}
+
+bool
+wr_err_is_infra (const wr_err_t *err)
+{
+  return wr_code_is_infra (err ? err->code : NULL);
 }
 
 int

@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdbool.h>
 
 typedef struct wr_err
 {
@@ -31,6 +32,10 @@ typedef struct wr_err
 #define WR_E_TIMEOUT "timeout"              /* 504 */
 #define WR_E_INTERNAL "internal"            /* 500 */
 #define WR_E_UNSUPPORTED "unsupported"      /* 501 */
+/* The cluster gateway's and the client's own codes (docs/errors.md). */
+#define WR_E_NODE_LOST "node_lost"                                 /* 503 / 410 */
+#define WR_E_CONTROL_PLANE_UNAVAILABLE "control_plane_unavailable" /* 503 */
+#define WR_E_CONNECTION_LOST "connection_lost"                     /* client side: no answer came */
 
 /* Fill err (if not NULL) with errnum, code and a printf-style message; when
  * errnum != 0 ": strerror(errnum)" is appended. Returns -errnum, or -EIO
@@ -50,5 +55,13 @@ void wr_err_clear (wr_err_t *err);
 int wr_err_http_status (const wr_err_t *err);
 /* Map an API code string back to its HTTP status (400 for unknown codes). */
 int wr_code_http_status (const char *code);
+
+/* Whose failure is an error with this code (docs/errors.md, "Infra or
+ * task")? true: the platform's (agent or node lost, capacity, the platform's
+ * own limits and timeouts, internal errors), so a trainer masks the sample
+ * instead of scoring it; false: the caller's or the task's. Codes outside
+ * the table follow their HTTP status class (5xx: infra). */
+bool wr_code_is_infra (const char *code);
+bool wr_err_is_infra (const wr_err_t *err);
 
 #endif

@@ -190,6 +190,8 @@ call_reply (struct fn_call *c, json_t *r)
   json_object_set_new (r, "truncated", json_boolean (trunc));
   if (!json_is_boolean (json_object_get (r, "timed_out")))
     json_object_set_new (r, "timed_out", json_false ());
+  /* the call ran: its exit, timeout or OOM is the task's (err.c) */
+  json_object_set_new (r, "infra_failure", json_false ());
   uint64_t now = wr_now_ns ();
   json_object_set_new (r, "fncall",
                        json_pack ("{s:s,s:s,s:I,s:I,s:I}", "pool", c->pool->key, "sandbox",

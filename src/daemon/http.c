@@ -58,8 +58,10 @@ wrd_reply_json (struct evhttp_request *req, int status, json_t *j)
 void
 wrd_reply_error_code (struct evhttp_request *req, const char *code, const char *msg)
 {
+  /* whose failure it is, beside the error as the gateway puts it (err.c) */
   wrd_reply_json (req, wr_code_http_status (code),
-                  json_pack ("{s:{s:s,s:s}}", "error", "code", code, "message", msg));
+                  json_pack ("{s:{s:s,s:s},s:b}", "error", "code", code, "message", msg,
+                             "infra_failure", wr_code_is_infra (code)));
 }
 
 void
@@ -491,6 +493,8 @@ exec_on_done (void *ud, json_t *res)
                || json_is_true (json_object_get (r, "stderr_truncated"));
   json_object_set_new (r, "truncated", json_boolean (trunc));
   wrd_backend_exec_oom (x->d, x->sb, r);
+  /* the command ran: whatever its exit, timeout or OOM, that is the task's */
+  json_object_set_new (r, "infra_failure", json_false ());
   double secs = (double)(wr_now_ns () - x->t0) / 1e9;
   wrd_metrics_exec (x->d, secs, true);
   /* A command that could not start: say why where a shell user looks. */
@@ -530,7 +534,8 @@ exec_on_error (void *ud, const char *code, const char *message)
   exec_detach (x);
   if (x->stream)
     {
-      stream_line (x, json_pack ("{s:{s:s,s:s}}", "error", "code", code, "message", message));
+      stream_line (x, json_pack ("{s:{s:s,s:s},s:b}", "error", "code", code, "message", message,
+                                 "infra_failure", wr_code_is_infra (code)));
       evhttp_send_reply_end (x->req);
     }
   else
@@ -899,6 +904,7 @@ file_on_done (void *ud, json_t *res)
       json_t *r = json_deep_copy (res);
       if (f->op_status == 201)
         json_object_set_new (r, "path", json_string (f->path));
+      json_object_set_new (r, "infra_failure", json_false ());
       wrd_reply_json (f->req, f->op_status, r);
     }
   file_ctx_free (f);
@@ -1069,7 +1075,11 @@ create_done (struct wrd *d, struct sandbox *sb, wr_err_t *err, void *ud)
   if (sb == NULL)
     wrd_reply_error (req, err);
   else
-    wrd_reply_json (req, 201, wrd_sandbox_json (d, sb, false));
+    {
+      json_t *j = wrd_sandbox_json (d, sb, false);
+      json_object_set_new (j, "infra_failure", json_false ());
+      wrd_reply_json (req, 201, j);
+    }
 }
 
 static void

@@ -4,6 +4,7 @@
 #include "daemon/log.h"
 
 #include <fcntl.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/syscall.h>
@@ -141,6 +142,60 @@ check_string_map (json_t *v, const char *field, wr_err_t *err)
   return 0;
 }
 
+/* "deterministic": {"seed","epoch","hostname","uptime_s"} (docs/api.md,
+ * "Determinism"): normalised with its defaults into *ret, and its
+ * environment (PYTHONHASHSEED, SOURCE_DATE_EPOCH) merged under env, where
+ * the caller's own env entries win. */
+static int
+parse_deterministic (json_t *v, json_t *env, json_t **ret, wr_err_t *err)
+{
+  *ret = NULL;
+  if (v == NULL || json_is_null (v) || json_is_false (v))
+    return 0;
+  json_t *empty = NULL;
+  if (json_is_true (v))
+    v = empty = json_object ();
+  if (!json_is_object (v))
+    return wr_error (err, 0, WR_E_INVALID, "field \"deterministic\" must be an object or true");
+  uint64_t seed, epoch, uptime;
+  /* PYTHONHASHSEED takes [0, 2^32-1] */
+  int r = get_uint (v, "seed", 0, 0, UINT32_MAX, &seed, err);
+  if (r == 0)
+    r = get_uint (v, "epoch", 0, 0, (uint64_t)1 << 40, &epoch, err);
+  if (r == 0)
+    r = get_uint (v, "uptime_s", 0, 0, WR_MAX_UPTIME_S, &uptime, err);
+  const char *host = "sandbox";
+  json_t *h = json_object_get (v, "hostname");
+  if (r == 0 && h && !json_is_null (h))
+    {
+      host = json_string_value (h);
+      size_t n = host ? strlen (host) : 0;
+      bool ok = n > 0 && n <= 64;
+      for (size_t i = 0; ok && i < n; i++)
+        ok = (host[i] >= 'a' && host[i] <= 'z') || (host[i] >= 'A' && host[i] <= 'Z')
+             || (host[i] >= '0' && host[i] <= '9') || host[i] == '-' || host[i] == '.';
+      if (!ok)
+        r = wr_error (err, 0, WR_E_INVALID,
+                      "field \"deterministic\".\"hostname\" must be 1-64 of [A-Za-z0-9.-]");
+    }
+  if (r < 0)
+    {
+      json_decref (empty);
+      return r;
+    }
+  *ret = json_pack ("{s:I,s:I,s:s,s:I}", "seed", (json_int_t)seed, "epoch", (json_int_t)epoch,
+                    "hostname", host, "uptime_s", (json_int_t)uptime);
+  json_decref (empty);
+  char num[24];
+  snprintf (num, sizeof num, "%" PRIu64, seed);
+  if (json_object_get (env, "PYTHONHASHSEED") == NULL)
+    json_object_set_new (env, "PYTHONHASHSEED", json_string (num));
+  snprintf (num, sizeof num, "%" PRIu64, epoch);
+  if (json_object_get (env, "SOURCE_DATE_EPOCH") == NULL)
+    json_object_set_new (env, "SOURCE_DATE_EPOCH", json_string (num));
+  return 0;
+}
+
 int
 wrd_parse_create (struct wrd *d, json_t *req, json_t **ret, wr_err_t *err)
 {
@@ -230,6 +285,16 @@ wrd_parse_create (struct wrd *d, json_t *req, json_t **ret, wr_err_t *err)
   json_object_set_new (out, "env", json_is_object (env) ? json_deep_copy (env) : json_object ());
   json_object_set_new (out, "labels",
                        json_is_object (labels) ? json_deep_copy (labels) : json_object ());
+  json_t *det;
+  if (parse_deterministic (json_object_get (req, "deterministic"), json_object_get (out, "env"),
+                           &det, err)
+      < 0)
+    {
+      json_decref (out);
+      return -EINVAL;
+    }
+  if (det)
+    json_object_set_new (out, "deterministic", det);
   *ret = out;
   return 0;
 }
@@ -464,6 +529,13 @@ build_prepare (struct wrd *d, json_t *spec, enum sb_state state, struct build **
     .n_layer_files = sb->n_layers,
     .image_config = sb->img_conf,
   };
+  json_t *det = json_object_get (spec, "deterministic");
+  if (det)
+    {
+      b->cs.hostname = json_string_value (json_object_get (det, "hostname"));
+      b->cs.time_ns = true;
+      b->cs.uptime_s = (uint64_t)json_integer_value (json_object_get (det, "uptime_s"));
+    }
   *ret = b;
   return 0;
 }
@@ -679,7 +751,8 @@ static bool
 poolable (json_t *spec)
 {
   return json_array_size (json_object_get (spec, "layers")) == 0
-         && json_object_size (json_object_get (spec, "env")) == 0;
+         && json_object_size (json_object_get (spec, "env")) == 0
+         && json_object_get (spec, "deterministic") == NULL;
 }
 
 static struct pool *
@@ -923,11 +996,41 @@ create_built (struct wrd *d, struct sandbox *sb, wr_err_t *err, void *ud)
   free (c);
 }
 
+/* $WARREN_MAX_SANDBOXES: the node's cap on sandboxes a client can hold
+ * (warm-pool and fncall members not counted); over it a create is 429, an
+ * infra failure (docs/errors.md): the platform is full, the task did
+ * nothing wrong. */
+static int
+check_capacity (struct wrd *d, wr_err_t *err)
+{
+  const char *s = getenv ("WARREN_MAX_SANDBOXES");
+  char *end;
+  if (s == NULL || *s == '\0')
+    return 0;
+  unsigned long long max = strtoull (s, &end, 10);
+  if (*end != '\0')
+    return 0;
+  size_t n = 0;
+  for (size_t i = 0; i < d->table_size; i++)
+    for (struct sandbox *sb = d->table[i]; sb; sb = sb->hnext)
+      if (sb->state != SB_POOLED && sb->state != SB_DESTROYING)
+        n++;
+  if (n >= max)
+    return wr_error (err, 0, WR_E_EXHAUSTED,
+                     "this node holds its maximum of %llu sandboxes (WARREN_MAX_SANDBOXES); "
+                     "retry later",
+                     max);
+  return 0;
+}
+
 int
 wrd_sandbox_create_async (struct wrd *d, json_t *req, wrd_create_cb cb, void *ud, wr_err_t *err)
 {
   json_t *spec = NULL;
-  int r = wrd_parse_create (d, req, &spec, err);
+  int r = check_capacity (d, err);
+  if (r < 0)
+    return r;
+  r = wrd_parse_create (d, req, &spec, err);
   if (r < 0)
     return r;
   uint64_t t0 = wr_now_ns ();
@@ -1089,6 +1192,16 @@ wrd_sandbox_json (struct wrd *d, struct sandbox *sb, bool detail)
                        sb->expires_at > 0 ? json_real (sb->expires_at) : json_null ());
   json_object_set_new (j, "image_digest", json_string (sb->image_digest));
   json_object_set_new (j, "pooled", json_boolean (sb->from_pool));
+  json_t *det = json_object_get (sb->spec, "deterministic");
+  if (det)
+    {
+      /* only containers get a time namespace so far (docs/api.md) */
+      det = json_deep_copy (det);
+      json_object_set_new (
+          det, "time_namespace",
+          json_boolean (strcmp (sb->backend, "container") == 0 && wr_timens_supported ()));
+      json_object_set_new (j, "deterministic", det);
+    }
   if (detail && sb->has_container && sb->state != SB_DEAD)
     {
       struct wr_container_stats st;

@@ -20,6 +20,7 @@
 #include <sys/un.h>
 #include <time.h>
 
+#include "common/err.h" /* the one infra/task table */
 #include "common/util.h"
 
 int
@@ -40,6 +41,20 @@ wl_error (warren_error_t *err, int errnum, const char *code, int status, const c
   if (errnum > 0 && (size_t)n < sizeof err->message)
     snprintf (err->message + n, sizeof err->message - n, ": %s", strerror (errnum));
   return ret;
+}
+
+bool
+warren_err_is_infra (const warren_error_t *err)
+{
+  if (err == NULL || err->code[0] == '\0')
+    return false;
+  /* a 5xx the table does not know (a proxy's, a gateway's) is the platform's */
+  if (err->status >= 500)
+    return true;
+  /* the client's own deadline: the platform did not answer in time */
+  if (err->status == 0 && strcmp (err->code, WARREN_E_TIMEOUT) == 0)
+    return true;
+  return wr_code_is_infra (err->code);
 }
 
 const char *
