@@ -139,6 +139,7 @@ struct sf_req
   enum sf_stage stage;
   json_t *compile_result, *run_result, *out_files;
   struct bufferevent *bev; /* the loopback call in flight */
+  struct event *hangup;    /* the client's socket closed (EV_CLOSED) */
 };
 
 /* ---- small helpers ---- */
@@ -381,6 +382,8 @@ req_free (struct sf_req *r)
     evhttp_connection_set_closecb (r->evcon, NULL, NULL);
   if (r->bev)
     bufferevent_free (r->bev);
+  if (r->hangup)
+    event_free (r->hangup);
   json_decref (r->code);
   json_decref (r->cells);
   json_decref (r->fetch);
@@ -533,6 +536,20 @@ client_closed (struct evhttp_connection *evcon WR_UNUSED, void *arg)
   struct sf_req *r = arg;
   r->evcon = NULL;
   req_free (r);
+}
+
+/* evhttp stops reading a connection while its request is served, so it
+ * would notice a hang-up only when the answer is written: watch the socket
+ * for the peer's close (EPOLLRDHUP) meanwhile. */
+static void
+client_hangup (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
+{
+  struct sf_req *r = arg;
+  wrd_log (WRD_LOG_DEBUG, "compat: client hung up, dropping its call");
+  struct evhttp_connection *evcon = r->evcon;
+  req_free (r); /* unhooks the close callback first */
+  if (evcon)
+    evhttp_connection_free (evcon); /* frees its pending request */
 }
 
 /* ---- stages ---- */
@@ -1200,6 +1217,9 @@ sf_route (struct evhttp_request *req, void *arg)
   r->req = req;
   r->evcon = evhttp_request_get_connection (req);
   evhttp_connection_set_closecb (r->evcon, client_closed, r);
+  int cfd = bufferevent_getfd (evhttp_connection_get_bufferevent (r->evcon));
+  if (cfd >= 0 && (r->hangup = event_new (s->d->base, cfd, EV_CLOSED, client_hangup, r)))
+    event_add (r->hangup, NULL);
   if (PATH_IS ("/run_code"))
     handle_run_code (s, r, body);
   else

@@ -1,0 +1,129 @@
+"""A warrend serving the SandboxFusion API (docs/compat.md), and a plain
+http.client caller shaped like SandboxFusion's own test client."""
+import hashlib
+import http.client
+import json
+import os
+import shutil
+import socket
+import subprocess
+
+import pytest
+
+from conftest import BUILD, need
+from wr import Daemon
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOP = os.path.join(HERE, "..", "..", "..")
+ZYGOTE = os.path.join(TOP, "src", "zygote", "pyzygote.py")
+CACHE = os.environ.get("WARREN_CACHE_DIR", "/var/cache/warren")
+BASE_PKGS = "python3,git,gcc,libc6-dev,make,ca-certificates"
+
+
+def debian_tarball():
+    """base:bookworm from scripts/mk-debian-rootfs.sh's cache: the variant
+    with g++ when it was built (WARREN_DEBIAN_PACKAGES=g++), else the
+    default one (built now if missing: needs debootstrap and a mirror)."""
+    for extra in (",g++", ""):
+        key = hashlib.sha256(("bookworm\n%s%s\n" % (BASE_PKGS, extra)).encode()).hexdigest()[:12]
+        path = os.path.join(CACHE, "debian-bookworm-%s.tar.zst" % key)
+        if os.path.exists(path):
+            return path
+    r = subprocess.run([os.path.join(TOP, "scripts", "mk-debian-rootfs.sh")],
+                       capture_output=True, text=True)
+    need(r.returncode == 0, "base:bookworm cannot be built here: " + r.stderr[-300:])
+    return r.stdout.strip()
+
+
+class SF:
+    """POST /run_code and friends over http.client (no PyPI packages)."""
+
+    def __init__(self, port, token=None):
+        self.port = port
+        self.token = token
+
+    def request(self, method, path, body=None, timeout=300, headers=None):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            h = {"Content-Type": "application/json"}
+            if self.token:
+                h["Authorization"] = "Bearer " + self.token
+            h.update(headers or {})
+            c.request(method, path, body=None if body is None else json.dumps(body), headers=h)
+            r = c.getresponse()
+            data = r.read()
+            return r.status, (json.loads(data) if data else None)
+        finally:
+            c.close()
+
+    def post(self, path, body, **kw):
+        return self.request("POST", path, body, **kw)
+
+    def run_code(self, **req):
+        st, j = self.post("/run_code", req)
+        assert st == 200, (st, j)
+        return j
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def start(rootfs, extra=()):
+    """(daemon, SF client): warrend with --listen-compat and base:bookworm."""
+    need(os.geteuid() == 0, "container tests need root")
+    tarball = debian_tarball()
+    for attempt in range(5):
+        port = free_port()
+        d = Daemon(os.path.abspath(BUILD), extra_args=[
+            "--listen-compat", "tcp:127.0.0.1:%d" % port, "--fncall-zygote", ZYGOTE,
+            "--fncall-size", "4"] + list(extra))
+        try:
+            d.start()
+            break
+        except RuntimeError as e:
+            shutil.rmtree(d.root, ignore_errors=True)
+            if "in use" not in str(e) or attempt == 4:
+                raise
+    r = d.api.raw("POST", "/v1/images/import", {"name": "base:bookworm", "path": tarball},
+                  timeout=600)
+    assert r.status == 201, r
+    return d, SF(port)
+
+
+def debian_default():
+    key = hashlib.sha256(("bookworm\n%s\n" % BASE_PKGS).encode()).hexdigest()[:12]
+    return os.path.join(CACHE, "debian-bookworm-%s.tar.zst" % key)
+
+
+def has_gxx():
+    """Was base:bookworm built with g++ (the cpp runner's compiler)?"""
+    return debian_tarball() != debian_default()
+
+
+_shared = {"n": 0, "d": None, "client": None}
+
+
+@pytest.fixture(scope="session")
+def sf_daemon(rootfs):
+    """One daemon for every module that imports this fixture (session-scoped
+    fixtures are torn down at the end of the session: the last one stops it)."""
+    if _shared["d"] is None:
+        _shared["d"], _shared["client"] = start(rootfs)
+    _shared["n"] += 1
+    yield _shared["d"], _shared["client"]
+    _shared["n"] -= 1
+    if _shared["n"] == 0:
+        d, _shared["d"] = _shared["d"], None
+        d.stop()
+        shutil.rmtree(d.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def client(sf_daemon):
+    """Stands in for SandboxFusion's fastapi TestClient(app)."""
+    return sf_daemon[1]
