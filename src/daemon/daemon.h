@@ -108,6 +108,7 @@ struct wrd
   bool pool_building;
   struct wrd_metrics m;
   struct wrd_fncall *fncall; /* fncall.h */
+  struct wrd_traj *traj;     /* the trajectory log (trajlog.h) */
   struct wrd_http_config http;
   struct wr_httpd *tcp;    /* the TCP listener's guard (common/httpd.h) */
   unsigned n_tcp_conns;    /* open TCP connections under the limit */

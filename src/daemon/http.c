@@ -25,6 +25,7 @@
 #include "daemon/backends.h"
 #include "daemon/http_util.h"
 #include "daemon/fncall.h"
+#include "daemon/trajlog.h"
 #include "daemon/uploads.h"
 
 #define JSON_BODY_MAX (1u << 20)
@@ -161,6 +162,8 @@ struct exec_ctx
   uint32_t sid;
   uint64_t t0;
   struct event *hup_ev; /* watches the client socket for a hang-up */
+  /* its trajectory log entry (trajlog.h) */
+  struct wrd_traj_op *traj;
   /* buffered reply, produced piece by piece as the client reads */
   char *head; /* the result object without its closing brace */
   unsigned part;
@@ -191,6 +194,7 @@ exec_ctx_free (struct exec_ctx *x)
 {
   exec_release (x);
   exec_unwatch (x);
+  wrd_traj_op_error (x->traj, WR_E_GONE, "the request ended without a result"); /* traj */
   if (x->evcon)
     evhttp_connection_set_closecb (x->evcon, NULL, NULL);
   if (x->sb)
@@ -268,6 +272,7 @@ exec_on_data (void *ud, uint8_t type, const uint8_t *data, size_t len)
       x->cut[i] = true;
     }
   x->got[i] += len;
+  wrd_traj_op_output (x->traj, i, data, len);
   if (len == 0)
     return;
   if (x->stream)
@@ -507,6 +512,8 @@ exec_on_done (void *ud, json_t *res)
       else
         evbuffer_add_printf (x->errb, "warren: %s\n", why);
     }
+  wrd_traj_op_done (x->traj, r);
+  x->traj = NULL;
   if (x->stream)
     {
       stream_line (x, r);
@@ -531,6 +538,8 @@ exec_on_error (void *ud, const char *code, const char *message)
   struct exec_ctx *x = ud;
   exec_unwatch (x);
   wrd_metrics_exec (x->d, (double)(wr_now_ns () - x->t0) / 1e9, false);
+  wrd_traj_op_error (x->traj, code, message);
+  x->traj = NULL;
   exec_detach (x);
   if (x->stream)
     {
@@ -799,11 +808,21 @@ handle_exec (struct wrd *d, struct evhttp_request *req, struct sandbox *sb, stru
       wrd_reply_error_code (req, WR_E_INVALID, "field \"stream\" must be a boolean");
       return;
     }
+  bool stream = json_is_true (sv) || wrd_query_flag (q, "stream");
+  struct wrd_traj_op *traj = NULL;
+  if (wrd_traj_exec_begin (d, sb, req, body, areq, in, in_len, stream, &traj) != 0)
+    {
+      json_decref (body); /* traj: a recorded step, answered */
+      json_decref (areq);
+      free (in);
+      return;
+    }
   struct exec_ctx *x = calloc (1, sizeof *x);
   x->d = d;
   x->sb = sb;
   x->req = req;
-  x->stream = json_is_true (sv) || wrd_query_flag (q, "stream");
+  x->traj = traj;
+  x->stream = stream;
   x->out = evbuffer_new ();
   x->errb = evbuffer_new ();
   x->t0 = wr_now_ns ();
@@ -868,6 +887,7 @@ struct file_ctx
   int op_status; /* HTTP status on success */
   bool raw;      /* reply with the bytes instead of the JSON result */
   char path[4100];
+  struct wrd_traj_op *traj; /* changes are logged (trajlog.h) */
 };
 
 static void
@@ -875,6 +895,7 @@ file_ctx_free (struct file_ctx *f)
 {
   if (f->sb)
     f->sb->busy--;
+  wrd_traj_op_error (f->traj, WR_E_GONE, "the request ended without a result"); /* traj */
   if (f->data)
     evbuffer_free (f->data);
   free (f);
@@ -891,6 +912,8 @@ static void
 file_on_done (void *ud, json_t *res)
 {
   struct file_ctx *f = ud;
+  wrd_traj_op_done (f->traj, res);
+  f->traj = NULL;
   if (f->raw)
     {
       evhttp_add_header (evhttp_request_get_output_headers (f->req), "Content-Type",
@@ -916,6 +939,8 @@ file_on_error (void *ud, const char *code, const char *message)
   struct file_ctx *f = ud;
   char msg[600];
   snprintf (msg, sizeof msg, "%s: %s", f->path, message);
+  wrd_traj_op_error (f->traj, code, msg);
+  f->traj = NULL;
   wrd_reply_error_code (f->req, code, msg);
   file_ctx_free (f);
 }
@@ -996,6 +1021,17 @@ handle_files (struct wrd *d, struct evhttp_request *req, struct sandbox *sb, str
       json_decref (body);
       file_ctx_free (f);
       wrd_reply_error_code (req, WR_E_INVALID, "unsupported file operation");
+      return;
+    }
+  /* changes are logged; a repeated ?step= answers from the log */
+  if (f->op_status != 200
+      && wrd_traj_file_begin (d, sb, req, body, wrd_query_get (q, "step"), upload, f->op_status,
+                              &f->traj)
+             != 0)
+    {
+      json_decref (body); /* traj: answered from the log */
+      f->sb = NULL;
+      file_ctx_free (f);
       return;
     }
   sb->busy++;
@@ -1126,6 +1162,17 @@ handle_sandboxes (struct wrd *d, struct evhttp_request *req, const char *rest, s
     }
   memcpy (id, rest, idlen);
   id[idlen] = '\0';
+  /* the trajectory log outlives its sandbox (trajlog.h) */
+  if (slash && strcmp (slash + 1, "log") == 0 && m == EVHTTP_REQ_GET)
+    {
+      wrd_traj_http_log (d, req, id);
+      return;
+    }
+  if (slash && strcmp (slash + 1, "replay") == 0 && m == EVHTTP_REQ_POST)
+    {
+      wrd_traj_http_replay (d, req, id);
+      return;
+    }
   struct sandbox *sb = wrd_sandbox_find (d, id);
   if (sb == NULL || sb->state == SB_POOLED)
     {

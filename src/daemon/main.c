@@ -17,6 +17,7 @@
 #include "daemon/compat_sf.h" /* SandboxFusion API */
 #include "daemon/fncall.h"
 #include "daemon/log.h"
+#include "daemon/trajlog.h"
 #include "daemon/cluster.h" /* cluster mode */
 
 static void
@@ -33,7 +34,7 @@ usage (FILE *f)
       "               [--allow-host-paths] [--allow-host-network] [--version]\n"
       "               [--log-level error|warning|info|debug]\n"
       "               [--listen-compat tcp:ADDR:PORT [--compat-token-file F]]\n"
-      "               [--compat-image [LANG=]REF]...\n" WRD_CLUSTER_USAGE
+      "               [--compat-image [LANG=]REF]... [--log-retention S]\n" WRD_CLUSTER_USAGE
       "Runs the Warren node daemon in the foreground; all state lives under DIR.\n"
       "Default listener: unix:DIR/warrend.sock (owner-only).\n");
 }
@@ -101,12 +102,16 @@ main (int argc, char **argv)
     { "listen-compat", required_argument, NULL, 2000 },
     { "compat-token-file", required_argument, NULL, 2001 },
     { "compat-image", required_argument, NULL, 2002 },
+    { "log-retention", required_argument, NULL, 2100 }, /* trajectory log */
     { NULL, 0, NULL, 0 },
   };
   const char *fn_pools[64];
   size_t n_fn_pools = 0;
   struct wrd_fncall_config fcfg = { 0 };
   struct wrd_compat_sf_config sfcfg = { 0 }; /* SandboxFusion API */
+  /* trajectory log */
+  double traj_retention = WRD_TRAJ_DEFAULT_RETENTION_S;
+  char *traj_end = NULL;
   int c;
   while ((c = getopt_long (argc, argv, "h", opts, NULL)) != -1)
     switch (c)
@@ -153,6 +158,14 @@ main (int argc, char **argv)
               = (unsigned)v;
           break;
         }
+      case 2100: /* trajectory log */
+        traj_retention = strtod (optarg, &traj_end);
+        if (*traj_end || !(traj_retention > 0))
+          {
+            wrd_log (WRD_LOG_ERROR, "--log-retention wants seconds > 0"); /* trajectory log */
+            return 2;
+          }
+        break;
       case 2000: /* SandboxFusion API */
         sfcfg.listen = optarg;
         break;
@@ -299,7 +312,8 @@ main (int argc, char **argv)
     .uid_range_start = uid_start, /* 0 count: $WARREN_UID_RANGE, else the default */
     .uid_range_count = uid_count,
   };
-  if (wrd_db_open (&d, &err) < 0 || wr_runtime_new (&rc, &d.rt, &err) < 0
+  if (wrd_db_open (&d, &err) < 0 || wrd_traj_open (&d, traj_retention, &err) < 0
+      || wr_runtime_new (&rc, &d.rt, &err) < 0
       || wr_store_open (d.root, d.db, wr_runtime_userns_fd (d.rt), &d.store, &err) < 0
       || wrd_recover (&d, &err) < 0)
     {
@@ -368,6 +382,7 @@ main (int argc, char **argv)
   wrd_http_free (&d);
   wrd_fncall_shutdown (&d);
   wrd_shutdown (&d);
+  wrd_traj_close (&d);
   wr_store_close (d.store);
   wr_runtime_free (d.rt);
   sqlite3_close (d.db);

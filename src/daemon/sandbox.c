@@ -17,6 +17,7 @@
 
 #include "common/util.h"
 #include "daemon/backends.h"
+#include "daemon/trajlog.h"
 #include "daemon/cluster.h" /* cluster mode: node-named ids */
 
 #define DEFAULT_MEMORY_MB 1024
@@ -328,6 +329,7 @@ ttl_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
 {
   struct sandbox *sb = arg;
   wr_err_t err;
+  wrd_traj_lifecycle (sb->d, sb, "ttl", NULL);
   if (wrd_sandbox_destroy (sb->d, sb, &err) < 0)
     wrd_log (WRD_LOG_WARN, "ttl destroy %s: %s\n", sb->id, err.msg);
 }
@@ -355,6 +357,7 @@ agent_lost (void *ud)
   sb->state = SB_DEAD;
   if (sb->pool)
     return; /* the pool refill notices and replaces it */
+  wrd_traj_lifecycle (sb->d, sb, "lost", json_pack ("{s:s}", "reason", "the agent exited"));
   wr_err_t err;
   if (wrd_db_put (sb->d, sb, &err) < 0)
     wrd_log (WRD_LOG_ERROR, "%s\n", err.msg);
@@ -930,6 +933,7 @@ create_complete (struct wrd *d, struct sandbox *sb, uint64_t t0, wr_err_t *err)
       wrd_sandbox_destroy (d, sb, NULL);
       return r;
     }
+  wrd_traj_lifecycle (d, sb, "create", json_pack ("{s:b}", "pooled", sb->from_pool));
   d->m.creations++;
   d->m.create_sum_s += (double)(wr_now_ns () - t0) / 1e9;
   return 0;
@@ -1133,6 +1137,7 @@ wrd_sandbox_destroy (struct wrd *d, struct sandbox *sb, wr_err_t *err)
       sb->pool = NULL;
       pool_kick (d);
     }
+  wrd_traj_lifecycle (d, sb, "destroy", NULL);
   agent_conn_free (sb->conn);
   sb->conn = NULL;
   if (sb->ttl_ev)
@@ -1174,6 +1179,7 @@ wrd_sandbox_pause (struct wrd *d, struct sandbox *sb, bool pause, wr_err_t *err)
   if (r < 0)
     return r;
   sb->state = pause ? SB_PAUSED : SB_RUNNING;
+  wrd_traj_lifecycle (d, sb, pause ? "pause" : "resume", NULL);
   return wrd_db_put (d, sb, err);
 }
 
@@ -1295,6 +1301,10 @@ recover_row (struct wrd *d, json_t *row, void *ud WR_UNUSED)
     wrd_log (WRD_LOG_WARN, "reap %s: %s\n", id, err.msg);
   wr_rm_rf_at (AT_FDCWD, sdir);
   wrd_db_delete (d, id, NULL);
+  bool traj_expired = expires > 0 && expires <= now_s ();
+  wrd_traj_lifecycle (d, sb, traj_expired ? "ttl" : "lost",
+                      json_pack ("{s:s}", "reason", "gone at daemon restart"));
+  wrd_traj_lifecycle (d, sb, "destroy", NULL);
   wrd_log (WRD_LOG_INFO, "reaped sandbox %s (%s)\n", id, state);
   free (sb);
   return 0;
