@@ -34,6 +34,7 @@ usage (FILE *f)
       "               [--allow-host-paths] [--allow-host-network] [--version]\n"
       "               [--log-level error|warning|info|debug]\n"
       "               [--listen-compat tcp:ADDR:PORT [--compat-token-file F]]\n"
+      "               [--registry-ca FILE] [--registry-auth FILE] [--registry-mirror H=M]...\n"
       "               [--compat-image [LANG=]REF]... [--log-retention S]\n" WRD_CLUSTER_USAGE
       "Runs the Warren node daemon in the foreground; all state lives under DIR.\n"
       "Default listener: unix:DIR/warrend.sock (owner-only).\n");
@@ -102,6 +103,10 @@ main (int argc, char **argv)
     { "listen-compat", required_argument, NULL, 2000 },
     { "compat-token-file", required_argument, NULL, 2001 },
     { "compat-image", required_argument, NULL, 2002 },
+    /* registries: environment variables the pulls read (docs/images.md) */
+    { "registry-ca", required_argument, NULL, 2200 },
+    { "registry-auth", required_argument, NULL, 2201 },
+    { "registry-mirror", required_argument, NULL, 2202 },
     { "log-retention", required_argument, NULL, 2100 }, /* trajectory log */
     { NULL, 0, NULL, 0 },
   };
@@ -232,6 +237,22 @@ main (int argc, char **argv)
       case 'V':
         printf ("warrend %s\n", WARREN_VERSION);
         return 0;
+      case 2200:
+        setenv ("WARREN_REGISTRY_CA", optarg, 1);
+        break;
+      case 2201:
+        setenv ("WARREN_REGISTRY_AUTH", optarg, 1);
+        break;
+      case 2202:
+        {
+          /* repeated: HOST=MIRROR,HOST2=MIRROR2 */
+          const char *old = getenv ("WARREN_REGISTRY_MIRRORS");
+          _cleanup_free_ char *v = NULL;
+          if (asprintf (&v, "%s%s%s", old ? old : "", old ? "," : "", optarg) < 0)
+            return 2;
+          setenv ("WARREN_REGISTRY_MIRRORS", v, 1);
+          break;
+        }
       case WRD_OPT_CLUSTER ... WRD_OPT_LEASE_TTL: /* cluster mode */
         {
           wr_err_t cerr;
