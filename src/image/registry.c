@@ -27,8 +27,10 @@
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/wait.h>
+#include <curl/curl.h>
 
 #include "../backend/jail.h"
+#include "../common/b64.h"
 #include "../common/util.h"
 #include "internal.h"
 #include "sha256.h"
@@ -52,6 +54,9 @@ struct rref
    * addresses (the registry itself is on loopback), link-local ones (only
    * when the store allows private redirects)? */
   bool local_ok, private_ok;
+  bool tls;               /* https (else "insecure": plain http) */
+  char ca_file[PATH_MAX]; /* extra trusted CAs (--registry-ca), or "" */
+  struct rauth *auth;     /* credentials and token, shared by the threads */
 };
 
 static bool
@@ -83,8 +88,6 @@ rref_parse (const char *s, struct rref *r, wr_err_t *err)
         if (*p < '0' || *p > '9')
           return wr_error (err, 0, WR_E_INVALID, "invalid port in '%.300s'", s);
     }
-  else
-    strcpy (r->port, "80");
   snprintf (r->host, sizeof r->host, "%s", hostport);
   if (r->host[0] == '[')
     {
@@ -147,16 +150,31 @@ host_is_loopback (const char *host, const char *port)
   return all;
 }
 
-/* ---- HTTP ---- */
+/* ---- HTTP (libcurl) ----
+ *
+ * libcurl does the wire (TLS, proxies from the environment, chunked and
+ * sized bodies); we keep the policy: redirects are followed by hand so each
+ * hop is checked (opensocket_cb sees the very address connected to), the
+ * registry's credentials never leave the registry, bodies are capped at
+ * their declared size and only the registry's own error text is quoted. */
+
+/* The credentials and the token of one pull or push, shared by its threads. */
+struct rauth
+{
+  pthread_mutex_t lock;
+  char basic[1024];  /* "user:password" for the registry, or "" */
+  char bearer[8192]; /* the token service's last token, or "" */
+};
 
 struct resp
 {
   int status;
-  char location[2048];
+  char location[2048]; /* as sent (push: the upload URL) */
   char digest[80];
   char content_type[256];
+  char www_auth[1024];
   long long length; /* -1: unknown */
-  bool chunked;
+  char detail[300]; /* the registry's own error text, or "" */
 };
 
 struct sink
@@ -165,7 +183,6 @@ struct sink
   char *buf;       /* else: accumulate */
   size_t len, max; /* bytes received; more than max is an error, never read */
   struct wr_sha256 *hash;
-  uint64_t *counter; /* progress, updated under pull lock */
   void (*tick) (void *ud, size_t n);
   void *ud;
   const char *what; /* "layer 2", for errors */
@@ -202,75 +219,6 @@ sink_put (struct sink *k, const char *p, size_t n, wr_err_t *err)
   k->len += n;
   if (k->tick)
     k->tick (k->ud, n);
-  return 0;
-}
-
-struct conn
-{
-  int fd;
-  char buf[65536];
-  size_t off, len;
-};
-
-static ssize_t
-conn_fill (struct conn *c)
-{
-  if (c->off < c->len)
-    return (ssize_t)(c->len - c->off);
-  for (;;)
-    {
-      ssize_t n = read (c->fd, c->buf, sizeof c->buf);
-      if (n < 0 && errno == EINTR)
-        continue;
-      if (n < 0)
-        return -errno;
-      c->off = 0;
-      c->len = (size_t)n;
-      return n;
-    }
-}
-
-static int
-conn_line (struct conn *c, char *line, size_t size, wr_err_t *err)
-{
-  size_t n = 0;
-  for (;;)
-    {
-      ssize_t r = conn_fill (c);
-      if (r <= 0)
-        return wr_error (err, r < 0 ? (int)-r : 0, WR_E_UNAVAILABLE,
-                         "registry closed the connection mid-response");
-      char ch = c->buf[c->off++];
-      if (ch == '\n')
-        {
-          if (n > 0 && line[n - 1] == '\r')
-            n--;
-          line[n] = '\0';
-          return 0;
-        }
-      if (n + 1 >= size)
-        return wr_error (err, 0, WR_E_INVALID, "registry sent an over-long header line");
-      line[n++] = ch;
-    }
-}
-
-static int
-conn_copy (struct conn *c, unsigned long long n, struct sink *k, wr_err_t *err)
-{
-  while (n > 0)
-    {
-      ssize_t r = conn_fill (c);
-      if (r < 0)
-        return wr_error (err, (int)-r, WR_E_UNAVAILABLE, "read from registry");
-      if (r == 0)
-        return wr_error (err, 0, WR_E_UNAVAILABLE, "registry response truncated");
-      size_t take = (size_t)r < n ? (size_t)r : (size_t)n;
-      int e = sink_put (k, c->buf + c->off, take, err);
-      if (e < 0)
-        return e;
-      c->off += take;
-      n -= take;
-    }
   return 0;
 }
 
@@ -334,54 +282,6 @@ addr_classify (const struct sockaddr *sa)
   return is_own_address ((const struct sockaddr *)&in) ? ADDR_LOCAL : ADDR_PUBLIC;
 }
 
-/* Connect to host:port. A redirect target (r != NULL) is checked on the
- * very address connected to, so a name cannot resolve differently between
- * the check and the connection. */
-static int
-dial (const char *host, const char *port, const struct rref *r, wr_err_t *err)
-{
-  struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM }, *res = NULL;
-  int g = getaddrinfo (host, port, &hints, &res);
-  if (g != 0)
-    return wr_error (err, 0, WR_E_UNAVAILABLE, "cannot resolve registry host %s: %s", host,
-                     gai_strerror (g));
-  int fd = -1, e = 0;
-  const char *refused = NULL;
-  for (struct addrinfo *a = res; a; a = a->ai_next)
-    {
-      if (r)
-        {
-          enum addr_class c = addr_classify (a->ai_addr);
-          if ((c == ADDR_LOCAL && !r->local_ok && !r->private_ok)
-              || (c == ADDR_LINKLOCAL && !r->private_ok))
-            {
-              refused = c == ADDR_LOCAL ? "a loopback or local" : "a link-local";
-              continue;
-            }
-        }
-      fd = socket (a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-      if (fd < 0)
-        continue;
-      struct timeval tv = { .tv_sec = 60 };
-      setsockopt (fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-      setsockopt (fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-      if (connect (fd, a->ai_addr, a->ai_addrlen) == 0)
-        break;
-      e = errno;
-      close (fd);
-      fd = -1;
-    }
-  freeaddrinfo (res);
-  if (fd < 0 && refused)
-    return wr_error (err, EACCES, WR_E_INVALID,
-                     "registry redirected to %.200s, %s address: refused (docs/images.md, "
-                     "Registry pulls)",
-                     host, refused);
-  if (fd < 0)
-    return wr_error (err, e, WR_E_UNAVAILABLE, "cannot connect to registry %s:%s", host, port);
-  return fd;
-}
-
 /* The message of a registry's error body ({"errors":[{"code","message"}]}),
  * never anything else the server sent. */
 static void
@@ -400,8 +300,7 @@ registry_error_text (const char *body, char *out, size_t size)
   json_decref (j);
 }
 
-/* A redirect's path goes into our request line: visible ASCII only, so a
- * Location cannot smuggle headers or a second request. */
+/* A redirect's path: visible ASCII only. */
 static bool
 path_ok (const char *p)
 {
@@ -413,212 +312,515 @@ path_ok (const char *p)
   return true;
 }
 
-/* Split an absolute http:// Location into host, port and path. */
-static int
-parse_location (const char *loc, char host[256], char port[8], char path[2048], wr_err_t *err)
-{
-  if (strncmp (loc, "http://", 7) != 0)
-    return wr_error (err, 0, WR_E_UNSUPPORTED,
-                     "registry redirects to %.200s (only plain http is supported)", loc);
-  const char *hs = loc + 7;
-  size_t hl = strcspn (hs, "/?#");
-  char hp[256];
-  if (hl == 0 || hl >= sizeof hp || memchr (hs, '@', hl))
-    return wr_error (err, 0, WR_E_INVALID, "bad redirect from registry");
-  memcpy (hp, hs, hl);
-  hp[hl] = '\0';
-  char *h = hp, *pc;
-  if (hp[0] == '[')
-    {
-      char *close_br = strchr (hp, ']');
-      if (close_br == NULL)
-        return wr_error (err, 0, WR_E_INVALID, "bad redirect from registry");
-      *close_br = '\0';
-      h = hp + 1;
-      pc = close_br[1] == ':' ? close_br + 1 : NULL;
-    }
-  else
-    pc = strchr (hp, ':');
-  if (pc)
-    {
-      *pc = '\0';
-      if (pc[1] == '\0' || strlen (pc + 1) > 5 || strspn (pc + 1, "0123456789") != strlen (pc + 1))
-        return wr_error (err, 0, WR_E_INVALID, "bad port in redirect from registry");
-      snprintf (port, 8, "%s", pc + 1);
-    }
-  else
-    strcpy (port, "80");
-  if (h[0] == '\0'
-      || strspn (h, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-:")
-             != strlen (h))
-    return wr_error (err, 0, WR_E_INVALID, "bad host in redirect from registry");
-  snprintf (host, 256, "%s", h);
-  snprintf (path, 2048, "%s", hs[hl] == '/' ? hs + hl : "/");
-  return 0;
-}
+/* Testing (the fuzzer): every connection goes to this "::HOST:PORT". */
+static const char *registry_connect_to;
 
-/* GET path from the registry r into k, following up to 5 redirects the way
- * a registry client should: within the registry for anything, to another
- * host only for blobs (storage), and never to a loopback, local or
- * link-local address unless r allows it (dial). Only blobs and the
- * registry's own error messages are ever returned: never a body from
- * elsewhere. */
-static int
-http_get (const struct rref *r, const char *path0, const char *accept, struct sink *k,
-          struct resp *rp, wr_err_t *err)
+/* One request on the wire; the callbacks' state. */
+struct xfer
 {
-  char host[256], port[8], path[2048];
-  snprintf (host, sizeof host, "%s", r->host);
-  snprintf (port, sizeof port, "%s", r->port);
-  snprintf (path, sizeof path, "%s", path0);
-  for (int hop = 0; hop < 6; hop++)
+  struct resp *rp;
+  struct sink *k; /* a 2xx body */
+  struct sink ek; /* an error body: small, and from the registry itself only */
+  bool offsite;   /* not the registry: storage or a token service */
+  const struct rref *policy;
+  const char *refused;
+  wr_err_t *err;
+  bool sink_failed, len_checked;
+  /* an upload body: body_fd from body_off, or body */
+  int body_fd;
+  uint64_t body_off, body_len, body_sent;
+  const char *body;
+};
+
+static size_t
+header_cb (char *b, size_t sz, size_t n, void *ud)
+{
+  struct xfer *x = ud;
+  size_t len = sz * n;
+  char line[2048];
+  size_t l = len < sizeof line - 1 ? len : sizeof line - 1;
+  memcpy (line, b, l);
+  line[l] = '\0';
+  line[strcspn (line, "\r\n")] = '\0';
+  struct resp *rp = x->rp;
+  if (strncmp (line, "HTTP/", 5) == 0)
     {
+      /* a new response (after 100 Continue, or a proxy's CONNECT) */
       memset (rp, 0, sizeof *rp);
       rp->length = -1;
-      bool offsite = strcmp (host, r->host) != 0 || strcmp (port, r->port) != 0;
-      _cleanup_close_ int fd = dial (host, port, offsite ? r : NULL, err);
-      if (fd < 0)
-        return fd;
-      char req[4096];
-      bool v6 = strchr (host, ':') != NULL;
-      int n = snprintf (req, sizeof req,
-                        "GET %s HTTP/1.1\r\nHost: %s%s%s:%s\r\nUser-Agent: warren\r\n"
-                        "Accept: %s\r\nConnection: close\r\n\r\n",
-                        path, v6 ? "[" : "", host, v6 ? "]" : "", port, accept ? accept : "*/*");
-      if (n < 0 || (size_t)n >= sizeof req)
-        return wr_error (err, 0, WR_E_INVALID, "registry request too long");
-      if (wr_write_all (fd, req, (size_t)n) < 0)
-        return wr_error (err, errno, WR_E_UNAVAILABLE, "send to registry %s", host);
-      struct conn *c = malloc (sizeof *c);
-      if (c == NULL)
-        return wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
-      _cleanup_free_ struct conn *cc = c;
-      c->fd = fd;
-      c->off = c->len = 0;
-      char line[8192];
-      int e = conn_line (c, line, sizeof line, err);
+      sscanf (line, "HTTP/%*s %d", &rp->status);
+      return len;
+    }
+  char *colon = strchr (line, ':');
+  if (colon == NULL)
+    return len;
+  *colon = '\0';
+  char *v = colon + 1;
+  while (*v == ' ' || *v == '\t')
+    v++;
+  if (strcasecmp (line, "content-length") == 0)
+    {
+      char *end;
+      errno = 0;
+      rp->length = strtoll (v, &end, 10);
+      if (errno || end == v || rp->length < 0)
+        rp->length = -1;
+    }
+  else if (strcasecmp (line, "location") == 0)
+    snprintf (rp->location, sizeof rp->location, "%s", v);
+  else if (strcasecmp (line, "docker-content-digest") == 0)
+    snprintf (rp->digest, sizeof rp->digest, "%s", v);
+  else if (strcasecmp (line, "content-type") == 0)
+    snprintf (rp->content_type, sizeof rp->content_type, "%s", v);
+  else if (strcasecmp (line, "www-authenticate") == 0)
+    snprintf (rp->www_auth, sizeof rp->www_auth, "%s", v);
+  return len;
+}
+
+static size_t
+write_cb (char *p, size_t sz, size_t n, void *ud)
+{
+  struct xfer *x = ud;
+  size_t len = sz * n;
+  int st = x->rp->status;
+  if (st >= 200 && st < 300 && x->k)
+    {
+      struct sink *k = x->k;
+      /* a body longer than expected is refused before it is read */
+      if (!x->len_checked && x->rp->length >= 0 && (uint64_t)x->rp->length > k->max - k->len)
+        {
+          wr_error (x->err, EFBIG, WR_E_INVALID,
+                    "registry sends %lld bytes for %s, more than the %zu expected", x->rp->length,
+                    k->what, k->max);
+          x->sink_failed = true;
+          return 0;
+        }
+      x->len_checked = true;
+      if (sink_put (k, p, len, x->err) < 0)
+        {
+          x->sink_failed = true;
+          return 0;
+        }
+      return len;
+    }
+  if ((st < 300 || st >= 400) && !x->offsite && x->ek.len + len <= x->ek.max)
+    sink_put (&x->ek, p, len, NULL);
+  return len;
+}
+
+static size_t
+read_cb (char *buf, size_t sz, size_t n, void *ud)
+{
+  struct xfer *x = ud;
+  size_t want = sz * n;
+  uint64_t left = x->body_len - x->body_sent;
+  if (want > left)
+    want = (size_t)left;
+  if (want == 0)
+    return 0;
+  if (x->body)
+    memcpy (buf, x->body + x->body_sent, want);
+  else
+    {
+      ssize_t r;
+      do
+        r = pread (x->body_fd, buf, want, (off_t)(x->body_off + x->body_sent));
+      while (r < 0 && errno == EINTR);
+      if (r <= 0)
+        return CURL_READFUNC_ABORT;
+      want = (size_t)r;
+    }
+  x->body_sent += want;
+  return want;
+}
+
+/* Every connection: an offsite hop may not reach a loopback, local or
+ * link-local address unless the pull's policy allows it. */
+static curl_socket_t
+opensocket_cb (void *ud, curlsocktype purpose, struct curl_sockaddr *a)
+{
+  struct xfer *x = ud;
+  (void)purpose;
+  if (x->offsite && x->policy)
+    {
+      enum addr_class c = addr_classify (&a->addr);
+      if ((c == ADDR_LOCAL && !x->policy->local_ok && !x->policy->private_ok)
+          || (c == ADDR_LINKLOCAL && !x->policy->private_ok))
+        {
+          x->refused = c == ADDR_LOCAL ? "a loopback or local" : "a link-local";
+          return CURL_SOCKET_BAD;
+        }
+    }
+  return socket (a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
+}
+
+struct hreq
+{
+  const char *method; /* GET (NULL), HEAD, POST, PUT, PATCH */
+  const char *accept;
+  const char *ctype;
+  int body_fd; /* >= 0: upload body_len bytes from body_off */
+  uint64_t body_off, body_len;
+  const char *body;           /* or these */
+  const char *bearer, *basic; /* credentials for this URL (the registry only) */
+};
+
+/* One request to url, no redirect followed; rp says what came back. A
+ * transport failure (DNS, connect, TLS, a refused address, a sink error)
+ * is an error; any HTTP status is not. */
+static int
+http_once (const struct rref *r, const char *url, bool offsite, const struct hreq *q,
+           struct sink *k, struct resp *rp, wr_err_t *err)
+{
+  struct xfer x = { .rp = rp,
+                    .k = k,
+                    .ek = { .fd = -1, .max = 2048, .what = "error" },
+                    .offsite = offsite,
+                    .policy = r,
+                    .err = err,
+                    .body_fd = q->body_fd,
+                    .body_off = q->body_off,
+                    .body_len = q->body ? strlen (q->body) : q->body_len,
+                    .body = q->body };
+  memset (rp, 0, sizeof *rp);
+  rp->length = -1;
+  CURL *c = curl_easy_init ();
+  if (c == NULL)
+    return wr_error (err, ENOMEM, WR_E_INTERNAL, "curl_easy_init");
+  char errbuf[CURL_ERROR_SIZE] = "";
+  struct curl_slist *hs = NULL, *ct = NULL;
+  char h[8300];
+  snprintf (h, sizeof h, "Accept: %s", q->accept ? q->accept : "*/*");
+  hs = curl_slist_append (hs, h);
+  hs = curl_slist_append (hs, "Expect:");
+  if (q->ctype)
+    {
+      snprintf (h, sizeof h, "Content-Type: %s", q->ctype);
+      hs = curl_slist_append (hs, h);
+    }
+  if (q->bearer && q->bearer[0])
+    {
+      snprintf (h, sizeof h, "Authorization: Bearer %s", q->bearer);
+      hs = curl_slist_append (hs, h);
+    }
+  else if (q->basic && q->basic[0])
+    {
+      curl_easy_setopt (c, CURLOPT_HTTPAUTH, (long)CURLAUTH_BASIC);
+      curl_easy_setopt (c, CURLOPT_USERPWD, q->basic);
+    }
+  if (registry_connect_to)
+    ct = curl_slist_append (ct, registry_connect_to);
+  curl_easy_setopt (c, CURLOPT_URL, url);
+  curl_easy_setopt (c, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt (c, CURLOPT_FOLLOWLOCATION, 0L);
+  curl_easy_setopt (c, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt (c, CURLOPT_CONNECTTIMEOUT, 60L);
+  curl_easy_setopt (c, CURLOPT_LOW_SPEED_LIMIT, 1L);
+  curl_easy_setopt (c, CURLOPT_LOW_SPEED_TIME, 60L);
+  curl_easy_setopt (c, CURLOPT_USERAGENT, "warren");
+  curl_easy_setopt (c, CURLOPT_HTTPHEADER, hs);
+  curl_easy_setopt (c, CURLOPT_ERRORBUFFER, errbuf);
+  curl_easy_setopt (c, CURLOPT_HEADERFUNCTION, header_cb);
+  curl_easy_setopt (c, CURLOPT_HEADERDATA, &x);
+  curl_easy_setopt (c, CURLOPT_WRITEFUNCTION, write_cb);
+  curl_easy_setopt (c, CURLOPT_WRITEDATA, &x);
+  curl_easy_setopt (c, CURLOPT_OPENSOCKETFUNCTION, opensocket_cb);
+  curl_easy_setopt (c, CURLOPT_OPENSOCKETDATA, &x);
+  if (ct)
+    curl_easy_setopt (c, CURLOPT_CONNECT_TO, ct);
+  if (r->ca_file[0])
+    {
+      /* the registry's CA, and the system's for everything else */
+      curl_easy_setopt (c, CURLOPT_CAINFO, r->ca_file);
+      curl_easy_setopt (c, CURLOPT_CAPATH, "/etc/ssl/certs");
+    }
+  const char *m = q->method ? q->method : "GET";
+  if (strcmp (m, "HEAD") == 0)
+    curl_easy_setopt (c, CURLOPT_NOBODY, 1L);
+  else if (strcmp (m, "POST") == 0 && x.body_len == 0)
+    {
+      curl_easy_setopt (c, CURLOPT_POST, 1L);
+      curl_easy_setopt (c, CURLOPT_POSTFIELDSIZE, 0L);
+    }
+  else if (strcmp (m, "GET") != 0)
+    {
+      curl_easy_setopt (c, CURLOPT_UPLOAD, 1L);
+      curl_easy_setopt (c, CURLOPT_READFUNCTION, read_cb);
+      curl_easy_setopt (c, CURLOPT_READDATA, &x);
+      curl_easy_setopt (c, CURLOPT_INFILESIZE_LARGE, (curl_off_t)x.body_len);
+      if (strcmp (m, "PUT") != 0)
+        curl_easy_setopt (c, CURLOPT_CUSTOMREQUEST, m);
+    }
+  CURLcode rc = curl_easy_perform (c);
+  curl_easy_cleanup (c);
+  curl_slist_free_all (hs);
+  curl_slist_free_all (ct);
+  if (rc == CURLE_OK && rp->status != 0)
+    {
+      if (rp->status >= 300 && x.ek.buf)
+        registry_error_text (x.ek.buf, rp->detail, sizeof rp->detail);
+      free (x.ek.buf);
+      return 0;
+    }
+  free (x.ek.buf);
+  if (x.sink_failed)
+    return -1; /* err says why */
+  char where[300];
+  snprintf (where, sizeof where, "%s", url);
+  where[strcspn (where, "?")] = '\0';
+  if (x.refused)
+    return wr_error (err, EACCES, WR_E_INVALID,
+                     "registry redirected to %.200s, %s address: refused (docs/images.md, "
+                     "Registry pulls)",
+                     where, x.refused);
+  if (rc == CURLE_PEER_FAILED_VERIFICATION || rc == CURLE_SSL_CACERT_BADFILE
+      || rc == CURLE_SSL_CONNECT_ERROR || rc == CURLE_SSL_CERTPROBLEM)
+    return wr_error (err, 0, WR_E_UNAVAILABLE,
+                     "TLS with %.200s failed: %.200s (a private CA: warrend --registry-ca FILE; "
+                     "a plain-HTTP registry: \"insecure\")",
+                     where, errbuf[0] ? errbuf : curl_easy_strerror (rc));
+  return wr_error (err, 0, WR_E_UNAVAILABLE, "registry request %.200s failed: %.200s", where,
+                   errbuf[0] ? errbuf : curl_easy_strerror (rc));
+}
+
+/* One parameter of a WWW-Authenticate challenge: name="value". */
+static bool
+challenge_param (const char *ch, const char *name, char *out, size_t size)
+{
+  size_t nl = strlen (name);
+  for (const char *p = ch; (p = strcasestr (p, name)) != NULL; p += nl)
+    {
+      if (p != ch && p[-1] != ' ' && p[-1] != ',')
+        continue;
+      if (p[nl] != '=')
+        continue;
+      const char *v = p + nl + 1;
+      bool quoted = *v == '"';
+      v += quoted;
+      size_t l = quoted ? strcspn (v, "\"") : strcspn (v, ", ");
+      if (l >= size)
+        return false;
+      memcpy (out, v, l);
+      out[l] = '\0';
+      return true;
+    }
+  return false;
+}
+
+/* The Bearer token flow: GET realm?service=...&scope=... (with the
+ * registry's basic credentials, if any), {"token"|"access_token"}. */
+static int
+fetch_token (const struct rref *r, const char *challenge, wr_err_t *err)
+{
+  char realm[1024], service[256] = "", scope[512] = "";
+  if (!challenge_param (challenge, "realm", realm, sizeof realm))
+    return wr_error (err, 0, WR_E_UNAUTHORIZED, "registry %s asks for a token without a realm",
+                     r->host);
+  challenge_param (challenge, "service", service, sizeof service);
+  challenge_param (challenge, "scope", scope, sizeof scope);
+  CURLU *u = curl_url ();
+  if (u == NULL || curl_url_set (u, CURLUPART_URL, realm, 0) != CURLUE_OK)
+    {
+      curl_url_cleanup (u);
+      return wr_error (err, 0, WR_E_INVALID, "registry %s names a bad token realm", r->host);
+    }
+  char q[1100];
+  if (service[0])
+    {
+      snprintf (q, sizeof q, "service=%s", service);
+      curl_url_set (u, CURLUPART_QUERY, q, CURLU_APPENDQUERY | CURLU_URLENCODE);
+    }
+  if (scope[0])
+    {
+      snprintf (q, sizeof q, "scope=%s", scope);
+      curl_url_set (u, CURLUPART_QUERY, q, CURLU_APPENDQUERY | CURLU_URLENCODE);
+    }
+  char *url = NULL, *scheme = NULL, *host = NULL;
+  curl_url_get (u, CURLUPART_URL, &url, 0);
+  curl_url_get (u, CURLUPART_SCHEME, &scheme, 0);
+  curl_url_get (u, CURLUPART_HOST, &host, 0);
+  curl_url_cleanup (u);
+  int e = 0;
+  if (url == NULL || scheme == NULL || host == NULL
+      || (strcmp (scheme, "https") != 0 && strcmp (scheme, "http") != 0))
+    e = wr_error (err, 0, WR_E_INVALID, "registry %s names a bad token realm", r->host);
+  struct sink k = { .fd = -1, .max = 65536, .what = "token" };
+  struct resp rp;
+  if (e == 0)
+    {
+      /* the token service gets the registry's credentials (it is the
+       * registry's delegate), but a realm on another host is held to the
+       * storage redirects' address policy: no metadata service's answer
+       * may become a token sent back to the registry */
+      bool elsewhere = strcmp (host, r->host) != 0;
+      struct hreq hq = { .body_fd = -1, .accept = "application/json", .basic = r->auth->basic };
+      e = http_once (r, url, elsewhere, &hq, &k, &rp, err);
+    }
+  if (e == 0 && rp.status != 200)
+    e = wr_error (err, 0,
+                  rp.status == 401 || rp.status == 403 ? WR_E_UNAUTHORIZED : WR_E_UNAVAILABLE,
+                  "the token service of registry %s answered %d%s%s", r->host, rp.status,
+                  rp.status == 401 || rp.status == 403
+                      ? (r->auth->basic[0] ? ": the credentials for it (--registry-auth) were "
+                                             "refused"
+                                           : ": it wants credentials (--registry-auth)")
+                      : "",
+                  rp.detail);
+  if (e == 0)
+    {
+      json_t *j = json_loadb (k.buf ? k.buf : "", k.len, 0, NULL);
+      const char *t = json_string_value (json_object_get (j, "token"));
+      if (t == NULL)
+        t = json_string_value (json_object_get (j, "access_token"));
+      if (t == NULL || strlen (t) >= sizeof r->auth->bearer || strpbrk (t, "\r\n"))
+        e = wr_error (err, 0, WR_E_UNAUTHORIZED, "the token service of registry %s sent no token",
+                      r->host);
+      else
+        {
+          pthread_mutex_lock (&r->auth->lock);
+          snprintf (r->auth->bearer, sizeof r->auth->bearer, "%s", t);
+          pthread_mutex_unlock (&r->auth->lock);
+        }
+      json_decref (j);
+    }
+  free (k.buf);
+  curl_free (url);
+  curl_free (scheme);
+  curl_free (host);
+  return e;
+}
+
+static void
+registry_url (const struct rref *r, const char *path, char *out, size_t size)
+{
+  bool v6 = strchr (r->host, ':') != NULL;
+  snprintf (out, size, "%s://%s%s%s:%s%s", r->tls ? "https" : "http", v6 ? "[" : "", r->host,
+            v6 ? "]" : "", r->port, path);
+}
+
+/* A request to the registry r (path, or an absolute URL it gave us),
+ * following up to 5 redirects the way a registry client should: within
+ * the registry for anything, to another host only for blobs (storage),
+ * never from https to http, and never to a loopback, local or link-local
+ * address unless r allows it (opensocket_cb). A 401 is answered once with
+ * the challenge's scheme: a token from the token service, or the
+ * credentials. Returns 0 with rp->status whatever it is (the caller
+ * decides), < 0 on a transport failure or a refused redirect. */
+static int
+http_do (const struct rref *r, const char *path0, const struct hreq *q0, struct sink *k,
+         struct resp *rp, wr_err_t *err)
+{
+  char url[4096];
+  if (strncmp (path0, "http://", 7) == 0 || strncmp (path0, "https://", 8) == 0)
+    snprintf (url, sizeof url, "%s", path0);
+  else
+    registry_url (r, path0, url, sizeof url);
+  char origin[600];
+  registry_url (r, "", origin, sizeof origin);
+  bool offsite = strncmp (url, origin, strlen (origin)) != 0
+                 || (url[strlen (origin)] != '/' && url[strlen (origin)] != '\0');
+  struct hreq q = *q0;
+  bool auth_tried = false;
+  char bearer[8192];
+  for (int hop = 0; hop < 8; hop++)
+    {
+      pthread_mutex_lock (&r->auth->lock);
+      snprintf (bearer, sizeof bearer, "%s", r->auth->bearer);
+      pthread_mutex_unlock (&r->auth->lock);
+      /* the registry's credentials go to the registry only */
+      q.bearer = offsite ? NULL : bearer;
+      q.basic = offsite ? NULL : r->auth->basic;
+      size_t at = k ? k->len : 0;
+      int e = http_once (r, url, offsite, &q, k, rp, err);
       if (e < 0)
         return e;
-      if (sscanf (line, "HTTP/1.%*d %d", &rp->status) != 1)
-        return wr_error (err, 0, WR_E_UNAVAILABLE, "registry sent no HTTP status line");
-      for (int h = 0;; h++)
+      if (k && k->len != at)
+        return 0; /* a body arrived: final */
+      if (rp->status == 401 && !offsite && !auth_tried)
         {
-          if (h > 200)
-            return wr_error (err, 0, WR_E_INVALID, "registry sent too many headers");
-          e = conn_line (c, line, sizeof line, err);
-          if (e < 0)
-            return e;
-          if (line[0] == '\0')
-            break;
-          char *colon = strchr (line, ':');
-          if (colon == NULL)
-            continue;
-          *colon = '\0';
-          char *v = colon + 1;
-          while (*v == ' ' || *v == '\t')
-            v++;
-          if (strcasecmp (line, "content-length") == 0)
+          auth_tried = true;
+          if (strncasecmp (rp->www_auth, "Bearer", 6) == 0)
             {
-              char *end;
-              errno = 0;
-              rp->length = strtoll (v, &end, 10);
-              if (errno || end == v || rp->length < 0)
-                return wr_error (err, 0, WR_E_INVALID, "registry sent a bad Content-Length");
-            }
-          else if (strcasecmp (line, "transfer-encoding") == 0)
-            rp->chunked = strcasestr (v, "chunked") != NULL;
-          else if (strcasecmp (line, "location") == 0)
-            snprintf (rp->location, sizeof rp->location, "%s", v);
-          else if (strcasecmp (line, "docker-content-digest") == 0)
-            snprintf (rp->digest, sizeof rp->digest, "%s", v);
-          else if (strcasecmp (line, "content-type") == 0)
-            snprintf (rp->content_type, sizeof rp->content_type, "%s", v);
-        }
-      if (rp->status >= 300 && rp->status < 400 && rp->location[0])
-        {
-          char nhost[256], nport[8], npath[2048];
-          if (rp->location[0] == '/')
-            {
-              snprintf (nhost, sizeof nhost, "%s", host);
-              snprintf (nport, sizeof nport, "%s", port);
-              snprintf (npath, sizeof npath, "%s", rp->location);
-            }
-          else if ((e = parse_location (rp->location, nhost, nport, npath, err)) < 0)
-            return e;
-          if (!path_ok (npath))
-            return wr_error (err, 0, WR_E_INVALID, "bad path in redirect from registry");
-          if (!k->blob && (strcmp (nhost, r->host) != 0 || strcmp (nport, r->port) != 0))
-            return wr_error (err, EACCES, WR_E_INVALID,
-                             "registry redirected the %s request to another host (%.200s): "
-                             "refused, only blobs may live elsewhere",
-                             k->what, nhost);
-          memcpy (host, nhost, sizeof host);
-          memcpy (port, nport, sizeof port);
-          memcpy (path, npath, sizeof path);
-          continue;
-        }
-      if (rp->status != 200)
-        {
-          /* a small error body, from the registry itself only */
-          struct sink ek = { .fd = -1, .max = 2048, .what = "error" };
-          if (!offsite && !rp->chunked && rp->length > 0 && rp->length <= 2048)
-            conn_copy (c, (unsigned long long)rp->length, &ek, NULL);
-          char detail[300];
-          registry_error_text (ek.buf, detail, sizeof detail);
-          free (ek.buf);
-          const char *code = rp->status == 404   ? WR_E_NOT_FOUND
-                             : rp->status == 401 ? WR_E_UNAUTHORIZED
-                                                 : WR_E_UNAVAILABLE;
-          e = wr_error (err, 0, code, "registry answered %d for %s%s", rp->status,
-                        offsite ? k->what : path, detail);
-          if (rp->status == 401)
-            wr_error_wrap (err, "registry authentication is not supported");
-          return e;
-        }
-      /* a body longer than expected is refused before it is read */
-      if (rp->length >= 0 && (uint64_t)rp->length > k->max - k->len)
-        return wr_error (err, EFBIG, WR_E_INVALID,
-                         "registry sends %lld bytes for %s, more than the %zu expected", rp->length,
-                         k->what, k->max);
-      if (rp->chunked)
-        {
-          for (;;)
-            {
-              e = conn_line (c, line, sizeof line, err);
+              e = fetch_token (r, rp->www_auth + 6, err);
               if (e < 0)
                 return e;
-              char *end;
-              unsigned long long sz = strtoull (line, &end, 16);
-              if (end == line)
-                return wr_error (err, 0, WR_E_UNAVAILABLE, "bad chunk from registry");
-              if (sz == 0)
-                break;
-              e = conn_copy (c, sz, k, err);
-              if (e < 0)
-                return e;
-              e = conn_line (c, line, sizeof line, err);
-              if (e < 0)
-                return e;
+              continue;
             }
           return 0;
         }
-      if (rp->length >= 0)
-        return conn_copy (c, (unsigned long long)rp->length, k, err);
-      /* no length: until the server closes */
-      for (;;)
+      if (rp->status < 300 || rp->status >= 400 || rp->location[0] == '\0'
+          || (q.method && strcmp (q.method, "GET") != 0 && strcmp (q.method, "HEAD") != 0))
+        return 0;
+      /* a redirect: absolute, checked, then followed by hand */
+      CURLU *u = curl_url ();
+      char *nurl = NULL, *scheme = NULL, *path = NULL;
+      bool ok = u && curl_url_set (u, CURLUPART_URL, url, 0) == CURLUE_OK
+                && curl_url_set (u, CURLUPART_URL, rp->location, 0) == CURLUE_OK
+                && curl_url_get (u, CURLUPART_URL, &nurl, 0) == CURLUE_OK
+                && curl_url_get (u, CURLUPART_SCHEME, &scheme, 0) == CURLUE_OK
+                && curl_url_get (u, CURLUPART_PATH, &path, 0) == CURLUE_OK;
+      char *user = NULL;
+      if (ok && curl_url_get (u, CURLUPART_USER, &user, 0) == CURLUE_OK)
+        ok = false; /* no credentials in a redirect */
+      curl_free (user);
+      curl_url_cleanup (u);
+      if (ok && (strcmp (scheme, "http") != 0 && strcmp (scheme, "https") != 0))
+        e = wr_error (err, 0, WR_E_UNSUPPORTED, "registry redirects to %.200s", rp->location);
+      else if (ok && r->tls && strcmp (scheme, "https") != 0)
+        e = wr_error (err, EACCES, WR_E_INVALID,
+                      "registry redirected the %s request from https to http: refused",
+                      k ? k->what : "upload");
+      else if (!ok || !path_ok (path) || strlen (nurl) >= sizeof url)
+        e = wr_error (err, 0, WR_E_INVALID, "bad redirect from registry");
+      else
         {
-          ssize_t got = conn_fill (c);
-          if (got < 0)
-            return wr_error (err, (int)-got, WR_E_UNAVAILABLE, "read from registry");
-          if (got == 0)
-            return 0;
-          e = sink_put (k, c->buf + c->off, (size_t)got, err);
-          if (e < 0)
-            return e;
-          c->off += (size_t)got;
+          bool noff = strncmp (nurl, origin, strlen (origin)) != 0
+                      || (nurl[strlen (origin)] != '/' && nurl[strlen (origin)] != '\0');
+          if (noff && !(k && k->blob))
+            e = wr_error (err, EACCES, WR_E_INVALID,
+                          "registry redirected the %s request to another host: refused, only "
+                          "blobs may live elsewhere",
+                          k ? k->what : "upload");
+          else
+            {
+              offsite = offsite || noff;
+              snprintf (url, sizeof url, "%s", nurl);
+            }
         }
+      curl_free (nurl);
+      curl_free (scheme);
+      curl_free (path);
+      if (e < 0)
+        return e;
     }
   return wr_error (err, 0, WR_E_UNAVAILABLE, "too many redirects from registry");
+}
+
+/* An error for a final status that is not what was wanted. */
+static int
+http_status_error (const struct rref *r, const struct resp *rp, const char *what, wr_err_t *err)
+{
+  if (rp->status == 401 || rp->status == 403)
+    return wr_error (err, 0, WR_E_UNAUTHORIZED, "registry %s answered %d for %s%s: %s", r->host,
+                     rp->status, what, rp->detail,
+                     r->auth->basic[0] ? "the credentials for it (--registry-auth) were refused"
+                                       : "it wants credentials (warrend --registry-auth FILE)");
+  const char *code = rp->status == 404 ? WR_E_NOT_FOUND : WR_E_UNAVAILABLE;
+  return wr_error (err, 0, code, "registry answered %d for %s%s", rp->status, what, rp->detail);
+}
+
+/* GET path into k; anything but 200 is an error. */
+static int
+http_get (const struct rref *r, const char *path, const char *accept, struct sink *k,
+          struct resp *rp, wr_err_t *err)
+{
+  struct hreq q = { .accept = accept, .body_fd = -1 };
+  int e = http_do (r, path, &q, k, rp, err);
+  if (e < 0)
+    return e;
+  if (rp->status != 200)
+    return http_status_error (r, rp, k->what, err);
+  return 0;
 }
 
 static int
@@ -716,6 +918,8 @@ struct fetch_note
 struct fetcher
 {
   struct rref r;
+  struct rref mirror; /* tried first when mirror.host is set (--registry-mirror) */
+  struct rauth auth, mirror_auth;
   int dirfd; /* the staging directory */
   int sock;  /* to the daemon */
 };
@@ -948,7 +1152,22 @@ fetcher_main (void *arg)
   if (meta == NULL)
     return NULL;
   wr_err_t err = { 0 };
-  int r = fetch_meta (f, meta, &err);
+  int r = -1;
+  if (f->mirror.host[0])
+    {
+      /* the mirror first; anything it cannot serve comes from the origin */
+      struct rref origin = f->r;
+      f->r = f->mirror;
+      r = fetch_meta (f, meta, &err);
+      if (r < 0)
+        {
+          f->r = origin;
+          memset (meta, 0, sizeof *meta);
+          unlinkat (f->dirfd, "config", 0);
+        }
+    }
+  if (r < 0)
+    r = fetch_meta (f, meta, &err);
   status_set (&meta->st, r, &err);
   struct fetch_plan plan;
   if (send_all (f->sock, meta, sizeof *meta) < 0 || r < 0
@@ -1066,6 +1285,11 @@ fetcher_syscalls (void)
   if (r == 0)
     r = seccomp_rule_add (ctx, SCMP_ACT_ERRNO (EACCES), SCMP_SYS (socket), 1,
                           SCMP_A0 (SCMP_CMP_EQ, AF_UNIX));
+  /* libcurl's threaded resolver wakes the transfer over a socketpair: a
+   * pair connects to nothing */
+  if (r == 0)
+    r = seccomp_rule_add (ctx, SCMP_ACT_ALLOW, SCMP_SYS (socketpair), 1,
+                          SCMP_A0 (SCMP_CMP_EQ, AF_UNIX));
   /* threads only (pthread_create falls back from clone3 to clone) */
   if (r == 0)
     r = seccomp_rule_add (ctx, SCMP_ACT_ALLOW, SCMP_SYS (clone), 1,
@@ -1095,6 +1319,11 @@ fetcher_spawn (struct fetcher *f, int sock, const char *workdir, const char *jai
                        .n_ro = 5 };
   if (linked && strcmp (resolv, "/etc/resolv.conf") != 0)
     j.ro[j.n_ro++] = resolv;
+  /* TLS: the system's CA store and OpenSSL's config, and --registry-ca */
+  if (access ("/etc/ssl", R_OK) == 0)
+    j.ro[j.n_ro++] = "/etc/ssl";
+  if (f->r.ca_file[0])
+    j.ro[j.n_ro++] = f->r.ca_file;
   pid_t pid = fork ();
   if (pid != 0)
     return pid;
@@ -1185,6 +1414,17 @@ take_blob (int dirfd, size_t i, const char *digest, int64_t size, wr_err_t *err)
   return TAKE_FD (fd);
 }
 
+/* daemon: the fetcher's error code, one of the few it may send */
+static const char *
+fetch_code (const char *c)
+{
+  if (strcmp (c, WR_E_UNAUTHORIZED) == 0)
+    return WR_E_UNAUTHORIZED;
+  if (strcmp (c, WR_E_UNAVAILABLE) == 0)
+    return WR_E_UNAVAILABLE;
+  return wr_unpack_code (c);
+}
+
 /* daemon: the fetcher's report is untrusted; check what we act on */
 static int
 meta_check (struct fetch_meta *m, wr_err_t *err)
@@ -1195,7 +1435,7 @@ meta_check (struct fetch_meta *m, wr_err_t *err)
   if (m->st.r < 0)
     {
       wr_error (err, m->st.errnum > 0 && m->st.errnum < 4096 ? m->st.errnum : 0,
-                wr_unpack_code (m->st.code), "%s", m->st.msg);
+                fetch_code (m->st.code), "%s", m->st.msg);
       if (err)
         snprintf (err->msg, sizeof err->msg, "%s", m->st.msg);
       return -1;
@@ -1319,7 +1559,7 @@ pull_in (struct wr_store *s, struct pull_run *run, int wfd, const char *target,
   if (note.st.r < 0)
     {
       wr_error (err, note.st.errnum > 0 && note.st.errnum < 4096 ? note.st.errnum : 0,
-                wr_unpack_code (note.st.code), "%s", note.st.msg);
+                fetch_code (note.st.code), "%s", note.st.msg);
       if (err)
         snprintf (err->msg, sizeof err->msg, "%s", note.st.msg);
       return -1;
@@ -1362,6 +1602,114 @@ rm_tmpdir (char *dir)
   *slash = '/';
 }
 
+/* ---- the daemon's registry configuration (docs/images.md, Registry
+ * configuration): warrend --registry-ca/--registry-auth/--registry-mirror,
+ * or WARREN_REGISTRY_CA/_AUTH/_MIRRORS. Read by the daemon; the fetcher
+ * only gets the one credential its registry needs. */
+
+/* "HOST[:PORT]" of a credentials key ("https://host:port/v1/" and the like) */
+static bool
+auth_key_matches (const char *key, const char *host, const char *port, bool default_port)
+{
+  if (strncmp (key, "https://", 8) == 0)
+    key += 8;
+  else if (strncmp (key, "http://", 7) == 0)
+    key += 7;
+  size_t kl = strcspn (key, "/");
+  char hp[300];
+  bool v6 = strchr (host, ':') != NULL;
+  snprintf (hp, sizeof hp, "%s%s%s:%s", v6 ? "[" : "", host, v6 ? "]" : "", port);
+  if (kl == strlen (hp) && strncmp (key, hp, kl) == 0)
+    return true;
+  return default_port && kl == strlen (host) && strncmp (key, host, kl) == 0;
+}
+
+/* The docker-style credentials file: {"auths":{"HOST[:PORT]":{"auth":
+ * base64("user:password")} or {"username","password"}}}. */
+static int
+creds_lookup (const char *file, const struct rref *r, bool default_port, char *out, size_t size,
+              wr_err_t *err)
+{
+  out[0] = '\0';
+  json_error_t jerr;
+  _cleanup_ (json_decrefp) json_t *j = json_load_file (file, 0, &jerr);
+  if (j == NULL)
+    return wr_error (err, 0, WR_E_INVALID, "registry credentials %.200s: %.200s", file, jerr.text);
+  const char *key;
+  json_t *v;
+  json_object_foreach (json_object_get (j, "auths"), key, v)
+  {
+    if (!auth_key_matches (key, r->host, r->port, default_port))
+      continue;
+    const char *a = json_string_value (json_object_get (v, "auth"));
+    const char *u = json_string_value (json_object_get (v, "username"));
+    const char *p = json_string_value (json_object_get (v, "password"));
+    long dl = a && strlen (a) < size ? wr_b64_decode (a, strlen (a), out) : -1;
+    if (dl >= 0)
+      out[dl] = '\0';
+    if (a && (dl < 0 || strlen (out) != (size_t)dl))
+      return wr_error (err, 0, WR_E_INVALID, "registry credentials %.200s: bad \"auth\" for %.200s",
+                       file, key);
+    if (!a && u && p)
+      snprintf (out, size, "%s:%s", u, p);
+    return 0;
+  }
+  return 0;
+}
+
+static int
+endpoint_setup (struct rref *r, struct rauth *a, bool insecure, wr_err_t *err)
+{
+  bool default_port = r->port[0] == '\0';
+  if (default_port)
+    strcpy (r->port, insecure ? "80" : "443");
+  r->tls = !insecure;
+  r->auth = a;
+  pthread_mutex_init (&a->lock, NULL);
+  r->local_ok = host_is_loopback (r->host, r->port);
+  const char *ca = getenv ("WARREN_REGISTRY_CA");
+  if (ca && ca[0])
+    {
+      if (access (ca, R_OK) < 0 || strlen (ca) >= sizeof r->ca_file)
+        return wr_error (err, errno, WR_E_INVALID, "registry CA file %.200s is not readable", ca);
+      snprintf (r->ca_file, sizeof r->ca_file, "%s", ca);
+    }
+  const char *auth = getenv ("WARREN_REGISTRY_AUTH");
+  if (auth && auth[0])
+    return creds_lookup (auth, r, default_port, a->basic, sizeof a->basic, err);
+  return 0;
+}
+
+/* Fill the registry side of f: scheme, port, CA, credentials, mirror. */
+static int
+registry_setup (struct fetcher *f, bool insecure, wr_err_t *err)
+{
+  struct rref *r = &f->r;
+  char hp[300];
+  snprintf (hp, sizeof hp, "%s%s%s", r->host, r->port[0] ? ":" : "", r->port);
+  int e = endpoint_setup (r, &f->auth, insecure, err);
+  if (e < 0)
+    return e;
+  /* HOST[:PORT]=MIRROR[:PORT],... */
+  const char *ms = getenv ("WARREN_REGISTRY_MIRRORS");
+  size_t hl = strlen (hp);
+  for (const char *p = ms; p && *p; p += strcspn (p, ","), p += *p == ',')
+    {
+      size_t l = strcspn (p, ",");
+      if (l <= hl + 1 || strncmp (p, hp, hl) != 0 || p[hl] != '=')
+        continue;
+      char mref[600];
+      snprintf (mref, sizeof mref, "%.*s/%s:x", (int)(l - hl - 1), p + hl + 1, r->repo);
+      e = rref_parse (mref, &f->mirror, err);
+      if (e < 0)
+        return wr_error_wrap (err, "registry mirror for %s", hp);
+      snprintf (f->mirror.tag, sizeof f->mirror.tag, "%s", r->tag);
+      snprintf (f->mirror.digest, sizeof f->mirror.digest, "%s", r->digest);
+      return endpoint_setup (&f->mirror, &f->mirror_auth, insecure, err);
+    }
+  return 0;
+}
+
 int
 wr_image_pull (struct wr_store *s, const char *refstr, const char *name, bool insecure,
                wr_progress_fn progress, void *ud, struct wr_image **ret, wr_err_t *err)
@@ -1371,10 +1719,10 @@ wr_image_pull (struct wr_store *s, const char *refstr, const char *name, bool in
   if (e < 0)
     return e;
   struct rref *r = &run.f.r;
-  if (!insecure)
-    return wr_error (err, 0, WR_E_UNSUPPORTED,
-                     "pulls use plain HTTP (TLS is not built in): set \"insecure\" for a "
-                     "registry you trust on this network");
+  curl_global_init (CURL_GLOBAL_DEFAULT);
+  e = registry_setup (&run.f, insecure, err);
+  if (e < 0)
+    return e;
   char target[512];
   if (name && name[0])
     snprintf (target, sizeof target, "%s", name);
@@ -1387,8 +1735,7 @@ wr_image_pull (struct wr_store *s, const char *refstr, const char *name, bool in
   wr_store_get_limits (s, &lim);
   struct wr_extract_limits xlim;
   wr_store_extract_limits (s, false, &xlim);
-  r->private_ok = lim.private_redirects;
-  r->local_ok = host_is_loopback (r->host, r->port);
+  r->private_ok = run.f.mirror.private_ok = lim.private_redirects;
   if (progress)
     progress (ud, "manifest", 0, 1);
 

@@ -1,8 +1,10 @@
-/* Registry pulls (src/image/registry.c): the reference parser, the HTTP/1.1
- * response reader (status, headers, redirects, chunked and sized bodies),
- * manifest and index parsing and blob download into a scratch store. Every
- * host name resolves to a fake registry on loopback, which answers its N-th
- * connection with the N-th part of the input (parts end with "=====\n"). */
+/* Registry pulls (src/image/registry.c): the reference parser, our side of
+ * libcurl (header and body callbacks, redirects, the WWW-Authenticate
+ * challenge and token parsing, the size caps), manifest and index parsing
+ * and blob download into a scratch store. Every connection goes to a fake
+ * registry on loopback (libcurl's CONNECT_TO; getaddrinfo for our own
+ * lookups), which answers its N-th connection with the N-th part of the
+ * input (parts end with "=====\n"). */
 #include <netdb.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -47,6 +49,9 @@ LLVMFuzzerInitialize (int *argc, char ***argv)
       || listen (listen_fd, 64) < 0 || getsockname (listen_fd, (struct sockaddr *)&sa, &sl) < 0)
     abort ();
   snprintf (port_str, sizeof port_str, "%u", ntohs (sa.sin_port));
+  static char connect_to[64];
+  snprintf (connect_to, sizeof connect_to, "::127.0.0.1:%s", port_str);
+  registry_connect_to = connect_to;
   fuzz_server_start (listen_fd);
   return 0;
 }

@@ -1,0 +1,299 @@
+"""Real registries (docs/images.md, Registry configuration): TLS with a test
+CA made by openssl, htpasswd basic auth, the Bearer token flow with a tiny
+token server, wrong credentials and an unknown CA. Debian's docker-registry
+serves each; an unauthenticated plain-HTTP one on the same storage is what
+the test pushes through (test_images.push)."""
+import base64
+import http.server
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.parse
+
+import pytest
+
+from conftest import BUILD, need
+from test_images import free_port, push, tar_bytes
+from wr import Daemon
+
+
+def run(*args):
+    subprocess.run(list(args), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def start_registry(work, name, store, extra=""):
+    """docker-registry on a random loopback port over store; extra: more
+    YAML under the top level (auth) or http (tls, indented). -> (proc, port)"""
+    exe = shutil.which("docker-registry") or "/usr/bin/docker-registry"
+    need(os.path.exists(exe), "docker-registry is not installed (scripts/setup.sh)")
+    port = free_port()
+    cfg = os.path.join(work, f"{name}.yml")
+    with open(cfg, "w") as f:
+        f.write(f"""version: 0.1
+log:
+  level: error
+storage:
+  filesystem:
+    rootdirectory: {store}
+http:
+  addr: 127.0.0.1:{port}
+{extra}""")
+    proc = subprocess.Popen([exe, "serve", cfg], stdout=subprocess.DEVNULL,
+                            stderr=open(os.path.join(work, f"{name}.log"), "wb"))
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+            return proc, port
+        except OSError:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.1)
+    proc.kill()
+    proc.wait()
+    pytest.fail(f"docker-registry {name} did not come up: "
+                + open(os.path.join(work, f"{name}.log")).read()[-2000:])
+
+
+def stop(proc):
+    proc.terminate()
+    proc.wait(timeout=60)
+
+
+def make_ca(d, cn):
+    """A CA and a certificate for 127.0.0.1 signed by it: (ca.pem, cert, key)."""
+    ca, cakey = os.path.join(d, f"{cn}-ca.pem"), os.path.join(d, f"{cn}-ca.key")
+    run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+        "-subj", f"/CN={cn} test CA", "-keyout", cakey, "-out", ca)
+    key, csr, crt = (os.path.join(d, f"{cn}.{x}") for x in ("key", "csr", "pem"))
+    run("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+        "-keyout", key, "-out", csr)
+    ext = os.path.join(d, f"{cn}.ext")
+    with open(ext, "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n")
+    run("openssl", "x509", "-req", "-in", csr, "-CA", ca, "-CAkey", cakey, "-CAcreateserial",
+        "-days", "2", "-extfile", ext, "-out", crt)
+    return ca, crt, key
+
+
+def creds_file(d, name, host, user, password):
+    p = os.path.join(d, name)
+    with open(p, "w") as f:
+        json.dump({"auths": {host: {"auth": base64.b64encode(
+            f"{user}:{password}".encode()).decode()}}}, f)
+    return p
+
+
+@pytest.fixture(scope="module")
+def work():
+    d = tempfile.mkdtemp(prefix="wr-reg-", dir="/var/tmp")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def plain(work):
+    """The unauthenticated registry the tests push through: (host, store)."""
+    store = os.path.join(work, "store")
+    proc, port = start_registry(work, "plain", store)
+    yield f"127.0.0.1:{port}", store
+    stop(proc)
+
+
+@pytest.fixture(scope="module")
+def image(plain):
+    """A small two-layer image in the shared storage: repo:tag."""
+    host, _ = plain
+    push(host, "reg/small", "v1", [tar_bytes([("a", "file", "layer one\n")]),
+                                   tar_bytes([("b", "file", "layer two\n")])])
+    return "reg/small:v1"
+
+
+@pytest.fixture(scope="module")
+def tls_basic(work, plain):
+    """TLS (test CA) + htpasswd on the shared storage: (host, ca)."""
+    need(shutil.which("htpasswd"), "htpasswd is not installed (apache2-utils, scripts/setup.sh)")
+    ca, crt, key = make_ca(work, "basic")
+    htp = os.path.join(work, "htpasswd")
+    run("htpasswd", "-Bbc", htp, "alice", "s3cret")
+    proc, port = start_registry(work, "tls-basic", plain[1], f"""  tls:
+    certificate: {crt}
+    key: {key}
+auth:
+  htpasswd:
+    realm: warren-test
+    path: {htp}
+""")
+    yield f"127.0.0.1:{port}", ca
+    stop(proc)
+
+
+def daemon_with(rootfs_less_args):
+    return Daemon(os.path.abspath(BUILD), extra_args=rootfs_less_args).start()
+
+
+@pytest.fixture
+def daemons():
+    started = []
+
+    def start(*args):
+        d = daemon_with(list(args))
+        started.append(d)
+        return d
+    yield start
+    for d in started:
+        d.stop()
+        shutil.rmtree(d.root, ignore_errors=True)
+
+
+def pull(d, ref, **kw):
+    return d.api.raw("POST", "/v1/images/pull", dict(ref=ref, **kw), timeout=600)
+
+
+def test_tls_with_test_ca_and_htpasswd(work, tls_basic, image, daemons):
+    host, ca = tls_basic
+    auth = creds_file(work, "good.json", host, "alice", "s3cret")
+    d = daemons("--registry-ca", ca, "--registry-auth", auth)
+    r = pull(d, f"{host}/{image}")
+    assert r.status == 201, r
+    img = r.json()
+    assert img["name"] == image and len(img["layers"]) == 2, img
+
+
+def test_wrong_credentials_are_a_clear_401(work, tls_basic, image, daemons):
+    host, ca = tls_basic
+    bad = creds_file(work, "bad.json", host, "alice", "wrong")
+    d = daemons("--registry-ca", ca, "--registry-auth", bad)
+    r = pull(d, f"{host}/{image}")
+    assert r.status == 401, r
+    m = r.json()["error"]["message"]
+    assert "401" in m and "credentials" in m and "refused" in m, m
+    # no credentials at all: says which flag gives them
+    d2 = daemons("--registry-ca", ca)
+    r = pull(d2, f"{host}/{image}")
+    assert r.status == 401 and "--registry-auth" in r.json()["error"]["message"], r
+
+
+def test_unknown_ca_is_a_clear_tls_error(work, tls_basic, image, daemons):
+    host, _ = tls_basic
+    auth = creds_file(work, "good2.json", host, "alice", "s3cret")
+    # another CA than the one that signed the registry's certificate
+    other, _, _ = make_ca(work, "other")
+    for args in ([], ["--registry-ca", other]):
+        d = daemons("--registry-auth", auth, *args)
+        r = pull(d, f"{host}/{image}")
+        assert r.status == 503, r
+        m = r.json()["error"]["message"]
+        assert "TLS" in m and "--registry-ca" in m, m
+        assert d.api.raw("GET", "/v1/images").json()["images"] == [] or \
+            all(i["name"] != image for i in d.api.raw("GET", "/v1/images").json()["images"])
+
+
+# ---------------------------------------------------------------- token flow
+
+def b64url(b):
+    return base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+
+
+class TokenServer:
+    """GET /token?service=&scope= with basic auth -> {"token": JWT (RS256,
+    x5c)}, as docker-registry's `auth: token` expects."""
+
+    def __init__(self, work, user, password):
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import padding
+        _, crt, key = make_ca(work, "token")
+        self.bundle = crt
+        with open(key, "rb") as f:
+            self.key = serialization.load_pem_private_key(f.read(), None)
+        with open(crt, "rb") as f:
+            der = x509.load_pem_x509_certificate(f.read()).public_bytes(serialization.Encoding.DER)
+        self.x5c = base64.b64encode(der).decode()
+        self.hashes, self.padding = hashes, padding
+        self.want = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        self.requests = []
+        srv = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                u = urllib.parse.urlparse(self.path)
+                q = urllib.parse.parse_qs(u.query)
+                srv.requests.append((u.path, q, self.headers.get("Authorization")))
+                if self.headers.get("Authorization") != srv.want:
+                    self.send_response(401)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                body = json.dumps({"token": srv.jwt(q.get("service", [""])[0],
+                                                    q.get("scope", []))}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def jwt(self, service, scopes):
+        access = []
+        for s in scopes:
+            typ, name, actions = s.split(":")
+            access.append({"type": typ, "name": name, "actions": actions.split(",")})
+        now = int(time.time())
+        claims = {"iss": "warren-test-issuer", "sub": "alice", "aud": service, "exp": now + 600,
+                  "nbf": now - 60, "iat": now, "jti": str(time.time_ns()), "access": access}
+        head = {"typ": "JWT", "alg": "RS256", "x5c": [self.x5c]}
+        msg = (b64url(json.dumps(head).encode()) + "." + b64url(json.dumps(claims).encode()))
+        sig = self.key.sign(msg.encode(), self.padding.PKCS1v15(), self.hashes.SHA256())
+        return msg + "." + b64url(sig)
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def token_registry(work, plain):
+    ts = TokenServer(work, "bob", "hunter2")
+    proc, port = start_registry(work, "token", plain[1], f"""auth:
+  token:
+    realm: http://127.0.0.1:{ts.port}/token
+    service: warren-test-registry
+    issuer: warren-test-issuer
+    rootcertbundle: {ts.bundle}
+""")
+    yield f"127.0.0.1:{port}", ts
+    stop(proc)
+    ts.close()
+
+
+def test_bearer_token_flow(work, token_registry, image, daemons):
+    host, ts = token_registry
+    auth = creds_file(work, "token.json", host, "bob", "hunter2")
+    d = daemons("--registry-auth", auth)
+    r = pull(d, f"{host}/{image}", insecure=True)
+    assert r.status == 201, r
+    assert len(r.json()["layers"]) == 2
+    # the token service was asked with the registry's credentials, for the
+    # challenge's service and scope
+    ok = [q for path, q, a in ts.requests if a == ts.want]
+    assert ok and ok[0]["service"] == ["warren-test-registry"], ts.requests
+    assert ok[0]["scope"] == ["repository:reg/small:pull"], ts.requests
+    # wrong credentials: the token service's 401, said plainly
+    bad = creds_file(work, "token-bad.json", host, "bob", "nope")
+    d2 = daemons("--registry-auth", bad)
+    r = pull(d2, f"{host}/{image}", insecure=True)
+    assert r.status == 401, r
+    assert "token service" in r.json()["error"]["message"], r
