@@ -9,6 +9,13 @@ would), runs the tests, and the verifier turns the exit status into a reward.
 The batch prints per-task rewards, throughput and latency percentiles, and
 removes every sandbox and image it made, also on Ctrl-C.
 
+A sample the platform failed (warren.InfraError: agent or node lost, out of
+capacity, daemon restarted mid-request; docs/errors.md) is masked, not scored:
+it gets no reward and is left out of the means, so a platform hiccup never
+teaches the policy that its answer was wrong. A task failure (tests fail,
+non-zero exit, timeout, OOM) is a reward of 0 as usual. Sandboxes are created
+with "deterministic" (fixed hostname, PYTHONHASHSEED, uptime from 0).
+
     python3 examples/rollout.py --short                 # quick start
     python3 examples/rollout.py --tasks 6 --samples 16  # a bigger batch
 """
@@ -137,6 +144,7 @@ class Sample:
     total_ms: float = 0.0
     steps: int = 0
     error: Optional[str] = None
+    masked: bool = False  # the platform failed: no reward, not scored
 
 
 def pct(xs: List[float], p: float) -> float:
@@ -159,10 +167,23 @@ async def rollout(client: warren.AsyncClient, base: str, layer: str, task: Dict,
                   patch: Dict, labels: Dict[str, str], memory_mb: int) -> Sample:
     """One trajectory: sandbox from base + task layer, apply a patch, verify."""
     s = Sample(task["name"], index, patch["id"], patch["good"])
-    work = f"/work/{task['name']}"
     t0 = time.perf_counter()
+    try:
+        await trajectory(client, base, layer, task, index, patch, labels, memory_mb, s, t0)
+    except warren.InfraError as e:
+        # whose failure: the platform's, so this sample says nothing about
+        # the policy; a TaskError (a bad request) still propagates
+        s.masked, s.reward, s.error = True, 0.0, f"infra failure (masked): {e}"
+    s.total_ms = (time.perf_counter() - t0) * 1e3
+    return s
+
+
+async def trajectory(client: warren.AsyncClient, base: str, layer: str, task: Dict, index: int,
+                     patch: Dict, labels: Dict[str, str], memory_mb: int, s: Sample,
+                     t0: float) -> None:
+    work = f"/work/{task['name']}"
     async with client.create(image=base, layers=[layer], memory_mb=memory_mb, ttl_s=900,
-                             labels=labels) as sb:
+                             labels=labels, deterministic={"seed": index}) as sb:
         s.create_ms = (time.perf_counter() - t0) * 1e3
         # Agent step 1: look at the repository (what an LLM would do first).
         t = time.perf_counter()
@@ -186,8 +207,6 @@ async def rollout(client: warren.AsyncClient, base: str, layer: str, task: Dict,
         s.exec_ms.append((time.perf_counter() - t) * 1e3)
         s.steps = 3
         s.reward = 1.0 if r.ok and "PASS" in r.stdout else 0.0
-    s.total_ms = (time.perf_counter() - t0) * 1e3
-    return s
 
 
 async def run(args: argparse.Namespace) -> Dict:
@@ -226,7 +245,8 @@ async def run(args: argparse.Namespace) -> Dict:
                 if isinstance(r, BaseException):
                     if isinstance(r, asyncio.CancelledError):
                         raise r
-                    samples.append(Sample("?", -1, "?", False, error=f"{type(r).__name__}: {r}"))
+                    samples.append(Sample("?", -1, "?", False, error=f"{type(r).__name__}: {r}",
+                                          masked=isinstance(r, warren.InfraError)))
                 else:
                     samples.append(r)
         finally:
@@ -251,8 +271,10 @@ async def run(args: argparse.Namespace) -> Dict:
     execs = [x for s in samples for x in s.exec_ms]
     per_task = {}
     for task in tasks:
-        rs = [s.reward for s in samples if s.task == task["name"]]
-        per_task[task["name"]] = {"samples": len(rs), "mean": sum(rs) / len(rs) if rs else 0.0,
+        rs = [s.reward for s in samples if s.task == task["name"] and not s.masked]
+        masked = sum(1 for s in samples if s.task == task["name"] and s.masked)
+        per_task[task["name"]] = {"samples": len(rs), "masked": masked,
+                                  "mean": sum(rs) / len(rs) if rs else 0.0,
                                   "max": max(rs) if rs else 0.0}
     return {
         "run_id": run_id, "base": base, "tasks": len(tasks), "samples_per_task": args.samples,
@@ -262,27 +284,35 @@ async def run(args: argparse.Namespace) -> Dict:
         "create_ms": {"p50": pct(creates, 50), "p90": pct(creates, 90), "p99": pct(creates, 99)},
         "step_ms": {"p50": pct(execs, 50), "p90": pct(execs, 90), "p99": pct(execs, 99)},
         "per_task": per_task,
-        "verifier_agrees": sum(1 for s in samples if (s.reward == 1.0) == s.good),
-        "errors": [s.error for s in samples if s.error],
+        "verifier_agrees": sum(1 for s in samples if not s.masked and (s.reward == 1.0) == s.good),
+        "scored": sum(1 for s in samples if not s.masked),
+        "masked": sum(1 for s in samples if s.masked),
+        "errors": [s.error for s in samples if s.error and not s.masked],
+        "infra_failures": [s.error for s in samples if s.masked],
+        # a masked sample has no reward (None), never 0
         "samples": [{"task": s.task, "index": s.index, "patch": s.patch, "good": s.good,
-                     "reward": s.reward} for s in samples],
+                     "reward": None if s.masked else s.reward, "masked": s.masked}
+                    for s in samples],
     }
 
 
 def report(r: Dict) -> None:
     print(f"rollout {r['run_id']}: {r['tasks']} tasks x {r['samples_per_task']} samples "
           f"on {r['base']} + task layer")
-    print(f"{'task':<12} {'mean reward':>11} {'max':>5}")
+    print(f"{'task':<12} {'mean reward':>11} {'max':>5} {'masked':>6}")
     for name, t in r["per_task"].items():
-        print(f"{name:<12} {t['mean']:>11.3f} {t['max']:>5.1f}")
+        print(f"{name:<12} {t['mean']:>11.3f} {t['max']:>5.1f} {t['masked']:>6}")
     print(f"throughput: {r['sandboxes_per_s']:.1f} sandboxes/s, {r['steps_per_s']:.1f} steps/s "
           f"({r['sandboxes']} sandboxes in {r['wall_s']:.2f} s)")
     c, e = r["create_ms"], r["step_ms"]
     print(f"latency ms: create p50 {c['p50']:.1f} p90 {c['p90']:.1f} p99 {c['p99']:.1f}; "
           f"step p50 {e['p50']:.1f} p90 {e['p90']:.1f} p99 {e['p99']:.1f}")
-    print(f"verifier agrees with the oracle on {r['verifier_agrees']}/{r['sandboxes']} samples")
+    print(f"verifier agrees with the oracle on {r['verifier_agrees']}/{r['scored']} scored samples"
+          f" ({r['masked']} masked as infra failures)")
     for err in r["errors"]:
         print(f"error: {err}")
+    for err in r["infra_failures"]:
+        print(f"masked: {err}")
 
 
 def main() -> int:

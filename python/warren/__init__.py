@@ -8,9 +8,10 @@ clients of the warrend HTTP API (docs/api.md), standard library only.
 
 from .aio import AsyncClient, AsyncExecStream, AsyncImages, AsyncSandbox
 from .client import Client, ExecStream, Images, Sandbox
-from .errors import (Conflict, ConnectError, ConnectionLost, Forbidden, Gone, InternalError,
-                     InvalidArgument, NotFound, PayloadTooLarge, ProtocolError, ResourceExhausted,
-                     Timeout, Unauthorized, Unavailable, Unsupported, WarrenError)
+from .errors import (Conflict, ConnectError, ConnectionLost, Forbidden, Gone, InfraError,
+                     InternalError, InvalidArgument, NodeLost, NotFound, PayloadTooLarge,
+                     ProtocolError, ResourceExhausted, TaskError, Timeout, Unauthorized, Unavailable,
+                     Unsupported, WarrenError)
 from .types import ExecResult, ExecUsage, FileStat, Image, OutputChunk, SandboxInfo
 
 from ._version import __version__  # noqa: E402
@@ -21,5 +22,6 @@ __all__ = [
     "ExecResult", "ExecUsage", "OutputChunk", "SandboxInfo", "FileStat", "Image",
     "WarrenError", "InvalidArgument", "Unauthorized", "Forbidden", "NotFound", "Conflict", "Gone",
     "PayloadTooLarge", "ResourceExhausted", "InternalError", "Unsupported", "Unavailable",
-    "Timeout", "ConnectError", "ConnectionLost", "ProtocolError",
+    "Timeout", "ConnectError", "ConnectionLost", "ProtocolError", "InfraError", "TaskError",
+    "NodeLost",
 ]

@@ -94,6 +94,9 @@ class ExecResult:
     duration_ms: int = 0
     usage: ExecUsage = field(default_factory=ExecUsage)
     error: Optional[str] = None
+    #: always False for a result: the command ran, so its exit code, timeout
+    #: or OOM is the task's; platform failures raise :class:`InfraError`
+    infra_failure: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -126,6 +129,7 @@ class ExecResult:
             duration_ms=_int(j.get("duration_ms")),
             usage=ExecUsage.from_json(j.get("usage")),
             error=j.get("error") if isinstance(j.get("error"), str) else None,
+            infra_failure=j.get("infra_failure") is True,
             raw=j)
 
 

@@ -36,7 +36,7 @@ gw_reply_error (struct evhttp_request *req, int status, const char *code, const 
   vsnprintf (msg, sizeof msg, fmt, ap);
   va_end (ap);
   /* the platform failed, not the caller's task: say so (issue 10) */
-  bool infra = status >= 500 || strcmp (code, "node_lost") == 0;
+  bool infra = status >= 500 || wr_code_is_infra (code); /* err.c: one table */
   gw_reply_json (req, status,
                  json_pack ("{s:{s:s,s:s},s:b}", "error", "code", code, "message", msg,
                             "infra_failure", infra));
