@@ -24,6 +24,7 @@
 #include "common/util.h"
 #include "daemon/backends.h"
 #include "daemon/http_util.h"
+#include "daemon/fork.h"
 #include "daemon/fncall.h"
 #include "daemon/trajlog.h"
 #include "daemon/uploads.h"
@@ -1203,6 +1204,8 @@ handle_sandboxes (struct wrd *d, struct evhttp_request *req, const char *rest, s
     handle_files (d, req, sb, q);
   else if (strcmp (sub, "pack") == 0 && m == EVHTTP_REQ_POST)
     wrd_http_pack (d, req, sb);
+  else if (wrd_http_fork_routes (d, req, sb, sub, q))
+    ; /* fork, checkpoints, restore, diff (fork.c) */
   else if ((strcmp (sub, "pause") == 0 || strcmp (sub, "resume") == 0) && m == EVHTTP_REQ_POST)
     {
       if (wrd_sandbox_pause (d, sb, strcmp (sub, "pause") == 0, &err) < 0)

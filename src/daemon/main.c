@@ -35,6 +35,7 @@ usage (FILE *f)
       "               [--log-level error|warning|info|debug]\n"
       "               [--listen-compat tcp:ADDR:PORT [--compat-token-file F]]\n"
       "               [--registry-ca FILE] [--registry-auth FILE] [--registry-mirror H=M]...\n"
+      "               [--registry-insecure HOST:PORT]...\n"
       "               [--compat-image [LANG=]REF]... [--log-retention S]\n" WRD_CLUSTER_USAGE
       "Runs the Warren node daemon in the foreground; all state lives under DIR.\n"
       "Default listener: unix:DIR/warrend.sock (owner-only).\n");
@@ -61,6 +62,17 @@ exe_dir_agent (void)
     return NULL;
   strcpy (slash + 1, "warren-agent");
   return strdup (self);
+}
+
+/* NAME=old,value (the repeatable registry flags) */
+static int
+env_append (const char *name, const char *value)
+{
+  const char *old = getenv (name);
+  _cleanup_free_ char *v = NULL;
+  if (asprintf (&v, "%s%s%s", old ? old : "", old ? "," : "", value) < 0)
+    return -1;
+  return setenv (name, v, 1);
 }
 
 int
@@ -107,6 +119,7 @@ main (int argc, char **argv)
     { "registry-ca", required_argument, NULL, 2200 },
     { "registry-auth", required_argument, NULL, 2201 },
     { "registry-mirror", required_argument, NULL, 2202 },
+    { "registry-insecure", required_argument, NULL, 2203 },
     { "log-retention", required_argument, NULL, 2100 }, /* trajectory log */
     { NULL, 0, NULL, 0 },
   };
@@ -243,16 +256,12 @@ main (int argc, char **argv)
       case 2201:
         setenv ("WARREN_REGISTRY_AUTH", optarg, 1);
         break;
-      case 2202:
-        {
-          /* repeated: HOST=MIRROR,HOST2=MIRROR2 */
-          const char *old = getenv ("WARREN_REGISTRY_MIRRORS");
-          _cleanup_free_ char *v = NULL;
-          if (asprintf (&v, "%s%s%s", old ? old : "", old ? "," : "", optarg) < 0)
-            return 2;
-          setenv ("WARREN_REGISTRY_MIRRORS", v, 1);
-          break;
-        }
+      case 2202: /* repeated: HOST=MIRROR,HOST2=MIRROR2 */
+      case 2203: /* repeated: HOST:PORT,... (plain http) */
+        if (env_append (c == 2202 ? "WARREN_REGISTRY_MIRRORS" : "WARREN_REGISTRY_INSECURE", optarg)
+            < 0)
+          return 2;
+        break;
       case WRD_OPT_CLUSTER ... WRD_OPT_LEASE_TTL: /* cluster mode */
         {
           wr_err_t cerr;

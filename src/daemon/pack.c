@@ -260,7 +260,7 @@ copy_dir (struct copy *c, int sfd, int dfd, const char *rel, int depth, wr_err_t
       struct stat st;
       if (fstatat (sfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
         return wr_sys_error (err, "stat %s", sub);
-      if (scrubbed (rel, name))
+      if (!c->p->keep_all && scrubbed (rel, name))
         {
           c->st->scrubbed++;
           continue;

@@ -17,6 +17,7 @@
 
 #include "common/util.h"
 #include "daemon/backends.h"
+#include "daemon/fork.h"
 #include "daemon/trajlog.h"
 #include "daemon/cluster.h" /* cluster mode: node-named ids */
 
@@ -1133,6 +1134,7 @@ wrd_sandbox_destroy (struct wrd *d, struct sandbox *sb, wr_err_t *err)
             *l = sb->pool_next;
             sb->pool->ready--;
             break;
+  wrd_checkpoints_drop (d, sb->id);
           }
       sb->pool = NULL;
       pool_kick (d);
@@ -1228,6 +1230,8 @@ wrd_sandbox_json (struct wrd *d, struct sandbox *sb, bool detail)
 static int
 recover_row (struct wrd *d, json_t *row, void *ud WR_UNUSED)
 {
+  if (detail)
+    json_object_set_new (j, "checkpoints", wrd_checkpoints_json (d, sb->id));
   const char *id = json_string_value (json_object_get (row, "id"));
   const char *state = json_string_value (json_object_get (row, "state"));
   char sdir[1200];

@@ -1,0 +1,772 @@
+/* Group fork, checkpoints, restore and diff (fork.h, docs/api.md).
+ *
+ * A snapshot is pack's: the sandbox is frozen, its writable upper copied
+ * (ids shifted back to the sandbox's view) and committed as one EROFS layer
+ * on top of its own layers. A checkpoint is such an image tagged
+ * warren-checkpoint/ID:NAME, so it survives a daemon restart and its layers
+ * live exactly as long as the tag; destroying the sandbox drops the tags. A
+ * fork makes one snapshot, tagged warren-fork/ID:RANDOM only until every
+ * child holds its layers, and starts N children on it, each with its own
+ * empty upper. Restore compares the live tree with the checkpoint
+ * (fsdiff.c) and rewrites only the paths that differ, through the
+ * sandbox's own root, with the sandbox frozen: its processes keep running. */
+#include "daemon/fork.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <linux/securebits.h>
+
+#include "common/util.h"
+#include "daemon/backends.h"
+#include "daemon/fsdiff.h"
+#include "daemon/http_util.h"
+#include "daemon/images.h"
+#include "daemon/log.h"
+
+#define CKPT_PREFIX "warren-checkpoint/"
+#define FORK_PREFIX "warren-fork/"
+#define FORK_MAX 256
+
+/* checkpoint names are image tags: [A-Za-z0-9_.-]{1,128} */
+static bool
+name_valid (const char *n)
+{
+  size_t l = n ? strlen (n) : 0;
+  if (l == 0 || l > 128)
+    return false;
+  for (size_t i = 0; i < l; i++)
+    if (!((n[i] >= 'a' && n[i] <= 'z') || (n[i] >= 'A' && n[i] <= 'Z')
+          || (n[i] >= '0' && n[i] <= '9') || n[i] == '_' || n[i] == '.' || n[i] == '-'))
+      return false;
+  return true;
+}
+
+static void
+ckpt_ref (char *buf, size_t len, const char *id, const char *name)
+{
+  snprintf (buf, len, CKPT_PREFIX "%s:%s", id, name);
+}
+
+/* Sandbox ids that have checkpoints (loop thread only), seeded from the
+ * store once, so that destroying or inspecting any other sandbox never
+ * scans the image table. */
+static json_t *ckpt_owners;
+
+static json_t *
+owners (struct wrd *d)
+{
+  if (ckpt_owners)
+    return ckpt_owners;
+  json_t *all = NULL;
+  wr_err_t err;
+  if (wr_image_list (d->store, &all, &err) < 0)
+    return NULL; /* try again next time */
+  ckpt_owners = json_object ();
+  size_t i;
+  json_t *img;
+  json_array_foreach (all, i, img)
+  {
+    const char *name = json_string_value (json_object_get (img, "name"));
+    const char *colon = name ? strchr (name, ':') : NULL;
+    if (colon && strncmp (name, CKPT_PREFIX, strlen (CKPT_PREFIX)) == 0)
+      {
+        char id[64];
+        snprintf (id, sizeof id, "%.*s", (int)(colon - name - strlen (CKPT_PREFIX)),
+                  name + strlen (CKPT_PREFIX));
+        json_object_set_new (ckpt_owners, id, json_true ());
+      }
+  }
+  json_decref (all);
+  return ckpt_owners;
+}
+
+json_t *
+wrd_checkpoints_json (struct wrd *d, const char *id)
+{
+  json_t *out = json_array (), *all = NULL;
+  wr_err_t err;
+  json_t *o = owners (d);
+  if (o && json_object_get (o, id) == NULL)
+    return out;
+  if (wr_image_list (d->store, &all, &err) < 0)
+    return out;
+  char prefix[128];
+  int pl = snprintf (prefix, sizeof prefix, CKPT_PREFIX "%s:", id);
+  size_t i;
+  json_t *img;
+  json_array_foreach (all, i, img)
+  {
+    const char *name = json_string_value (json_object_get (img, "name"));
+    if (name && strncmp (name, prefix, (size_t)pl) == 0)
+      json_array_append_new (out, json_pack ("{s:s,s:s,s:O,s:O}", "name", name + pl, "image", name,
+                                             "digest", json_object_get (img, "digest"), "created",
+                                             json_object_get (img, "created")));
+  }
+  json_decref (all);
+  return out;
+}
+
+void
+wrd_checkpoints_drop (struct wrd *d, const char *id)
+{
+  json_t *list = wrd_checkpoints_json (d, id);
+  size_t i;
+  json_t *c;
+  json_array_foreach (list, i, c)
+  {
+    wr_err_t err;
+    if (wr_image_remove (d->store, json_string_value (json_object_get (c, "image")), &err) < 0)
+      wrd_log (WRD_LOG_WARN, "drop checkpoint of %s: %s\n", id, err.msg);
+  }
+  json_decref (list);
+  if (ckpt_owners)
+    json_object_del (ckpt_owners, id);
+}
+
+/* "unsupported" naming the backend, before any work */
+static int
+check_fs_ops (struct sandbox *sb, const char *what, wr_err_t *err)
+{
+  if (sb->ops->upper_fd == NULL)
+    return wr_error (err, 0, WR_E_UNSUPPORTED,
+                     "%s: the %s backend keeps its writable layer inside the guest (an ext4 "
+                     "disk image), which the daemon cannot read or snapshot consistently yet "
+                     "(docs/api.md)",
+                     what, sb->backend);
+  return 0;
+}
+
+/* ---- snapshot jobs ---- */
+
+enum job_kind
+{
+  JOB_CHECKPOINT,
+  JOB_FORK,
+  JOB_RESTORE,
+  JOB_DIFF,
+};
+
+struct side
+{
+  bool now;
+  char (*layers)[72]; /* bottom-most first */
+  size_t n;
+  char label[140];
+};
+
+struct fjob
+{
+  struct wrd *d;
+  struct evhttp_request *req;
+  enum job_kind kind;
+  char id[33];
+  struct pack_snap snap;
+  bool have_snap;
+  char ref[256];
+  char name[140];
+  struct wr_image *img;
+  struct pack_stats stats;
+  /* restore / diff */
+  struct side from, to;
+  int root_fd;
+  char prefix[4096];
+  bool text;
+  json_t *result;
+  /* fork */
+  unsigned count, pending, failed;
+  json_t *child_req, *children;
+  wr_err_t child_err;
+  uint64_t t0, t_snap;
+  wr_err_t err;
+  int r;
+};
+
+static void
+fjob_free (struct fjob *j)
+{
+  if (j->have_snap)
+    wrd_pack_end (j->d, &j->snap);
+  if (j->root_fd >= 0)
+    close (j->root_fd);
+  wr_image_free (j->img);
+  free (j->from.layers);
+  free (j->to.layers);
+  json_decref (j->result);
+  json_decref (j->child_req);
+  json_decref (j->children);
+  free (j);
+}
+
+static struct fjob *
+fjob_new (struct wrd *d, struct evhttp_request *req, struct sandbox *sb, enum job_kind kind)
+{
+  struct fjob *j = calloc (1, sizeof *j);
+  if (j == NULL)
+    return NULL;
+  j->d = d;
+  j->req = req;
+  j->kind = kind;
+  j->root_fd = -1;
+  j->t0 = wr_now_ns ();
+  snprintf (j->id, sizeof j->id, "%s", sb->id);
+  return j;
+}
+
+static int
+side_layers (struct side *s, char (*layers)[72], size_t n, wr_err_t *err)
+{
+  s->layers = calloc (n + 1, sizeof *s->layers);
+  if (s->layers == NULL)
+    return wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
+  memcpy (s->layers, layers, n * sizeof *layers);
+  s->n = n;
+  return 0;
+}
+
+/* worker: a side as a layer stack (top-most first), its layers acquired */
+static int
+side_state (struct wrd *d, const struct fjob *j, const struct side *s, struct fsd_state *st,
+            wr_err_t *err)
+{
+  if (s->now)
+    {
+      int r = fsd_state_push (st, j->snap.upper_fd, err);
+      if (r < 0)
+        return r;
+    }
+  for (size_t k = s->n; k-- > 0;)
+    {
+      const char *dir;
+      int r = wr_layer_acquire (d->store, s->layers[k], &dir, err);
+      if (r < 0)
+        return r;
+      _cleanup_close_ int fd = open (dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      if (fd < 0)
+        r = wr_sys_error (err, "open layer %s", s->layers[k]);
+      else
+        r = fsd_state_push (st, fd, err);
+      wr_layer_release (d->store, s->layers[k]);
+      if (r < 0)
+        return r;
+    }
+  return 0;
+}
+
+static void
+mark_unshared (const struct side *a, struct fsd_state *sa, const struct side *b,
+               struct fsd_state *sb)
+{
+  size_t common = 0;
+  while (common < a->n && common < b->n && strcmp (a->layers[common], b->layers[common]) == 0)
+    common++;
+  sa->unshared = (a->n - common) + (a->now ? 1 : 0);
+  sb->unshared = (b->n - common) + (b->now ? 1 : 0);
+}
+
+/* the uid/gid that the sandbox's root maps to on the host */
+static uint32_t
+host_base (const struct idmap *m)
+{
+  for (size_t i = 0; i < m->n; i++)
+    if (m->in[i] == 0)
+      return m->out[i];
+  return 65534;
+}
+
+static void
+job_work (void *arg)
+{
+  struct fjob *j = arg;
+  struct wrd *d = j->d;
+  if (j->kind == JOB_CHECKPOINT || j->kind == JOB_FORK)
+    {
+      j->r = wrd_pack_commit (d->store, &j->snap, j->ref, NULL, &j->stats, &j->img, &j->err);
+      j->t_snap = wr_now_ns ();
+      return;
+    }
+  struct fsd_state a, b;
+  fsd_state_init (&a);
+  fsd_state_init (&b);
+  struct fsd_changes ch = { 0 };
+  j->r = side_state (d, j, &j->from, &a, &j->err);
+  if (j->r == 0)
+    j->r = side_state (d, j, &j->to, &b, &j->err);
+  if (j->r == 0)
+    {
+      mark_unshared (&j->from, &a, &j->to, &b);
+      j->r = fsd_compare (&a, &b, &ch, &j->err);
+    }
+  if (j->r == 0 && j->kind == JOB_DIFF)
+    {
+      j->result = fsd_changes_json (&a, &b, &ch, j->prefix[0] ? j->prefix : NULL, j->text);
+      json_object_set_new (j->result, "from", json_string (j->from.label));
+      json_object_set_new (j->result, "to", json_string (j->to.label));
+    }
+  else if (j->r == 0)
+    {
+      /* Write as the sandbox's root (a file the daemon's uid 0 made in the
+       * sandbox's overlay would belong to nobody), keeping our capabilities
+       * (NO_SETUID_FIXUP), on this thread only. */
+      int bits = prctl (PR_GET_SECUREBITS, 0, 0, 0, 0);
+      uint32_t ub = host_base (&j->snap.uids), gb = host_base (&j->snap.gids);
+      if (bits < 0 || prctl (PR_SET_SECUREBITS, bits | SECBIT_NO_SETUID_FIXUP, 0, 0, 0) < 0)
+        j->r = wr_sys_error (&j->err, "securebits");
+      else
+        {
+          syscall (SYS_setfsgid, gb);
+          syscall (SYS_setfsuid, ub);
+          j->r = fsd_apply (j->root_fd, &b, &ch, ub, gb, &j->err);
+          syscall (SYS_setfsuid, 0);
+          syscall (SYS_setfsgid, 0);
+          if (prctl (PR_SET_SECUREBITS, bits, 0, 0, 0) < 0
+              || syscall (SYS_setfsuid, (uid_t)-1) != 0)
+            abort (); /* a daemon thread left with another fsuid would be worse */
+          if (j->r == 0)
+            j->result = json_pack ("{s:s,s:I}", "restored", j->name, "changes", (json_int_t)ch.n);
+        }
+    }
+  fsd_changes_free (&ch);
+  fsd_state_clear (&a);
+  fsd_state_clear (&b);
+}
+
+static void fork_children (struct fjob *j);
+
+static void
+job_done (void *arg)
+{
+  struct fjob *j = arg;
+  if (j->have_snap)
+    {
+      wrd_pack_end (j->d, &j->snap); /* thaws the sandbox */
+      j->have_snap = false;
+    }
+  if (j->r < 0)
+    {
+      wrd_reply_error (j->req, &j->err);
+      fjob_free (j);
+      return;
+    }
+  switch (j->kind)
+    {
+    case JOB_CHECKPOINT:
+      if (owners (j->d))
+        json_object_set_new (ckpt_owners, j->id, json_true ());
+      wrd_reply_json (j->req, 201,
+                      json_pack ("{s:s,s:s,s:s,s:s,s:I,s:f}", "id", j->id, "name", j->name, "image",
+                                 j->ref, "digest", j->img->digest, "files",
+                                 (json_int_t)j->stats.files, "duration_ms",
+                                 (double)(j->t_snap - j->t0) / 1e6));
+      break;
+    case JOB_FORK:
+      fork_children (j);
+      return; /* replies when every child is there */
+    case JOB_RESTORE:
+    case JOB_DIFF:
+      wrd_reply_json (j->req, 200, json_incref (j->result));
+      break;
+    }
+  fjob_free (j);
+}
+
+static void
+job_start (struct fjob *j)
+{
+  if (wrd_job_run (j->d, job_work, job_done, j) < 0)
+    {
+      wrd_reply_error_code (j->req, WR_E_INTERNAL, "cannot start a worker");
+      fjob_free (j);
+    }
+}
+
+static int
+begin_snap (struct fjob *j, struct sandbox *sb, wr_err_t *err)
+{
+  int r = wrd_pack_begin (j->d, sb, &j->snap, err);
+  if (r < 0)
+    return r;
+  j->snap.keep_all = true;
+  j->have_snap = true;
+  return 0;
+}
+
+/* ---- POST /v1/sandboxes/{id}/checkpoints {"name"} ---- */
+
+static void
+http_checkpoint (struct wrd *d, struct evhttp_request *req, struct sandbox *sb)
+{
+  wr_err_t err;
+  json_t *body;
+  if (wrd_read_json_body (req, false, &body, &err) < 0)
+    {
+      wrd_reply_error (req, &err);
+      return;
+    }
+  json_t *nv = json_object_get (body, "name");
+  char name[140] = "";
+  if (nv && !json_is_null (nv))
+    {
+      if (!json_is_string (nv) || !name_valid (json_string_value (nv)))
+        {
+          json_decref (body);
+          wrd_reply_error_code (req, WR_E_INVALID,
+                                "field \"name\": a checkpoint name is 1-128 of [A-Za-z0-9_.-] "
+                                "(no slashes)");
+          return;
+        }
+      snprintf (name, sizeof name, "%s", json_string_value (nv));
+    }
+  json_decref (body);
+  if (check_fs_ops (sb, "checkpoint", &err) < 0)
+    {
+      wrd_reply_error (req, &err);
+      return;
+    }
+  json_t *existing = wrd_checkpoints_json (d, sb->id);
+  if (name[0] == '\0')
+    for (size_t n = json_array_size (existing) + 1; name[0] == '\0'; n++)
+      {
+        snprintf (name, sizeof name, "ckpt-%zu", n);
+        size_t i;
+        json_t *c;
+        json_array_foreach (
+            existing, i, c) if (strcmp (json_string_value (json_object_get (c, "name")), name) == 0)
+            name[0]
+            = '\0';
+      }
+  else
+    {
+      size_t i;
+      json_t *c;
+      json_array_foreach (
+          existing, i, c) if (strcmp (json_string_value (json_object_get (c, "name")), name) == 0)
+      {
+        json_decref (existing);
+        char msg[256];
+        snprintf (msg, sizeof msg, "sandbox %s already has a checkpoint named %s", sb->id, name);
+        wrd_reply_error_code (req, WR_E_CONFLICT, msg);
+        return;
+      }
+    }
+  json_decref (existing);
+  struct fjob *j = fjob_new (d, req, sb, JOB_CHECKPOINT);
+  if (j == NULL)
+    {
+      wrd_reply_error_code (req, WR_E_INTERNAL, "out of memory");
+      return;
+    }
+  snprintf (j->name, sizeof j->name, "%s", name);
+  ckpt_ref (j->ref, sizeof j->ref, sb->id, name);
+  if (begin_snap (j, sb, &err) < 0)
+    {
+      wrd_reply_error (req, &err);
+      fjob_free (j);
+      return;
+    }
+  job_start (j);
+}
+
+/* A side of a diff or restore: "image", "now" or a checkpoint name. */
+static int
+resolve_side (struct wrd *d, struct sandbox *sb, const char *what, struct side *s, wr_err_t *err)
+{
+  snprintf (s->label, sizeof s->label, "%s", what);
+  if (strcmp (what, "now") == 0)
+    {
+      s->now = true;
+      return side_layers (s, sb->layers, sb->n_layers, err);
+    }
+  if (strcmp (what, "image") == 0)
+    return side_layers (s, sb->layers, sb->n_layers, err);
+  if (!name_valid (what))
+    return wr_error (err, 0, WR_E_INVALID,
+                     "\"%.64s\" is not a checkpoint name (1-128 of [A-Za-z0-9_.-], no slashes), "
+                     "\"image\" or \"now\"",
+                     what);
+  char ref[256];
+  ckpt_ref (ref, sizeof ref, sb->id, what);
+  struct wr_image *img = NULL;
+  if (wr_image_resolve (d->store, ref, &img, err) < 0)
+    return wr_error (err, 0, WR_E_NOT_FOUND, "sandbox %s has no checkpoint named %s", sb->id, what);
+  int r = side_layers (s, img->layers, img->n_layers, err);
+  wr_image_free (img);
+  return r;
+}
+
+/* ---- POST /v1/sandboxes/{id}/restore {"name"} ---- */
+
+static void
+http_restore (struct wrd *d, struct evhttp_request *req, struct sandbox *sb)
+{
+  wr_err_t err;
+  json_t *body;
+  if (wrd_read_json_body (req, true, &body, &err) < 0)
+    {
+      wrd_reply_error (req, &err);
+      return;
+    }
+  const char *name = json_string_value (json_object_get (body, "name"));
+  struct fjob *j = NULL;
+  if (name == NULL)
+    {
+      wr_error (&err, 0, WR_E_INVALID, "field \"name\" (a checkpoint name) is required");
+      goto fail;
+    }
+  if (check_fs_ops (sb, "restore", &err) < 0)
+    goto fail;
+  j = fjob_new (d, req, sb, JOB_RESTORE);
+  if (j == NULL)
+    {
+      wr_error (&err, ENOMEM, WR_E_INTERNAL, "out of memory");
+      goto fail;
+    }
+  snprintf (j->name, sizeof j->name, "%s", name);
+  if (strcmp (name, "image") == 0 || strcmp (name, "now") == 0)
+    {
+      wr_error (&err, 0, WR_E_INVALID, "restore takes a checkpoint name");
+      goto fail;
+    }
+  if (resolve_side (d, sb, name, &j->to, &err) < 0
+      || resolve_side (d, sb, "now", &j->from, &err) < 0 || begin_snap (j, sb, &err) < 0)
+    goto fail;
+  char path[64];
+  snprintf (path, sizeof path, "/proc/%d/root", (int)sb->c.pid);
+  j->root_fd = open (path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (j->root_fd < 0)
+    {
+      wr_sys_error (&err, "open the root of sandbox %s", sb->id);
+      goto fail;
+    }
+  json_decref (body);
+  job_start (j);
+  return;
+fail:
+  json_decref (body);
+  wrd_reply_error (req, &err);
+  if (j)
+    fjob_free (j);
+}
+
+/* ---- GET /v1/sandboxes/{id}/diff?from=&to=&path=&text= ---- */
+
+static void
+http_diff (struct wrd *d, struct evhttp_request *req, struct sandbox *sb, struct evkeyvalq *q)
+{
+  wr_err_t err;
+  const char *from = wrd_query_get (q, "from"), *to = wrd_query_get (q, "to");
+  const char *path = wrd_query_get (q, "path"), *text = wrd_query_get (q, "text");
+  struct fjob *j = NULL;
+  if (check_fs_ops (sb, "diff", &err) < 0)
+    goto fail;
+  j = fjob_new (d, req, sb, JOB_DIFF);
+  if (j == NULL)
+    {
+      wr_error (&err, ENOMEM, WR_E_INTERNAL, "out of memory");
+      goto fail;
+    }
+  j->text = text == NULL || strcmp (text, "0") != 0;
+  if (path && fsd_path_normalise (path, j->prefix, sizeof j->prefix, &err) < 0)
+    goto fail;
+  if (resolve_side (d, sb, from && *from ? from : "image", &j->from, &err) < 0
+      || resolve_side (d, sb, to && *to ? to : "now", &j->to, &err) < 0)
+    goto fail;
+  if ((j->from.now || j->to.now) && begin_snap (j, sb, &err) < 0)
+    goto fail;
+  job_start (j);
+  return;
+fail:
+  wrd_reply_error (req, &err);
+  if (j)
+    fjob_free (j);
+}
+
+/* ---- POST /v1/sandboxes/{id}/fork {"count":N,...} ---- */
+
+static void
+fork_reply (struct fjob *j)
+{
+  wr_err_t e;
+  if (wr_image_remove (j->d->store, j->ref, &e) < 0)
+    wrd_log (WRD_LOG_WARN, "fork of %s: untag %s: %s\n", j->id, j->ref, e.msg);
+  if (j->failed)
+    {
+      /* all or nothing: a group with a missing member is no group */
+      size_t i;
+      json_t *c;
+      json_array_foreach (j->children, i, c)
+      {
+        struct sandbox *sb = wrd_sandbox_find (j->d, json_string_value (json_object_get (c, "id")));
+        if (sb)
+          wrd_sandbox_destroy (j->d, sb, &e);
+      }
+      wrd_reply_error (j->req, &j->child_err);
+    }
+  else
+    wrd_reply_json (j->req, 201,
+                    json_pack ("{s:s,s:O,s:s,s:{s:f,s:f},s:I}", "parent", j->id, "sandboxes",
+                               j->children, "layer", j->img->layers[j->img->n_layers - 1],
+                               "timing_ms", "snapshot", (double)(j->t_snap - j->t0) / 1e6, "total",
+                               (double)(wr_now_ns () - j->t0) / 1e6, "files",
+                               (json_int_t)j->stats.files));
+  fjob_free (j);
+}
+
+static void
+child_built (struct wrd *d, struct sandbox *sb, wr_err_t *err, void *ud)
+{
+  struct fjob *j = ud;
+  if (sb)
+    json_array_append_new (j->children, wrd_sandbox_json (d, sb, false));
+  else if (j->failed++ == 0)
+    j->child_err = *err;
+  if (--j->pending == 0)
+    fork_reply (j);
+}
+
+static void
+fork_children (struct fjob *j)
+{
+  j->children = json_array ();
+  j->pending = j->count;
+  for (unsigned i = 0; i < j->count; i++)
+    {
+      wr_err_t err;
+      json_t *req = json_deep_copy (j->child_req);
+      int r = wrd_sandbox_create_async (j->d, req, child_built, j, &err);
+      json_decref (req);
+      if (r < 0)
+        {
+          /* no callback for this one */
+          if (j->failed++ == 0)
+            j->child_err = err;
+          if (--j->pending == 0)
+            {
+              fork_reply (j);
+              return;
+            }
+        }
+    }
+}
+
+static void
+http_fork (struct wrd *d, struct evhttp_request *req, struct sandbox *sb)
+{
+  wr_err_t err;
+  json_t *body;
+  if (wrd_read_json_body (req, true, &body, &err) < 0)
+    {
+      wrd_reply_error (req, &err);
+      return;
+    }
+  struct fjob *j = NULL;
+  json_t *count = json_object_get (body, "count");
+  if (!json_is_integer (count) || json_integer_value (count) < 1
+      || json_integer_value (count) > FORK_MAX)
+    {
+      wr_error (&err, 0, WR_E_INVALID, "field \"count\" must be an integer from 1 to %d", FORK_MAX);
+      goto fail;
+    }
+  json_t *procs = json_object_get (body, "processes");
+  if (procs && !json_is_boolean (procs))
+    {
+      wr_error (&err, 0, WR_E_INVALID, "field \"processes\" must be a boolean");
+      goto fail;
+    }
+  if (json_is_true (procs))
+    {
+      /* docs/api.md: CRIU cannot checkpoint a process tree whose pid 1 is
+       * in a user namespace it does not own, nor restore it into another
+       * sandbox's namespaces and uid block, without a runtime of its own */
+      wr_error (&err, 0, WR_E_UNSUPPORTED,
+                "fork with \"processes\": true (CRIU) is not supported by the %s backend on "
+                "this node%s; fork copies the file system only",
+                sb->backend,
+                access ("/usr/sbin/criu", X_OK) == 0 ? "" : " (criu is not installed)");
+      goto fail;
+    }
+  if (check_fs_ops (sb, "fork", &err) < 0)
+    goto fail;
+  j = fjob_new (d, req, sb, JOB_FORK);
+  if (j == NULL)
+    {
+      wr_error (&err, ENOMEM, WR_E_INTERNAL, "out of memory");
+      goto fail;
+    }
+  j->count = (unsigned)json_integer_value (count);
+  char rnd[13];
+  wr_random_hex (rnd, 12);
+  snprintf (j->ref, sizeof j->ref, FORK_PREFIX "%s:%s", sb->id, rnd);
+  /* the children: the parent's create request, its image replaced by the
+   * snapshot, overridden by what the fork request says */
+  json_t *cr = json_deep_copy (sb->spec);
+  json_object_set_new (cr, "image", json_string (j->ref));
+  json_object_set_new (cr, "layers", json_array ());
+  static const char *const overridable[]
+      = { "memory_mb", "cpus", "disk_mb", "pids_max", "ttl_s", "network", "env", "labels" };
+  for (size_t i = 0; i < WR_ARRAY_SIZE (overridable); i++)
+    {
+      json_t *v = json_object_get (body, overridable[i]);
+      if (v)
+        json_object_set (cr, overridable[i], v);
+    }
+  const char *k;
+  json_t *v;
+  json_object_foreach (body, k, v)
+  {
+    bool known = strcmp (k, "count") == 0 || strcmp (k, "processes") == 0;
+    for (size_t i = 0; i < WR_ARRAY_SIZE (overridable); i++)
+      known = known || strcmp (k, overridable[i]) == 0;
+    if (!known)
+      {
+        json_decref (cr);
+        wr_error (&err, 0, WR_E_INVALID, "unknown field \"%.64s\" in a fork request", k);
+        goto fail;
+      }
+  }
+  json_t *labels = json_object_get (cr, "labels");
+  if (!json_is_object (labels))
+    json_object_set_new (cr, "labels", labels = json_object ());
+  json_object_set_new (labels, "warren.fork.parent", json_string (sb->id));
+  j->child_req = cr;
+  /* a bad override fails here, before the parent is frozen */
+  json_t *norm = NULL;
+  if (wrd_parse_create (d, cr, &norm, &err) < 0)
+    goto fail;
+  json_decref (norm);
+  if (begin_snap (j, sb, &err) < 0)
+    goto fail;
+  json_decref (body);
+  job_start (j);
+  return;
+fail:
+  json_decref (body);
+  wrd_reply_error (req, &err);
+  if (j)
+    fjob_free (j);
+}
+
+bool
+wrd_http_fork_routes (struct wrd *d, struct evhttp_request *req, struct sandbox *sb,
+                      const char *sub, struct evkeyvalq *q)
+{
+  enum evhttp_cmd_type m = evhttp_request_get_command (req);
+  if (strcmp (sub, "fork") == 0 && m == EVHTTP_REQ_POST)
+    http_fork (d, req, sb);
+  else if (strcmp (sub, "checkpoints") == 0 && m == EVHTTP_REQ_POST)
+    http_checkpoint (d, req, sb);
+  else if (strcmp (sub, "checkpoints") == 0 && m == EVHTTP_REQ_GET)
+    wrd_reply_json (req, 200, json_pack ("{s:o}", "checkpoints", wrd_checkpoints_json (d, sb->id)));
+  else if (strcmp (sub, "restore") == 0 && m == EVHTTP_REQ_POST)
+    http_restore (d, req, sb);
+  else if (strcmp (sub, "diff") == 0 && m == EVHTTP_REQ_GET)
+    http_diff (d, req, sb, q);
+  else
+    return false;
+  return true;
+}
