@@ -116,6 +116,14 @@ extern "C"
   /* Snapshot the sandbox's writable layer into image `name` (NAME[:TAG]). */
   WARREN_EXPORT json_t *warren_sandbox_pack (warren_client_t *c, const char *id, const char *name,
                                              warren_error_t *err);
+  /* The trajectory log of a sandbox (docs/rl.md), also after it was destroyed:
+   * {"id","image","image_digest","created_at","destroyed_at","replay_of","events":[...]}. */
+  WARREN_EXPORT json_t *warren_sandbox_log (warren_client_t *c, const char *id,
+                                            warren_error_t *err);
+  /* A new sandbox from id's image, fast-forwarded along id's log up to step
+   * `until` (NULL: all of it); the new sandbox object with "replay":{...}. */
+  WARREN_EXPORT json_t *warren_sandbox_replay (warren_client_t *c, const char *id,
+                                               const char *until, warren_error_t *err);
 
   /* Exec. req: {"cmd":[...]|"shell":"...","env","cwd","stdin","timeout_s",...}.
    * Returns the result {"exit_code","signal","timed_out","stdout","stderr",...}. */

@@ -92,18 +92,34 @@ def pack(sid: str, name: str, timeout: Optional[float]) -> Request:
 
 
 def write_file(sid: str, path: str, data: "bytes | str", mode: Optional[int], append: bool,
-               timeout: Optional[float]) -> Request:
+               timeout: Optional[float], step: Optional[str] = None) -> Request:
     if isinstance(data, str):
         data = data.encode("utf-8")
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise InvalidArgument("file data must be bytes or str")
     if mode is not None and (not isinstance(mode, int) or not 0 <= mode <= 0o7777):
         raise InvalidArgument("mode must be an int in [0, 0o7777]")
-    target = files_path(sid, path, mode=None if mode is None else format(mode, "o"), append=append)
-    # An append is not idempotent: never re-sent.
+    target = files_path(sid, path, mode=None if mode is None else format(mode, "o"), append=append,
+                        step=step)
+    # An append is not idempotent: never re-sent (unless its step id makes a
+    # repeat answer from the trajectory log).
     return Request("PUT", target, bytes(data), "application/octet-stream", timeout=_t(timeout),
-                   idempotent=not append, ok=(201, 200),
+                   idempotent=not append or step is not None, ok=(201, 200),
                    parse=lambda r: int(_obj(r).get("size", len(data))))
+
+
+def log(sid: str, timeout: Optional[float]) -> Request:
+    """The trajectory log (docs/rl.md), also of a destroyed sandbox."""
+    return json_req("GET", f"/v1/sandboxes/{check_id(sid)}/log", timeout=_t(timeout), parse=_obj)
+
+
+def replay(sid: str, until: Optional[str], timeout: Optional[float]) -> Request:
+    if until is not None and (not isinstance(until, str) or not until):
+        raise InvalidArgument("until must be a non-empty step id")
+    body = {} if until is None else {"until": until}
+    return json_req("POST", f"/v1/sandboxes/{check_id(sid)}/replay", body, ok=(201,),
+                    timeout=_t(timeout, SLOW_TIMEOUT),
+                    parse=lambda r: SandboxInfo.from_json(_obj(r)))
 
 
 def read_file(sid: str, path: str, timeout: Optional[float]) -> Request:

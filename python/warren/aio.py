@@ -138,6 +138,16 @@ class AsyncClient:
         """A handle on an existing sandbox, without a request."""
         return AsyncSandbox(self, SandboxInfo(id=sandbox_id))
 
+    async def log(self, sandbox_id: str, *, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """The trajectory log of a sandbox, also after it was destroyed."""
+        return await self._call(_api.log(sandbox_id, self._to(timeout)))
+
+    async def replay(self, sandbox_id: str, *, until: Optional[str] = None,
+                     timeout: Optional[float] = None) -> "AsyncSandbox":
+        """A new sandbox fast-forwarded along ``sandbox_id``'s log up to step
+        ``until`` (see :meth:`warren.Client.replay`)."""
+        return AsyncSandbox(self, await self._call(_api.replay(sandbox_id, until, timeout)))
+
     async def get(self, sandbox_id: str, *, timeout: Optional[float] = None) -> "AsyncSandbox":
         return AsyncSandbox(self, await self._call(_api.get(sandbox_id, self._to(timeout))))
 
@@ -384,8 +394,14 @@ class AsyncSandbox:
         return AsyncExecStream(self.client._t, req, collect)
 
     async def write_file(self, path: str, data: Union[bytes, str], *, mode: Optional[int] = None,
-                         append: bool = False, timeout: Optional[float] = None) -> int:
-        return await self._call(_api.write_file(self.id, path, data, mode, append, self._to(timeout)))
+                         append: bool = False, step: Optional[str] = None,
+                         timeout: Optional[float] = None) -> int:
+        return await self._call(_api.write_file(self.id, path, data, mode, append,
+                                                self._to(timeout), step))
+
+    async def log(self, *, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """This sandbox's trajectory log (see :meth:`AsyncClient.log`)."""
+        return await self.client.log(self.id, timeout=timeout)
 
     async def read_file(self, path: str, *, timeout: Optional[float] = None) -> bytes:
         return await self._call(_api.read_file(self.id, path, self._to(timeout)))

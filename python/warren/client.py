@@ -115,6 +115,19 @@ class Client:
         """Fetch an existing sandbox (raises :class:`NotFound`)."""
         return Sandbox(self, self._call(_api.get(sandbox_id, self._to(timeout))))
 
+    def log(self, sandbox_id: str, *, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """The trajectory log of a sandbox, also after it was destroyed (within
+        the daemon's ``--log-retention``): ``{"events": [...], ...}``."""
+        return self._call(_api.log(sandbox_id, self._to(timeout)))
+
+    def replay(self, sandbox_id: str, *, until: Optional[str] = None,
+               timeout: Optional[float] = None) -> "Sandbox":
+        """A new sandbox from ``sandbox_id``'s image, fast-forwarded by re-running
+        its logged execs and file changes up to step ``until`` (all without it).
+        Repeating those steps on the new sandbox returns the recorded results;
+        ``info.raw["replay"]`` says how many were re-run and how many diverged."""
+        return Sandbox(self, self._call(_api.replay(sandbox_id, until, timeout)))
+
     def list(self, *, labels: Optional[Mapping[str, str]] = None,
              timeout: Optional[float] = None) -> List[SandboxInfo]:
         """Sandboxes on the node, optionally only those carrying all ``labels``."""
@@ -355,10 +368,18 @@ class Sandbox:
         return ExecStream(self.client._t.stream(req), collect)
 
     def write_file(self, path: str, data: Union[bytes, str], *, mode: Optional[int] = None,
-                   append: bool = False, timeout: Optional[float] = None) -> int:
+                   append: bool = False, step: Optional[str] = None,
+                   timeout: Optional[float] = None) -> int:
         """Write (or with ``append`` extend) a file; returns its size. Parent
-        directories must exist (see :meth:`mkdir`). Appends are never retried."""
-        return self._call(_api.write_file(self.id, path, data, mode, append, self._to(timeout)))
+        directories must exist (see :meth:`mkdir`). Appends are never retried,
+        unless they carry a ``step`` id: a repeated step answers from the
+        trajectory log without writing again."""
+        return self._call(_api.write_file(self.id, path, data, mode, append, self._to(timeout),
+                                          step))
+
+    def log(self, *, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """This sandbox's trajectory log (see :meth:`Client.log`)."""
+        return self.client.log(self.id, timeout=timeout)
 
     def read_file(self, path: str, *, timeout: Optional[float] = None) -> bytes:
         """The whole file as bytes (up to 64 MiB)."""

@@ -112,6 +112,12 @@ class ExecResult:
         """True when the command exited 0 (not killed, not timed out)."""
         return self.exit_code == 0 and not self.timed_out and self.signal == 0
 
+    @property
+    def replayed(self) -> bool:
+        """True when the result was recorded earlier under the same step id
+        and answered from the trajectory log instead of running again."""
+        return self.raw.get("replayed") is True
+
     @classmethod
     def from_json(cls, j: Any, stdout: Optional[bytes] = None,
                   stderr: Optional[bytes] = None) -> "ExecResult":

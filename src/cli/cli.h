@@ -79,6 +79,8 @@ int cmd_exec (cli_t *cli, int argc, char **argv);
 int cmd_run (cli_t *cli, int argc, char **argv);
 int cmd_call (cli_t *cli, int argc, char **argv);
 int cmd_cp (cli_t *cli, int argc, char **argv);
+int cmd_log (cli_t *cli, int argc, char **argv);    /* cmd_log.c: trajectory log */
+int cmd_replay (cli_t *cli, int argc, char **argv); /* cmd_log.c */
 int cmd_image (cli_t *cli, int argc, char **argv);
 /* image tag | pull | build | gc (cmd_image2.c); -1 when sub is not one of them */
 int cli_image_more (cli_t *cli, const char *sub, int argc, char **argv);

@@ -18,12 +18,14 @@ enum
   OPT_CWD,
   OPT_STDIN_FILE,
   OPT_HELP,
+  OPT_STEP, /* trajectory log: a client step id (docs/rl.md) */
 };
 
 #define EXEC_LONGOPTS                                                                              \
   { "timeout", required_argument, NULL, OPT_TIMEOUT },                                             \
       { "env", required_argument, NULL, OPT_ENV }, { "cwd", required_argument, NULL, OPT_CWD },    \
       { "stdin", no_argument, NULL, 'i' }, { "interactive", no_argument, NULL, 'i' },              \
+      { "step", required_argument, NULL, OPT_STEP },                                               \
   {                                                                                                \
     "help", no_argument, NULL, 'h'                                                                 \
   }
@@ -60,6 +62,11 @@ exec_opt (int opt, const char *arg, json_t *req, struct exec_opts *o, const char
       }
     case 'i':
       o->stdin_all = true;
+      return 1;
+    case OPT_STEP: /* trajectory log */
+      if (*arg == '\0' || strlen (arg) > 256)
+        return cli_usage (verb, "--step: expected 1 to 256 bytes"), -1;
+      json_object_set_new (req, "step", json_string (arg));
       return 1;
     default:
       return 0;

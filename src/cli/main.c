@@ -37,7 +37,8 @@ struct help
   "  --timeout S     kill the command after S seconds (default 600); exit status 124\n"            \
   "  --env K=V       environment variable (repeatable)\n"                                          \
   "  --cwd DIR       working directory inside the sandbox\n"                                       \
-  "  -i, --stdin     send warren's whole stdin as the command's stdin\n"
+  "  -i, --stdin     send warren's whole stdin as the command's stdin\n"                           \
+  "  --step ID       client step id: a repeat answers from the trajectory log\n"
 
 static const struct help helps[] = {
   { "create", "Usage: warren create [FLAGS]\n"
@@ -108,6 +109,14 @@ static const struct help helps[] = {
   { "node drain", "Usage: warren node drain NAME\n"
                   "No new sandboxes are placed on NAME; its sandboxes keep running.\n" },
   { "node undrain", "Usage: warren node undrain NAME\nPlace sandboxes on NAME again.\n" },
+  /* trajectory log (cmd_log.c, docs/rl.md) */
+  { "log", "Usage: warren log [--json] ID\n"
+           "Print a sandbox's trajectory log: every exec, file change and lifecycle event in\n"
+           "order with its result (also after the sandbox is gone, within the retention).\n" },
+  { "replay", "Usage: warren replay [--until STEP] [--json] ID\n"
+              "Create a sandbox from ID's image and re-run ID's logged execs and file changes up\n"
+              "to step STEP (all of them without --until); print the new id. Its steps up to\n"
+              "STEP answer with the recorded results, new ones run live.\n" },
   { "project", "Usage: warren project create NAME --max-sandboxes N [--max-memory MB]"
                " [--priority P] [--json]\n" },
   { "project create",
@@ -124,6 +133,7 @@ static const char main_usage[]
       "Functions:  call\n"
       "Images:     image import | ls | inspect | rm | tag | pull | build | gc\n"
       "Node:       pool ls | set, health, metrics, bench\n"
+      "RL:         log, replay\n"
       "Cluster:    node ls | drain | undrain, project create (through a gateway)\n"
       "\n"
       "Options:\n"
@@ -467,6 +477,7 @@ static const struct verb verbs[] = {
   { "call", cmd_call },     { "cp", cmd_cp },         { "image", cmd_image },
   { "pool", cmd_pool },     { "health", cmd_health }, { "metrics", cmd_metrics },
   { "bench", cmd_bench },   { "node", cmd_node },     { "project", cmd_project },
+  { "log", cmd_log },       { "replay", cmd_replay }, /* trajectory log */
 };
 
 int

@@ -135,6 +135,31 @@ warren_sandbox_resume (warren_client_t *c, const char *id, warren_error_t *err)
 }
 
 json_t *
+warren_sandbox_log (warren_client_t *c, const char *id, warren_error_t *err)
+{
+  return sandbox_op (c, "GET", id, "/log", NULL, 0, err);
+}
+
+json_t *
+warren_sandbox_replay (warren_client_t *c, const char *id, const char *until, warren_error_t *err)
+{
+  _cleanup_ (json_decrefp) json_t *body = json_object ();
+  if (until)
+    {
+      json_t *u = json_string (until);
+      if (u == NULL || *until == '\0')
+        {
+          json_decref (u);
+          wl_error (err, 0, WARREN_E_INVALID, 0, "the step id must be non-empty UTF-8");
+          return NULL;
+        }
+      json_object_set_new (body, "until", u);
+    }
+  /* re-runs commands: as slow as they were */
+  return sandbox_op (c, "POST", id, "/replay", body, slow_timeout (c), err);
+}
+
+json_t *
 warren_sandbox_pack (warren_client_t *c, const char *id, const char *name, warren_error_t *err)
 {
   if (check_ref ("image name", name, err) < 0)
