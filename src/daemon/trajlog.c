@@ -26,6 +26,8 @@ struct wrd_traj
   sqlite3 *db;
   double retention_s;
   struct event *reap_ev;
+  /* the statements of every exec, prepared once */
+  sqlite3_stmt *insert, *update, *step;
 };
 
 struct wrd_traj_op
@@ -90,6 +92,31 @@ prepare (struct wrd_traj *t, const char *sql, sqlite3_stmt **st, wr_err_t *err)
     return db_err (t->db, err, "prepare");
   return 0;
 }
+
+/* A statement kept in *slot (prepared on first use, SQLITE_PREPARE_PERSISTENT),
+ * reset when the caller's stmt_resetp cleanup runs. */
+static sqlite3_stmt *
+cached (struct wrd_traj *t, sqlite3_stmt **slot, const char *sql, wr_err_t *err)
+{
+  if (*slot == NULL
+      && sqlite3_prepare_v3 (t->db, sql, -1, SQLITE_PREPARE_PERSISTENT, slot, NULL) != SQLITE_OK)
+    {
+      db_err (t->db, err, "prepare");
+      return NULL;
+    }
+  return *slot;
+}
+
+static void
+stmt_resetp (sqlite3_stmt **st)
+{
+  if (*st)
+    {
+      sqlite3_reset (*st);
+      sqlite3_clear_bindings (*st);
+    }
+}
+#define _reset_stmt_ _cleanup_ (stmt_resetp)
 
 static void
 bind_json (sqlite3_stmt *st, int i, const json_t *j)
@@ -197,6 +224,9 @@ wrd_traj_close (struct wrd *d)
     return;
   if (t->reap_ev)
     event_free (t->reap_ev);
+  sqlite3_finalize (t->insert);
+  sqlite3_finalize (t->update);
+  sqlite3_finalize (t->step);
   sqlite3_close (t->db);
   free (t);
   d->traj = NULL;
@@ -209,12 +239,12 @@ insert_event (struct wrd_traj *t, const char *sandbox, const char *kind, const c
               const char *hash, const json_t *request, const json_t *agent, const void *input,
               size_t input_len, const json_t *result, wr_err_t *err)
 {
-  _cleanup_stmt_ sqlite3_stmt *st = NULL;
-  if (prepare (t,
-               "INSERT INTO events (sandbox, kind, at, step, request_hash, request, agent, input,"
-               " result) VALUES (?,?,?,?,?,?,?,?,?)",
-               &st, err)
-      < 0)
+  _reset_stmt_ sqlite3_stmt *st
+      = cached (t, &t->insert,
+                "INSERT INTO events (sandbox, kind, at, step, request_hash, request, agent, input,"
+                " result) VALUES (?,?,?,?,?,?,?,?,?)",
+                err);
+  if (st == NULL)
     return -1;
   sqlite3_bind_text (st, 1, sandbox, -1, SQLITE_STATIC);
   sqlite3_bind_text (st, 2, kind, -1, SQLITE_STATIC);
@@ -360,13 +390,13 @@ static int
 step_check (struct wrd_traj *t, struct evhttp_request *req, const char *sandbox, const char *step,
             const char *hash, bool exec, bool stream)
 {
-  _cleanup_stmt_ sqlite3_stmt *st = NULL;
   wr_err_t err;
-  if (prepare (t,
-               "SELECT seq, request_hash, result, stdout, stderr FROM events WHERE sandbox = ?"
-               " AND step = ?",
-               &st, &err)
-      < 0)
+  _reset_stmt_ sqlite3_stmt *st
+      = cached (t, &t->step,
+                "SELECT seq, request_hash, result, stdout, stderr FROM events WHERE sandbox = ?"
+                " AND step = ?",
+                &err);
+  if (st == NULL)
     {
       wrd_reply_error (req, &err);
       return 1;
@@ -552,11 +582,11 @@ op_finish (struct wrd_traj_op *op, json_t *res)
   if (json_object_get (res, "duration_ms") == NULL)
     json_object_set_new (res, "duration_ms",
                          json_integer ((json_int_t)((wr_now_ns () - op->t0) / 1000000)));
-  _cleanup_stmt_ sqlite3_stmt *st = NULL;
   wr_err_t err;
-  if (prepare (op->t, "UPDATE events SET result = ?, stdout = ?, stderr = ? WHERE seq = ?", &st,
-               &err)
-      < 0)
+  _reset_stmt_ sqlite3_stmt *st
+      = cached (op->t, &op->t->update,
+                "UPDATE events SET result = ?, stdout = ?, stderr = ? WHERE seq = ?", &err);
+  if (st == NULL)
     goto fail;
   bind_json (st, 1, res);
   for (int i = 0; i < 2; i++)
