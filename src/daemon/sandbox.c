@@ -225,7 +225,10 @@ wrd_parse_create (struct wrd *d, json_t *req, json_t **ret, wr_err_t *err)
   v = json_object_get (req, "image");
   if (v && !json_is_null (v))
     {
-      if (!json_is_string (v) || !wr_ref_valid (json_string_value (v)))
+      char local[512];
+      if (!json_is_string (v)
+          || (!wr_ref_valid (json_string_value (v))
+              && !wr_registry_local_name (json_string_value (v), local, sizeof local)))
         return wr_error (err, 0, WR_E_INVALID, "field \"image\" must be an image reference");
       image = json_string_value (v);
     }
@@ -371,7 +374,11 @@ resolve_layers (struct wrd *d, struct sandbox *sb, json_t *spec, const char **di
 {
   const char *image = json_string_value (json_object_get (spec, "image"));
   struct wr_image *img = NULL;
-  int r = wr_image_resolve (d->store, image, &img, err);
+  char local[512];
+  /* a registry reference: fetched on first use, once however many wait */
+  int r = wr_registry_local_name (image, local, sizeof local)
+              ? wr_image_fetch_once (d->store, image, local, &img, err)
+              : wr_image_resolve (d->store, image, &img, err);
   if (r < 0)
     return r;
   snprintf (sb->image_digest, sizeof sb->image_digest, "%s", img->digest);

@@ -1231,6 +1231,7 @@ fetcher_syscalls (void)
           SCMP_SYS (exit_group),
           SCMP_SYS (rt_sigreturn),
           SCMP_SYS (rt_sigprocmask),
+          SCMP_SYS (rt_sigaction), /* libcurl's SIGPIPE guard: own handlers only */
           SCMP_SYS (clock_gettime),
           SCMP_SYS (clock_nanosleep),
           SCMP_SYS (nanosleep),
@@ -1783,4 +1784,117 @@ wr_image_pull (struct wr_store *s, const char *refstr, const char *name, bool in
   rm_tmpdir (workdir);
   rm_tmpdir (jaildir);
   return e;
+}
+
+/* ---- fetch on first use (docs/cluster.md, Images in a cluster) ---- */
+
+int
+wr_registry_local_name (const char *ref, char *buf, size_t size)
+{
+  const char *slash = strchr (ref, '/');
+  if (slash == NULL)
+    return 0;
+  size_t hl = (size_t)(slash - ref);
+  bool host = (memchr (ref, '.', hl) || memchr (ref, ':', hl)
+               || (hl == 9 && strncmp (ref, "localhost", 9) == 0));
+  if (!host || strchr (ref, '@'))
+    return 0;
+  /* HOST:PORT/REPO:TAG is stored as HOST-PORT/REPO:TAG */
+  const char *rest = slash + 1;
+  bool tagged = strchr (rest, ':') != NULL;
+  int n = snprintf (buf, size, "%.*s/%s%s", (int)hl, ref, rest, tagged ? "" : ":latest");
+  if (n < 0 || (size_t)n >= size)
+    return 0;
+  for (size_t i = 0; i < hl; i++)
+    if (buf[i] == ':')
+      buf[i] = '-';
+  return wr_ref_valid (buf) ? 1 : 0;
+}
+
+/* One pull per local name at a time: the others wait for it and share its
+ * result, success or error. */
+struct inflight
+{
+  char name[512];
+  unsigned waiters;
+  bool done;
+  int r;
+  wr_err_t err;
+  struct inflight *next;
+};
+static pthread_mutex_t inflight_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t inflight_cond = PTHREAD_COND_INITIALIZER;
+static struct inflight *inflight_head;
+
+static bool
+registry_insecure (const char *ref)
+{
+  const char *list = getenv ("WARREN_REGISTRY_INSECURE");
+  size_t hl = strcspn (ref, "/");
+  for (const char *p = list; p && *p; p += strcspn (p, ","), p += *p == ',')
+    if (strcspn (p, ",") == hl && strncmp (p, ref, hl) == 0)
+      return true;
+  return false;
+}
+
+int
+wr_image_fetch_once (struct wr_store *s, const char *ref, const char *name, struct wr_image **ret,
+                     wr_err_t *err)
+{
+  pthread_mutex_lock (&inflight_lock);
+  struct inflight *f = inflight_head;
+  while (f && strcmp (f->name, name) != 0)
+    f = f->next;
+  if (f)
+    {
+      f->waiters++;
+      while (!f->done)
+        pthread_cond_wait (&inflight_cond, &inflight_lock);
+      int r = f->r;
+      if (r < 0 && err)
+        *err = f->err;
+      if (--f->waiters == 0)
+        {
+          struct inflight **pp = &inflight_head;
+          while (*pp != f)
+            pp = &(*pp)->next;
+          *pp = f->next;
+          free (f);
+        }
+      pthread_mutex_unlock (&inflight_lock);
+      return r < 0 ? r : wr_image_resolve (s, name, ret, err);
+    }
+  f = calloc (1, sizeof *f);
+  if (f == NULL)
+    {
+      pthread_mutex_unlock (&inflight_lock);
+      return wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
+    }
+  snprintf (f->name, sizeof f->name, "%s", name);
+  f->waiters = 1;
+  f->next = inflight_head;
+  inflight_head = f;
+  pthread_mutex_unlock (&inflight_lock);
+
+  /* a pull that finished just before this one started counts */
+  int r = wr_image_resolve (s, name, ret, NULL);
+  if (r < 0)
+    r = wr_image_pull (s, ref, name, registry_insecure (ref), NULL, NULL, ret, &f->err);
+
+  pthread_mutex_lock (&inflight_lock);
+  f->r = r;
+  f->done = true;
+  if (r < 0 && err)
+    *err = f->err;
+  pthread_cond_broadcast (&inflight_cond);
+  if (--f->waiters == 0)
+    {
+      struct inflight **pp = &inflight_head;
+      while (*pp != f)
+        pp = &(*pp)->next;
+      *pp = f->next;
+      free (f);
+    }
+  pthread_mutex_unlock (&inflight_lock);
+  return r;
 }

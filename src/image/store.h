@@ -140,11 +140,23 @@ int wr_image_import_any (struct wr_store *s, const char *ref, const char *path,
                          wr_progress_fn progress, void *ud, struct wr_image **ret, wr_err_t *err);
 
 /* Pull ref ("host[:port]/repo[:tag|@sha256:...]") from an OCI distribution
- * (v2) registry over plain HTTP (insecure must be set: TLS is not built in)
+ * (v2) registry over https (insecure: plain http; docs/images.md for CAs,
+ * credentials and mirrors)
  * and store it as name (NULL: "repo:tag"). Blobs are verified against their
  * digests, fetched in parallel, and layers already stored are skipped. */
 int wr_image_pull (struct wr_store *s, const char *ref, const char *name, bool insecure,
                    wr_progress_fn progress, void *ud, struct wr_image **ret, wr_err_t *err);
+
+/* Fetch on first use (docs/cluster.md): 1 and the local name
+ * ("HOST-PORT/REPO:TAG") when ref is a registry reference
+ * ("HOST[:PORT]/REPO[:TAG]", HOST with a dot or a port, or localhost), else
+ * 0. */
+int wr_registry_local_name (const char *ref, char *buf, size_t size);
+/* Pull ref as name unless a concurrent call already does: one pull per
+ * name at a time, its waiters share its result (the same error, or the
+ * image). Plain HTTP for the hosts WARREN_REGISTRY_INSECURE lists. */
+int wr_image_fetch_once (struct wr_store *s, const char *ref, const char *name,
+                         struct wr_image **ret, wr_err_t *err);
 
 /* Resolve "name[:tag]" or "name@sha256:..." or "sha256:..." to its manifest. */
 int wr_image_resolve (struct wr_store *s, const char *ref, struct wr_image **ret, wr_err_t *err);

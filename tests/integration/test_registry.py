@@ -17,7 +17,7 @@ import urllib.parse
 
 import pytest
 
-from conftest import BUILD, need
+from conftest import BUILD, need, rootfs  # noqa: F401 (fixture)
 from test_images import free_port, push, tar_bytes
 from wr import Daemon
 
@@ -297,3 +297,114 @@ def test_bearer_token_flow(work, token_registry, image, daemons):
     r = pull(d2, f"{host}/{image}", insecure=True)
     assert r.status == 401, r
     assert "token service" in r.json()["error"]["message"], r
+
+
+# ---------------------------------------------------------------- fetch on first use
+
+class CountingProxy:
+    """TCP proxy in front of a registry that records the request line of
+    every connection (the client opens one per request)."""
+
+    def __init__(self, upstream_port):
+        self.upstream = upstream_port
+        self.lines = []
+        self.lock = threading.Lock()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        self.port = self.sock.getsockname()[1]
+        self.closed = False
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while not self.closed:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.serve, args=(c,), daemon=True).start()
+
+    def serve(self, c):
+        try:
+            u = socket.create_connection(("127.0.0.1", self.upstream), timeout=60)
+            first = c.recv(65536)
+            with self.lock:
+                self.lines.append(first.split(b"\r\n", 1)[0].decode(errors="replace"))
+            u.sendall(first)
+
+            def pump(a, b):
+                try:
+                    while True:
+                        d = a.recv(65536)
+                        if not d:
+                            break
+                        b.sendall(d)
+                except OSError:
+                    pass
+                finally:
+                    try:
+                        b.shutdown(socket.SHUT_WR)
+                    except OSError:
+                        pass
+            t = threading.Thread(target=pump, args=(u, c), daemon=True)
+            t.start()
+            pump(c, u)
+            t.join(120)
+        except OSError:
+            pass
+        finally:
+            c.close()
+
+    def count(self, needle):
+        with self.lock:
+            return sum(needle in l for l in self.lines)
+
+    def close(self):
+        self.closed = True
+        self.sock.close()
+
+
+def test_concurrent_creates_fetch_once(rootfs, work, plain, daemons):
+    host, _ = plain
+    p = os.path.join(work, "bb.tar")
+    subprocess.run(["tar", "-C", rootfs, "--numeric-owner", "-cf", p, "."], check=True)
+    with open(p, "rb") as f:
+        bb = f.read()
+    push(host, "reg/bb", "v1", [bb, tar_bytes([("hello", "file", "fetched once\n")])])
+    proxy = CountingProxy(int(host.split(":")[1]))
+    try:
+        ref = f"127.0.0.1:{proxy.port}/reg/bb:v1"
+        d = daemons("--registry-insecure", f"127.0.0.1:{proxy.port}")
+        results = [None] * 20
+
+        def create(i):
+            results[i] = d.api.raw("POST", "/v1/sandboxes", {"image": ref}, timeout=600)
+        ts = [threading.Thread(target=create, args=(i,)) for i in range(20)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(900)
+        assert all(r is not None and r.status == 201 for r in results), \
+            [r and (r.status, r.body[:300]) for r in results]
+        # one manifest fetch and each blob once, however many creates waited
+        assert proxy.count("/manifests/v1") == 1, proxy.lines
+        assert proxy.count("/blobs/") == 3, proxy.lines  # config + 2 layers
+        sid = results[0].json()["id"]
+        out = d.api.raw("POST", f"/v1/sandboxes/{sid}/exec", {"cmd": ["cat", "/hello"]}).json()
+        assert out["stdout"] == "fetched once\n", out
+        for r in results:
+            d.api.delete(r.json()["id"])
+        # an unknown tag: every waiter gets the same clear error
+        bad = f"127.0.0.1:{proxy.port}/reg/bb:nope"
+        errs = [None] * 5
+
+        def create_bad(i):
+            errs[i] = d.api.raw("POST", "/v1/sandboxes", {"image": bad}, timeout=600)
+        ts = [threading.Thread(target=create_bad, args=(i,)) for i in range(5)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(900)
+        assert {e.status for e in errs} == {404}, [(e.status, e.body[:200]) for e in errs]
+    finally:
+        proxy.close()
