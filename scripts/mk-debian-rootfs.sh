@@ -12,7 +12,7 @@
 set -euo pipefail
 
 SUITE=bookworm
-PKGS="python3,git,gcc,libc6-dev,make,ca-certificates${WARREN_DEBIAN_PACKAGES:+,$WARREN_DEBIAN_PACKAGES}"
+PKGS="python3,git,gcc,g++,libc6-dev,make,ca-certificates${WARREN_DEBIAN_PACKAGES:+,$WARREN_DEBIAN_PACKAGES}"
 CACHE=${WARREN_CACHE_DIR:-/var/cache/warren}
 # the cache key covers everything that changes the result
 KEY=$(printf '%s\n' "$SUITE" "$PKGS" | sha256sum | cut -c1-12)

@@ -1,6 +1,5 @@
 """A warrend serving the SandboxFusion API (docs/compat.md), and a plain
 http.client caller shaped like SandboxFusion's own test client."""
-import hashlib
 import http.client
 import json
 import os
@@ -16,19 +15,11 @@ from wr import Daemon
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOP = os.path.join(HERE, "..", "..", "..")
 ZYGOTE = os.path.join(TOP, "src", "zygote", "pyzygote.py")
-CACHE = os.environ.get("WARREN_CACHE_DIR", "/var/cache/warren")
-BASE_PKGS = "python3,git,gcc,libc6-dev,make,ca-certificates"
 
 
 def debian_tarball():
-    """base:bookworm from scripts/mk-debian-rootfs.sh's cache: the variant
-    with g++ when it was built (WARREN_DEBIAN_PACKAGES=g++), else the
-    default one (built now if missing: needs debootstrap and a mirror)."""
-    for extra in (",g++", ""):
-        key = hashlib.sha256(("bookworm\n%s%s\n" % (BASE_PKGS, extra)).encode()).hexdigest()[:12]
-        path = os.path.join(CACHE, "debian-bookworm-%s.tar.zst" % key)
-        if os.path.exists(path):
-            return path
+    """base:bookworm (python3, gcc, g++) from scripts/mk-debian-rootfs.sh:
+    its cached tarball, or built now (needs debootstrap and a mirror)."""
     r = subprocess.run([os.path.join(TOP, "scripts", "mk-debian-rootfs.sh")],
                        capture_output=True, text=True)
     need(r.returncode == 0, "base:bookworm cannot be built here: " + r.stderr[-300:])
@@ -93,16 +84,6 @@ def start(rootfs, extra=()):
                   timeout=600)
     assert r.status == 201, r
     return d, SF(port)
-
-
-def debian_default():
-    key = hashlib.sha256(("bookworm\n%s\n" % BASE_PKGS).encode()).hexdigest()[:12]
-    return os.path.join(CACHE, "debian-bookworm-%s.tar.zst" % key)
-
-
-def has_gxx():
-    """Was base:bookworm built with g++ (the cpp runner's compiler)?"""
-    return debian_tarball() != debian_default()
 
 
 _shared = {"n": 0, "d": None, "client": None}

@@ -1,14 +1,7 @@
 """Adapted from bytedance/SandboxFusion (Apache-2.0): SandboxFusion's sandbox/tests/runners/test_cpp.py, against Warren over HTTP.
-Needs g++ in base:bookworm (WARREN_DEBIAN_PACKAGES=g++ scripts/mk-debian-rootfs.sh)."""
-import pytest
+base:bookworm carries g++ (scripts/mk-debian-rootfs.sh)."""
 
-from conftest import need
-from sfclient import client, has_gxx, sf_daemon  # noqa: F401 (fixtures)
-
-
-@pytest.fixture(autouse=True)
-def gxx():
-    need(has_gxx(), "base:bookworm was built without g++ (WARREN_DEBIAN_PACKAGES=g++)")
+from sfclient import client, sf_daemon  # noqa: F401 (fixtures)
 
 
 def test_cpp_print(client):
