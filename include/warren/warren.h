@@ -113,6 +113,21 @@ extern "C"
                                               warren_error_t *err);
   WARREN_EXPORT json_t *warren_sandbox_resume (warren_client_t *c, const char *id,
                                                warren_error_t *err);
+  /* Group fork (docs/api.md): count new sandboxes starting from id's current
+   * file system; overrides (NULL or an object: memory_mb, cpus, ttl_s, network,
+   * env, labels, ...) apply to every child. {"parent","sandboxes":[...],...} */
+  WARREN_EXPORT json_t *warren_sandbox_fork (warren_client_t *c, const char *id, unsigned count,
+                                             const json_t *overrides, warren_error_t *err);
+  /* Checkpoint id's file system as `name` (NULL: ckpt-N); restore it; diff two
+   * states ("image", "now" or a checkpoint name; NULL: image and now), path
+   * NULL or a subtree: {"changes":[{"path","kind","type","size","diff"}],...} */
+  WARREN_EXPORT json_t *warren_sandbox_checkpoint (warren_client_t *c, const char *id,
+                                                   const char *name, warren_error_t *err);
+  WARREN_EXPORT json_t *warren_sandbox_restore (warren_client_t *c, const char *id,
+                                                const char *name, warren_error_t *err);
+  WARREN_EXPORT json_t *warren_sandbox_diff (warren_client_t *c, const char *id, const char *from,
+                                             const char *to, const char *path,
+                                             warren_error_t *err);
   /* Snapshot the sandbox's writable layer into image `name` (NAME[:TAG]). */
   WARREN_EXPORT json_t *warren_sandbox_pack (warren_client_t *c, const char *id, const char *name,
                                              warren_error_t *err);

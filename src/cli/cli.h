@@ -81,6 +81,10 @@ int cmd_call (cli_t *cli, int argc, char **argv);
 int cmd_cp (cli_t *cli, int argc, char **argv);
 int cmd_log (cli_t *cli, int argc, char **argv);    /* cmd_log.c: trajectory log */
 int cmd_replay (cli_t *cli, int argc, char **argv); /* cmd_log.c */
+int cmd_fork (cli_t *cli, int argc, char **argv);   /* cmd_fork.c */
+int cmd_checkpoint (cli_t *cli, int argc, char **argv);
+int cmd_restore (cli_t *cli, int argc, char **argv);
+int cmd_diff (cli_t *cli, int argc, char **argv);
 int cmd_image (cli_t *cli, int argc, char **argv);
 /* image tag | pull | build | gc (cmd_image2.c); -1 when sub is not one of them */
 int cli_image_more (cli_t *cli, const char *sub, int argc, char **argv);

@@ -117,6 +117,17 @@ static const struct help helps[] = {
               "Create a sandbox from ID's image and re-run ID's logged execs and file changes up\n"
               "to step STEP (all of them without --until); print the new id. Its steps up to\n"
               "STEP answer with the recorded results, new ones run live.\n" },
+  /* group fork, checkpoints, diffs (cmd_fork.c, docs/cli.md) */
+  { "fork", "Usage: warren fork [--json] ID -n N\n"
+            "N new sandboxes starting from ID's current file system (ID is frozen while its\n"
+            "writable layer is snapshot, then runs on); prints their ids.\n" },
+  { "checkpoint", "Usage: warren checkpoint [--json] ID [NAME]\n"
+                  "Snapshot ID's file system as NAME (default ckpt-N); see warren inspect ID.\n" },
+  { "restore", "Usage: warren restore [--json] ID NAME\n"
+               "Put ID's file system back to checkpoint NAME; processes keep running.\n" },
+  { "diff", "Usage: warren diff [--json] [--path P] ID [FROM] [TO]\n"
+            "Paths added (A), modified (M) or deleted (D) with sizes, then unified diffs of\n"
+            "text files. FROM and TO: image, now or a checkpoint (defaults: image, now).\n" },
   { "project", "Usage: warren project create NAME --max-sandboxes N [--max-memory MB]"
                " [--priority P] [--json]\n" },
   { "project create",
@@ -478,6 +489,8 @@ static const struct verb verbs[] = {
   { "pool", cmd_pool },     { "health", cmd_health }, { "metrics", cmd_metrics },
   { "bench", cmd_bench },   { "node", cmd_node },     { "project", cmd_project },
   { "log", cmd_log },       { "replay", cmd_replay }, /* trajectory log */
+  { "fork", cmd_fork },     { "checkpoint", cmd_checkpoint },
+  { "restore", cmd_restore }, { "diff", cmd_diff },
 };
 
 int
