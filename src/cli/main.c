@@ -482,14 +482,17 @@ cmd_bench (cli_t *cli, int argc, char **argv)
 }
 
 static const struct verb verbs[] = {
-  { "create", cmd_create }, { "ls", cmd_ls },         { "inspect", cmd_inspect },
-  { "rm", cmd_rm },         { "pause", cmd_pause },   { "resume", cmd_resume },
-  { "pack", cmd_pack },     { "exec", cmd_exec },     { "run", cmd_run },
-  { "call", cmd_call },     { "cp", cmd_cp },         { "image", cmd_image },
-  { "pool", cmd_pool },     { "health", cmd_health }, { "metrics", cmd_metrics },
-  { "bench", cmd_bench },   { "node", cmd_node },     { "project", cmd_project },
-  { "log", cmd_log },       { "replay", cmd_replay }, /* trajectory log */
-  { "fork", cmd_fork },     { "checkpoint", cmd_checkpoint },
+  { "create", cmd_create },   { "ls", cmd_ls },
+  { "inspect", cmd_inspect }, { "rm", cmd_rm },
+  { "pause", cmd_pause },     { "resume", cmd_resume },
+  { "pack", cmd_pack },       { "exec", cmd_exec },
+  { "run", cmd_run },         { "call", cmd_call },
+  { "cp", cmd_cp },           { "image", cmd_image },
+  { "pool", cmd_pool },       { "health", cmd_health },
+  { "metrics", cmd_metrics }, { "bench", cmd_bench },
+  { "node", cmd_node },       { "project", cmd_project },
+  { "log", cmd_log },         { "replay", cmd_replay }, /* trajectory log */
+  { "fork", cmd_fork },       { "checkpoint", cmd_checkpoint },
   { "restore", cmd_restore }, { "diff", cmd_diff },
 };
 
