@@ -91,6 +91,38 @@ def pack(sid: str, name: str, timeout: Optional[float]) -> Request:
                     timeout=_t(timeout, SLOW_TIMEOUT), parse=lambda r: Image.from_json(_obj(r)))
 
 
+def fork(sid: str, count: int, overrides: Optional[Dict[str, Any]],
+         timeout: Optional[float]) -> Request:
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise InvalidArgument("fork needs a count of at least 1")
+    body: Dict[str, Any] = dict(overrides or {})
+    body["count"] = count
+    return json_req("POST", f"/v1/sandboxes/{check_id(sid)}/fork", body, ok=(201,),
+                    timeout=_t(timeout, SLOW_TIMEOUT),
+                    parse=lambda r: [SandboxInfo.from_json(x) for x in _obj(r)["sandboxes"]])
+
+
+def checkpoint(sid: str, name: Optional[str], timeout: Optional[float]) -> Request:
+    body = {} if name is None else {"name": name}
+    return json_req("POST", f"/v1/sandboxes/{check_id(sid)}/checkpoints", body, ok=(201,),
+                    timeout=_t(timeout, SLOW_TIMEOUT), parse=lambda r: _obj(r)["name"])
+
+
+def restore(sid: str, name: str, timeout: Optional[float]) -> Request:
+    if not isinstance(name, str) or not name:
+        raise InvalidArgument("restore needs a checkpoint name")
+    return json_req("POST", f"/v1/sandboxes/{check_id(sid)}/restore", {"name": name},
+                    timeout=_t(timeout, SLOW_TIMEOUT), parse=_obj)
+
+
+def diff(sid: str, frm: Optional[str], to: Optional[str], path: Optional[str],
+         timeout: Optional[float]) -> Request:
+    q = "&".join(f"{k}={quote(v)}" for k, v in (("from", frm), ("to", to), ("path", path))
+                 if v is not None)
+    return json_req("GET", f"/v1/sandboxes/{check_id(sid)}/diff" + (f"?{q}" if q else ""),
+                    timeout=_t(timeout, SLOW_TIMEOUT), parse=_obj)
+
+
 def write_file(sid: str, path: str, data: "bytes | str", mode: Optional[int], append: bool,
                timeout: Optional[float], step: Optional[str] = None) -> Request:
     if isinstance(data, str):

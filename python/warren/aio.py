@@ -431,6 +431,29 @@ class AsyncSandbox:
     async def pack(self, name: str, *, timeout: Optional[float] = None) -> Image:
         return await self._call(_api.pack(self.id, name, timeout))
 
+    async def fork(self, count: int, *, timeout: Optional[float] = None,
+             **overrides: Any) -> "List[AsyncSandbox]":
+        """``count`` new sandboxes starting from this one's current file system
+        (docs/api.md, Group fork); keyword overrides (memory_mb, cpus, ttl_s,
+        network, env, labels, ...) apply to every child."""
+        infos = await self._call(_api.fork(self.id, count, overrides, timeout))
+        return [AsyncSandbox(self.client, i) for i in infos]
+
+    async def checkpoint(self, name: Optional[str] = None, *,
+                   timeout: Optional[float] = None) -> str:
+        """Snapshot the file system as checkpoint ``name`` (default ckpt-N); returns the name."""
+        return await self._call(_api.checkpoint(self.id, name, timeout))
+
+    async def restore(self, name: str, *, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Put the file system back to checkpoint ``name``; processes keep running."""
+        return await self._call(_api.restore(self.id, name, timeout))
+
+    async def diff(self, frm: Optional[str] = None, to: Optional[str] = None, *,
+             path: Optional[str] = None, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """What changed between two states ("image", "now" or a checkpoint name):
+        {"changes": [{"path", "kind", "type", "size", "diff"}], "summary": ...}."""
+        return await self._call(_api.diff(self.id, frm, to, path, timeout))
+
 
 class AsyncExecStream:
     """Output of a streaming exec. The request starts on ``async with`` or

@@ -413,6 +413,29 @@ class Sandbox:
         """Snapshot the sandbox's writable layer into the image ``name``."""
         return self._call(_api.pack(self.id, name, timeout))
 
+    def fork(self, count: int, *, timeout: Optional[float] = None,
+             **overrides: Any) -> "List[Sandbox]":
+        """``count`` new sandboxes starting from this one's current file system
+        (docs/api.md, Group fork); keyword overrides (memory_mb, cpus, ttl_s,
+        network, env, labels, ...) apply to every child."""
+        infos = self._call(_api.fork(self.id, count, overrides, timeout))
+        return [Sandbox(self.client, i) for i in infos]
+
+    def checkpoint(self, name: Optional[str] = None, *,
+                   timeout: Optional[float] = None) -> str:
+        """Snapshot the file system as checkpoint ``name`` (default ckpt-N); returns the name."""
+        return self._call(_api.checkpoint(self.id, name, timeout))
+
+    def restore(self, name: str, *, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Put the file system back to checkpoint ``name``; processes keep running."""
+        return self._call(_api.restore(self.id, name, timeout))
+
+    def diff(self, frm: Optional[str] = None, to: Optional[str] = None, *,
+             path: Optional[str] = None, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """What changed between two states ("image", "now" or a checkpoint name):
+        {"changes": [{"path", "kind", "type", "size", "diff"}], "summary": ...}."""
+        return self._call(_api.diff(self.id, frm, to, path, timeout))
+
 
 class ExecStream:
     """Output of a streaming exec; iterate for :class:`OutputChunk`s, then

@@ -232,3 +232,28 @@ def test_cli_fork_checkpoint_restore_diff(fd, api):
             api.delete(k)
     finally:
         api.delete(sid)
+
+
+def test_python_sdk_fork_checkpoint_restore_diff(fd):
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+    import warren
+    c = warren.Client(f"unix:{fd.sock}")
+    with c.create() as sb:
+        sb.exec(["sh", "-c", "echo one > /f"])
+        assert sb.checkpoint("a") == "a"
+        kids = sb.fork(2, memory_mb=64)
+        try:
+            assert len(kids) == 2
+            assert [k.exec(["cat", "/f"]).stdout for k in kids] == ["one\n", "one\n"]
+        finally:
+            for k in kids:
+                k.close()
+        sb.exec(["sh", "-c", "echo two > /f"])
+        d = sb.diff("a")
+        assert [(x["path"], x["kind"]) for x in d["changes"]] == [("/f", "modified")]
+        assert "+two" in d["changes"][0]["diff"]
+        sb.restore("a")
+        assert sb.exec(["cat", "/f"]).stdout == "one\n"
+        with pytest.raises(warren.errors.WarrenError):
+            sb.checkpoint("a/b")
