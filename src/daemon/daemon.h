@@ -103,6 +103,7 @@ struct wrd
   struct sandbox **table;
   size_t table_size, count;
   struct pool *pools;
+  unsigned creating;       /* client creates being built (WARREN_MAX_SANDBOXES) */
   struct sandbox *reaping; /* destroyed, waiting for their processes to exit */
   struct event *pool_ev;
   bool pool_building;

@@ -997,6 +997,7 @@ create_built (struct wrd *d, struct sandbox *sb, wr_err_t *err, void *ud)
 {
   struct create_req *c = ud;
   wr_err_t e2;
+  d->creating--;
   if (sb == NULL)
     d->m.create_failures++;
   else if (create_complete (d, sb, c->t0, &e2) < 0)
@@ -1009,7 +1010,8 @@ create_built (struct wrd *d, struct sandbox *sb, wr_err_t *err, void *ud)
 }
 
 /* $WARREN_MAX_SANDBOXES: the node's cap on sandboxes a client can hold
- * (warm-pool and fncall members not counted); over it a create is 429, an
+ * (warm-pool and fncall members not counted, creates under way counted);
+ * over it a create is 429, an
  * infra failure (docs/errors.md): the platform is full, the task did
  * nothing wrong. */
 static int
@@ -1027,7 +1029,7 @@ check_capacity (struct wrd *d, wr_err_t *err)
     for (struct sandbox *sb = d->table[i]; sb; sb = sb->hnext)
       if (sb->state != SB_POOLED && sb->state != SB_DESTROYING)
         n++;
-  if (n >= max)
+  if (n + d->creating >= max)
     return wr_error (err, 0, WR_E_EXHAUSTED,
                      "this node holds its maximum of %llu sandboxes (WARREN_MAX_SANDBOXES); "
                      "retry later",
@@ -1066,10 +1068,12 @@ wrd_sandbox_create_async (struct wrd *d, json_t *req, wrd_create_cb cb, void *ud
   c->cb = cb;
   c->ud = ud;
   c->t0 = t0;
+  d->creating++; /* before: build_async may finish (create_built) at once */
   r = build_async (d, spec, SB_RUNNING, true, create_built, c, err);
   json_decref (spec);
   if (r < 0)
     {
+      d->creating--;
       free (c);
       d->m.create_failures++;
     }

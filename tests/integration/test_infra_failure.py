@@ -243,3 +243,34 @@ def test_sdk_unknown_code_follows_the_body():
     e = warren.errors.error_from_response(503, {"error": {"code": "node_lost", "message": "x"},
                                                 "infra_failure": True})
     assert isinstance(e, warren.NodeLost) and isinstance(e, warren.Unavailable)
+
+
+def test_rollout_masks_infra_failed_samples(rootfs, monkeypatch):
+    """examples/rollout.py on a node that holds only 2 sandboxes: the
+    creates refused with 429 are masked (no reward, out of the means), the
+    samples that ran are scored as usual, and the batch still succeeds."""
+    monkeypatch.setenv("WARREN_MAX_SANDBOXES", "2")
+    d = start_daemon(rootfs)
+    monkeypatch.delenv("WARREN_MAX_SANDBOXES")
+    try:
+        repo = os.path.join(os.path.dirname(__file__), "..", "..")
+        r = subprocess.run([sys.executable, os.path.join(repo, "examples", "rollout.py"), "--short",
+                            "--json", "--base", "busybox:latest", "--host", "unix:" + d.sock],
+                           capture_output=True, timeout=600)
+        assert r.returncode == 0, r.stderr.decode()
+        rep = json.loads(r.stdout)
+        assert rep["sandboxes"] == 12 and rep["errors"] == [], rep
+        assert rep["masked"] > 0 and rep["masked"] + rep["scored"] == 12, rep
+        assert len(rep["infra_failures"]) == rep["masked"]
+        assert all("infra failure" in e for e in rep["infra_failures"]), rep["infra_failures"]
+        for s in rep["samples"]:
+            if s["masked"]:
+                assert s["reward"] is None, s
+            else:
+                assert s["reward"] == (1.0 if s["good"] else 0.0), s
+        assert rep["verifier_agrees"] == rep["scored"]
+        assert sum(t["masked"] for t in rep["per_task"].values()) == rep["masked"]
+        assert d.api.raw("GET", "/v1/sandboxes").json()["sandboxes"] == []
+    finally:
+        d.stop()
+        shutil.rmtree(d.root, ignore_errors=True)
