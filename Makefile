@@ -112,10 +112,11 @@ test: all
 	./tests/run --build $(B)
 
 # ---- fuzzing (docs/fuzzing.md) ----
-# libFuzzer targets tests/fuzz/fuzz_NAME.c, built with clang into build-fuzz/.
+# libFuzzer targets tests/fuzz/fuzz_NAME.c, built with clang into build-fuzz/ (or
+# into B when B is given: `make fuzz B=build-me-fuzz`).
 # `make fuzz` runs each for FUZZ_SECONDS from its seed corpus tests/fuzz/corpus/NAME/.
 FUZZ_CC ?= clang
-FB := build-fuzz
+FB := $(if $(filter command line environment,$(origin B)),$(B),build-fuzz)
 FUZZ_SECONDS ?= 20
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_CFLAGS := $(CSTD) -O1 -g $(FUZZ_SAN) -fsanitize=fuzzer-no-link -Wall -Wextra -Wno-unused-parameter -MMD -MP

@@ -57,6 +57,7 @@ struct wr_httpd
   struct evhttp *http;
   struct conn *conns; /* open connections */
   unsigned n_counted; /* of them, those under the limit */
+  int port;           /* of the last bound socket (wr_httpd_port) */
 };
 
 static void
@@ -457,8 +458,9 @@ wr_httpd_bind (struct wr_httpd *h, const char *spec, wr_err_t *err)
   if (colon == NULL)
     return wr_error (err, 0, WR_E_INVALID, "expected tcp:ADDR:PORT, got %s", spec);
   *colon = '\0';
-  int port = atoi (colon + 1);
-  if (port <= 0 || port > 65535)
+  char *end;
+  long port = strtol (colon + 1, &end, 10);
+  if (colon[1] == '\0' || *end || port < 0 || port > 65535)
     return wr_error (err, 0, WR_E_INVALID, "bad port in %s", spec);
   struct evhttp_bound_socket *bs
       = evhttp_bind_socket_with_handle (h->http, host, (ev_uint16_t)port);
@@ -466,9 +468,21 @@ wr_httpd_bind (struct wr_httpd *h, const char *spec, wr_err_t *err)
     return wr_error (err, errno, WR_E_INTERNAL, "bind %s", spec);
   /* small request/answer exchanges: no Nagle delay (accepted sockets
    * inherit the option from the listener on Linux) */
-  int one = 1;
-  setsockopt (evhttp_bound_socket_get_fd (bs), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  int one = 1, fd = evhttp_bound_socket_get_fd (bs);
+  setsockopt (fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof ss;
+  h->port = (int)port;
+  if (getsockname (fd, (struct sockaddr *)&ss, &sl) == 0)
+    h->port = ntohs (ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                              : ((struct sockaddr_in *)&ss)->sin_port);
   return 0;
+}
+
+int
+wr_httpd_port (const struct wr_httpd *h)
+{
+  return h ? h->port : 0;
 }
 
 void

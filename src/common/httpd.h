@@ -47,8 +47,10 @@ struct wr_httpd_config
 int wr_httpd_new (struct event_base *base, const struct wr_httpd_config *cfg, struct wr_httpd **ret,
                   wr_err_t *err);
 /* Listen on "tcp:ADDR:PORT" (TCP_NODELAY on the listener: accepted sockets
- * inherit it). */
+ * inherit it). PORT 0 picks a free port: see wr_httpd_port. */
 int wr_httpd_bind (struct wr_httpd *h, const char *spec, wr_err_t *err);
+/* The port the last wr_httpd_bind listens on (0 before any). */
+int wr_httpd_port (const struct wr_httpd *h);
 /* The limits in force (defaults filled in). */
 const struct wr_httpd_config *wr_httpd_config (const struct wr_httpd *h);
 /* Did req arrive through this guard? */

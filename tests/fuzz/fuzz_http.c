@@ -1,5 +1,8 @@
 /* The daemon's HTTP front (src/daemon/http.c): raw bytes from a client go
- * through evhttp's request parser into route(): token check (TCP mode),
+ * through the real listeners wrd_http_listen makes (the unix socket, and
+ * the hardened TCP listener of src/common/httpd.c on a loopback port, whose
+ * header-stage token check admits or refuses the connection first), then
+ * evhttp's request parser into route(): token check (TCP mode),
  * query strings, JSON bodies, sandbox ids, create and pool validation. What
  * would act on the host (building sandboxes, images, fncall pools, pack) is
  * replaced by stubs that validate and refuse. The first byte picks TCP mode
@@ -22,9 +25,11 @@ int LLVMFuzzerInitialize (int *argc, char ***argv);
 #include "daemon/http.c"
 #pragma clang diagnostic pop
 
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <netinet/in.h>
 
 int
 fuzz_create_async (struct wrd *d, json_t *req, wrd_create_cb cb, void *ud, wr_err_t *err)
@@ -82,14 +87,14 @@ fuzz_fncall_pools (struct wrd *d, struct evhttp_request *req)
 }
 
 static struct wrd d;
-static struct evhttp *servers[2];
-static char paths[2][108];
+static char sock_path[108];
+static int tcp_port;
 
 static void
 cleanup (void)
 {
-  unlink (paths[0]);
-  unlink (paths[1]);
+  wrd_http_free (&d);
+  unlink (sock_path);
 }
 
 int
@@ -100,21 +105,46 @@ LLVMFuzzerInitialize (int *argc, char ***argv)
   snprintf (d.default_image, sizeof d.default_image, "busybox:latest");
   snprintf (d.token, sizeof d.token, "fuzz-token-0123456789");
   snprintf (d.node, sizeof d.node, "f022");
-  for (int tcp = 0; tcp < 2; tcp++)
+  snprintf (sock_path, sizeof sock_path, "/tmp/warren-fuzz-http-%d.sock", (int)getpid ());
+  char spec[160];
+  snprintf (spec, sizeof spec, "unix:%s", sock_path);
+  wr_err_t err;
+  if (wrd_http_listen (&d, spec, &err) < 0 || wrd_http_listen (&d, "tcp:127.0.0.1:0", &err) < 0)
     {
-      servers[tcp] = http_new (&d, tcp);
-      snprintf (paths[tcp], sizeof paths[tcp], "/tmp/warren-fuzz-http-%d-%d.sock", (int)getpid (),
-                tcp);
-      unlink (paths[tcp]);
-      struct sockaddr_un sa = { .sun_family = AF_UNIX };
-      snprintf (sa.sun_path, sizeof sa.sun_path, "%s", paths[tcp]);
-      int fd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-      if (fd < 0 || bind (fd, (struct sockaddr *)&sa, sizeof sa) < 0 || listen (fd, 16) < 0
-          || evhttp_accept_socket (servers[tcp], fd) < 0)
-        abort ();
+      fprintf (stderr, "fuzz_http: %s\n", err.msg);
+      abort ();
     }
+  tcp_port = wr_httpd_port (d.tcp);
   atexit (cleanup);
   return 0;
+}
+
+/* A connected, non-blocking socket to one of the listeners. */
+static int
+connect_to (bool tcp)
+{
+  int fd;
+  if (tcp)
+    {
+      struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons ((uint16_t)tcp_port) };
+      sa.sin_addr.s_addr = htonl (INADDR_LOOPBACK);
+      fd = socket (AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd < 0 || connect (fd, (struct sockaddr *)&sa, sizeof sa) < 0)
+        abort ();
+      /* the client closes first: no TIME_WAIT left on the fuzzer's ports */
+      struct linger lg = { 1, 0 };
+      setsockopt (fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    }
+  else
+    {
+      struct sockaddr_un sa = { .sun_family = AF_UNIX };
+      snprintf (sa.sun_path, sizeof sa.sun_path, "%s", sock_path);
+      fd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd < 0 || connect (fd, (struct sockaddr *)&sa, sizeof sa) < 0)
+        abort ();
+    }
+  fcntl (fd, F_SETFL, O_NONBLOCK);
+  return fd;
 }
 
 int
@@ -144,12 +174,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
       json_decref (spec);
       return 0;
     }
-  int tcp = data[0] & 1;
-  struct sockaddr_un sa = { .sun_family = AF_UNIX };
-  snprintf (sa.sun_path, sizeof sa.sun_path, "%s", paths[tcp]);
-  int fd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0 || connect (fd, (struct sockaddr *)&sa, sizeof sa) < 0)
-    abort ();
+  int fd = connect_to (data[0] & 1);
   size_t off = 1;
   bool eof = false;
   char buf[65536];

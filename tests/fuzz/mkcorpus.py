@@ -84,6 +84,12 @@ def req(method, path, body=None, hdrs=""):
 put("http", "healthz", "\0" + req("GET", "/healthz"))
 put("http", "create", "\0" + req("POST", "/v1/sandboxes", {"image": "busybox:latest", "memory_mb": 256, "env": {"A": "b"}}))
 put("http", "tcp_token", "\1" + req("GET", "/v1/sandboxes?all=1&x=%20", None, "Authorization: Bearer fuzz-token-0123456789\r\n"))
+TOK = "Authorization: Bearer fuzz-token-0123456789\r\n"
+# TCP: the guard admits on the first request's headers; later requests are checked by route()
+put("http", "tcp_create", "\1" + req("POST", "/v1/sandboxes", {"image": "busybox:latest"}, TOK) + req("GET", "/healthz"))
+put("http", "tcp_no_token", "\1" + req("POST", "/v1/sandboxes", {"image": "x" * 64}))
+put("http", "tcp_bad_token", "\1" + req("GET", "/healthz", None, "authorization:  Bearer fuzz-token-012345678 \r\n"))
+put("http", "tcp_upload", "\1" + req("POST", "/v1/uploads", {"size": 10}, TOK) + req("PATCH", "/v1/uploads/u1?offset=0", None, TOK))
 put("http", "pool", "\0" + req("PUT", "/v1/pools/busybox%3Alatest", {"size": 2}) + req("GET", "/metrics"))
 put("http", "exec_route", "\0" + req("POST", "/v1/sandboxes/abcd-1234/exec?stream=1", {"cmd": ["true"]}))
 put("http", "exec_json", "\2" + json.dumps({"cmd": ["sh", "-c", "x"], "env": {"K": "V"}, "cwd": "/tmp", "timeout_s": 2.5,
