@@ -958,6 +958,11 @@ wr_cli_bench (warren_client_t *c, int argc, char **argv)
       int wr_cli_bench_call (warren_client_t * c, int argc, char **argv); /* bench_call.c */
       return c ? wr_cli_bench_call (c, argc, argv) : 1;
     }
+  if (strcmp (sub, "fork") == 0)
+    {
+      int wr_cli_bench_fork (warren_client_t * c, int argc, char **argv); /* bench_fork.c */
+      return c ? wr_cli_bench_fork (c, argc, argv) : 1;
+    }
   if (strcmp (sub, "cluster") == 0)
     return wr_cli_bench_cluster (argc, argv); /* bench_cluster.c: needs no daemon */
   if (strcmp (sub, "-h") == 0 || strcmp (sub, "--help") == 0 || strcmp (sub, "help") == 0)
