@@ -966,8 +966,7 @@ handle_files (struct wrd *d, struct evhttp_request *req, struct sandbox *sb, str
   json_t *body = json_pack ("{s:s}", "path", path);
   struct file_ctx *f = calloc (1, sizeof *f);
   f->d = d;
-  f->sb = sb;
-  f->req = req;
+  f->req = req; /* f->sb only once it counts in sb->busy (file_ctx_free) */
   f->data = evbuffer_new ();
   f->op_status = 200;
   snprintf (f->path, sizeof f->path, "%s", path);
@@ -1031,10 +1030,10 @@ handle_files (struct wrd *d, struct evhttp_request *req, struct sandbox *sb, str
              != 0)
     {
       json_decref (body); /* traj: answered from the log */
-      f->sb = NULL;
       file_ctx_free (f);
       return;
     }
+  f->sb = sb;
   sb->busy++;
   d->m.files++;
   static const struct agent_ops ops = { file_on_data, file_on_done, file_on_error };
