@@ -44,8 +44,11 @@ BINS := $(B)/bin/warrend $(B)/bin/warren $(B)/bin/warren-agent $(B)/bin/warren-g
 	$(B)/bin/warren-sim
 LIBS := $(B)/lib/libwarren.a $(B)/lib/libwarren.so $(B)/lib/pkgconfig/warren.pc
 UNIT_BINS := $(patsubst tests/unit/%.c,$(B)/tests/%,$(UNIT_SRC))
+# the Python SDK as a pure-Python wheel, built with the standard library only
+# (scripts/mk-wheel.py): no network, no `wheel` package
+WHEEL := $(B)/warren-$(shell sed -n 's/^version = "\(.*\)"/\1/p' python/pyproject.toml)-py3-none-any.whl
 
-all: $(BINS) $(LIBS) $(UNIT_BINS)
+all: $(BINS) $(LIBS) $(UNIT_BINS) $(WHEEL)
 
 $(B)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -83,7 +86,8 @@ $(B)/lib/libwarren.so: $(LIB_OBJ)
 
 $(B)/lib/pkgconfig/warren.pc: warren.pc.in
 	@mkdir -p $(dir $@)
-	sed -e 's|@PREFIX@|$(abspath $(B))|' -e 's|@INCLUDEDIR@|$(abspath include)|' $< > $@
+	sed -e 's|@PREFIX@|$(abspath $(B))|' -e 's|@LIBDIR@|$${prefix}/lib|' \
+	  -e 's|@INCLUDEDIR@|$(abspath include)|' -e 's|@VERSION@|$(LIBVERSION)|' $< > $@
 
 $(B)/bin/warren: $(call obj,$(CLI_SRC)) $(B)/lib/libwarren.a
 	@mkdir -p $(dir $@)
@@ -100,6 +104,37 @@ $(B)/bin/warren-sim: $(call obj,src/sim/main.c $(CLUSTER_SRC)) $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(SANFLAGS) -o $@ $^ -levent -levent_pthreads -ljansson -lpthread
 
+$(WHEEL): scripts/mk-wheel.py python/pyproject.toml python/README.md $(wildcard python/warren/*)
+	python3 scripts/mk-wheel.py python $(B) >/dev/null
+
+wheel: $(WHEEL)
+
+# ---- make install PREFIX=/usr/local DESTDIR= (docs/operations.md, "Install") ----
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+LIBDIR ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+DATADIR ?= $(PREFIX)/share/warren
+SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
+LIBVERSION := $(shell sed -n 's/^\#define WARREN_VERSION "\(.*\)"/\1/p' include/warren/version.h)
+
+install: $(BINS) $(LIBS) $(WHEEL)
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR)/warren \
+	  $(DESTDIR)$(DATADIR)/scripts $(DESTDIR)$(SYSTEMDUNITDIR)
+	install -m755 $(BINS) $(DESTDIR)$(BINDIR)/
+	install -m644 $(B)/lib/libwarren.a $(DESTDIR)$(LIBDIR)/
+	install -m755 $(B)/lib/libwarren.so $(DESTDIR)$(LIBDIR)/libwarren.so.$(LIBVERSION)
+	ln -sf libwarren.so.$(LIBVERSION) $(DESTDIR)$(LIBDIR)/libwarren.so.0
+	ln -sf libwarren.so.0 $(DESTDIR)$(LIBDIR)/libwarren.so
+	install -m644 include/warren/*.h $(DESTDIR)$(INCLUDEDIR)/warren/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|' \
+	  -e 's|@VERSION@|$(LIBVERSION)|' warren.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/warren.pc
+	install -m755 scripts/mk-debian-rootfs.sh scripts/mk-lang-rootfs.sh scripts/mk-layer-diff.py \
+	  $(DESTDIR)$(DATADIR)/scripts/
+	install -m644 $(WHEEL) $(DESTDIR)$(DATADIR)/
+	sed -e 's|@BINDIR@|$(BINDIR)|g' deploy/systemd/warrend-single.service \
+	  > $(DESTDIR)$(SYSTEMDUNITDIR)/warrend.service
+
 # Unit tests link the whole core (daemon pieces included) and the client library.
 $(B)/tests/%: $(B)/obj/tests/unit/%.o $(B)/lib/libwarren-core.a $(B)/lib/libwarren.a
 	@mkdir -p $(dir $@)
@@ -113,10 +148,12 @@ test: all
 
 # ---- fuzzing (docs/fuzzing.md) ----
 # libFuzzer targets tests/fuzz/fuzz_NAME.c, built with clang into build-fuzz/ (or
-# into B when B is given: `make fuzz B=build-me-fuzz`).
+# into B when B is given with only fuzz goals: `make fuzz B=build-me-fuzz`; a
+# B shared with a gcc build would get clang objects).
 # `make fuzz` runs each for FUZZ_SECONDS from its seed corpus tests/fuzz/corpus/NAME/.
 FUZZ_CC ?= clang
-FB := $(if $(filter command line environment,$(origin B)),$(B),build-fuzz)
+FUZZ_ONLY := $(and $(MAKECMDGOALS),$(if $(filter-out fuzz fuzz-build,$(MAKECMDGOALS)),,1))
+FB := $(if $(and $(FUZZ_ONLY),$(filter command line environment,$(origin B))),$(B),build-fuzz)
 FUZZ_SECONDS ?= 20
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_CFLAGS := $(CSTD) -O1 -g $(FUZZ_SAN) -fsanitize=fuzzer-no-link -Wall -Wextra -Wno-unused-parameter -MMD -MP
@@ -172,6 +209,6 @@ format-check:
 clean:
 	rm -rf build build-san
 
-.PHONY: all test clean format format-check fuzz fuzz-build
+.PHONY: all test clean format format-check fuzz fuzz-build wheel install
 -include $(shell find $(B) -name '*.d' 2>/dev/null)
 -include $(shell find $(FB) -name '*.d' 2>/dev/null)
