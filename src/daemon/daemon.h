@@ -129,6 +129,8 @@ int wrd_sandbox_destroy (struct wrd *d, struct sandbox *sb, wr_err_t *err);
 struct sandbox *wrd_sandbox_find (struct wrd *d, const char *id);
 json_t *wrd_sandbox_json (struct wrd *d, struct sandbox *sb, bool detail);
 int wrd_sandbox_pause (struct wrd *d, struct sandbox *sb, bool pause, wr_err_t *err);
+/* Expire ttl_s seconds from now (recorded, so a restarted daemon keeps it). */
+int wrd_sandbox_set_ttl (struct wrd *d, struct sandbox *sb, double ttl_s, wr_err_t *err);
 int wrd_recover (struct wrd *d, wr_err_t *err);
 void wrd_shutdown (struct wrd *d);
 int wrd_pool_set (struct wrd *d, const char *image, unsigned size, wr_err_t *err);

@@ -585,8 +585,8 @@ exec_peer_cb (evutil_socket_t fd, short what WR_UNUSED, void *arg)
     }
 }
 
-static int
-build_env (struct sandbox *sb, json_t *req_env, json_t **ret, wr_err_t *err)
+int
+wrd_exec_env (struct sandbox *sb, json_t *req_env, json_t **ret, wr_err_t *err)
 {
   json_t *env = json_array ();
   json_t *merged = json_object ();
@@ -689,7 +689,7 @@ parse_exec (struct sandbox *sb, json_t *req, json_t **ret, char **ret_stdin, siz
       json_object_set (a, "shell", shell);
     }
   json_t *env = NULL;
-  if (build_env (sb, json_object_get (req, "env"), &env, err) < 0)
+  if (wrd_exec_env (sb, json_object_get (req, "env"), &env, err) < 0)
     {
       json_decref (a);
       return -EINVAL;

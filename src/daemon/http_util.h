@@ -30,6 +30,8 @@ const char *wrd_query_get (struct evkeyvalq *q, const char *key);
 bool wrd_http_host_paths_allowed (struct wrd *d, struct evhttp_request *req);
 void wrd_reply_host_path_refused (struct evhttp_request *req, const char *field);
 bool wrd_query_flag (struct evkeyvalq *q, const char *key);
+/* An exec's complete environment: the image's, the sandbox's, then req_env's. */
+int wrd_exec_env (struct sandbox *sb, json_t *req_env, json_t **ret, wr_err_t *err);
 
 /* Route handlers living in their own files. rest is the path after the
  * prefix (NULL when the path is exactly the prefix). */

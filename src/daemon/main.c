@@ -15,6 +15,7 @@
 
 #include "common/util.h"
 #include "daemon/compat_sf.h" /* SandboxFusion API */
+#include "daemon/compat_e2b.h" /* E2B API */
 #include "daemon/fncall.h"
 #include "daemon/log.h"
 #include "daemon/trajlog.h"
@@ -34,6 +35,7 @@ usage (FILE *f)
       "               [--allow-host-paths] [--allow-host-network] [--version]\n"
       "               [--log-level error|warning|info|debug]\n"
       "               [--listen-compat tcp:ADDR:PORT [--compat-token-file F]]\n"
+      "               [--listen-e2b tcp:ADDR:PORT]\n"
       "               [--registry-ca FILE] [--registry-auth FILE] [--registry-mirror H=M]...\n"
       "               [--registry-insecure HOST:PORT]...\n"
       "               [--compat-image [LANG=]REF]... [--log-retention S]\n" WRD_CLUSTER_USAGE
@@ -121,12 +123,14 @@ main (int argc, char **argv)
     { "registry-mirror", required_argument, NULL, 2202 },
     { "registry-insecure", required_argument, NULL, 2203 },
     { "log-retention", required_argument, NULL, 2100 }, /* trajectory log */
+    { "listen-e2b", required_argument, NULL, 2300 },    /* E2B API */
     { NULL, 0, NULL, 0 },
   };
   const char *fn_pools[64];
   size_t n_fn_pools = 0;
   struct wrd_fncall_config fcfg = { 0 };
   struct wrd_compat_sf_config sfcfg = { 0 }; /* SandboxFusion API */
+  const char *e2b_listen = NULL;             /* E2B API */
   /* trajectory log */
   double traj_retention = WRD_TRAJ_DEFAULT_RETENTION_S;
   char *traj_end = NULL;
@@ -189,6 +193,9 @@ main (int argc, char **argv)
         break;
       case 2001:
         sfcfg.token_file = optarg;
+        break;
+      case 2300: /* E2B API */
+        e2b_listen = optarg;
         break;
       case 2002:
         if (sfcfg.n_images < WRD_COMPAT_SF_MAX_IMAGES)
@@ -382,6 +389,11 @@ main (int argc, char **argv)
       wrd_log (WRD_LOG_ERROR, "--listen-compat: %s", err.msg);
       return 2;
     }
+  if (e2b_listen && wrd_compat_e2b_start (&d, e2b_listen, &err) < 0) /* E2B API */
+    {
+      wrd_log (WRD_LOG_ERROR, "--listen-e2b: %s", err.msg);
+      return 2;
+    }
   for (size_t i = 0; i < n_fn_pools; i++)
     if (wrd_fncall_pool_arg (&d, fn_pools[i], &err) < 0)
       wrd_log (WRD_LOG_WARN, "fncall pool %s: %s", fn_pools[i], err.msg);
@@ -409,6 +421,7 @@ main (int argc, char **argv)
   wrd_cluster_stop (&d); /* cluster mode: leave at once */
   /* SandboxFusion API */
   wrd_compat_sf_stop (&d);
+  wrd_compat_e2b_stop (&d); /* E2B API */
   wrd_http_free (&d);
   wrd_fncall_shutdown (&d);
   wrd_shutdown (&d);

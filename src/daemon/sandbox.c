@@ -1196,6 +1196,16 @@ wrd_sandbox_pause (struct wrd *d, struct sandbox *sb, bool pause, wr_err_t *err)
   return wrd_db_put (d, sb, err);
 }
 
+int
+wrd_sandbox_set_ttl (struct wrd *d, struct sandbox *sb, double ttl_s, wr_err_t *err)
+{
+  sb->expires_at = now_s () + ttl_s;
+  json_int_t ttl = (json_int_t)ceil (sb->expires_at - sb->created_at);
+  json_object_set_new (sb->spec, "ttl_s", json_integer (ttl));
+  arm_ttl (sb);
+  return wrd_db_put (d, sb, err);
+}
+
 json_t *
 wrd_sandbox_json (struct wrd *d, struct sandbox *sb, bool detail)
 {

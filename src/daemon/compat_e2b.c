@@ -1,0 +1,1653 @@
+/* E2B-compatible API (docs/e2b.md).
+ *
+ * The real `e2b` SDK, pointed at this listener with E2B_API_URL and
+ * E2B_SANDBOX_URL, drives Warren unmodified. One port serves both of E2B's
+ * APIs: the control API (POST /sandboxes and /v2/sandboxes, GET, DELETE,
+ * /timeout, /pause, /resume, /connect, /refreshes; the contract of
+ * e2b-dev/E2B spec/openapi.yml) and, for requests carrying an
+ * `E2b-Sandbox-Id` header, the in-sandbox envd API: the Connect protocol in
+ * JSON over HTTP/1.1 for process.Process and filesystem.Filesystem (unary
+ * calls are plain JSON bodies; server streams are envelopes of a flags byte
+ * and a big-endian length, ended by a 0x02 envelope carrying {} or
+ * {"error":...}), GET/POST /files and /health.
+ *
+ * There is no second path into a sandbox: sandboxes are created, listed,
+ * paused and destroyed by the daemon's own functions (sandbox.c), and every
+ * command and file operation is an EXEC or FILE request on the sandbox's
+ * agent connection, the same machinery as /v1/sandboxes/{id}/exec and
+ * /files. A process's pid is this layer's handle for its agent stream, so
+ * SendInput, CloseStdin and SendSignal become STDIN and SIGNAL frames.
+ *
+ * E2B state lives in the sandbox's labels (e2b.template, e2b.meta.*), so
+ * listing and getting sandboxes needs nothing beyond the registry. */
+#include "daemon/compat_e2b.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <arpa/inet.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+
+#include "common/b64.h"
+#include "common/httpd.h"
+#include "common/proto.h"
+#include "common/util.h"
+#include "daemon/agent_conn.h"
+#include "daemon/http_util.h"
+#include "daemon/log.h"
+
+#define E2B_ENVD_VERSION "0.5.6" /* what the SDK checks features against */
+#define E2B_HOME "/home/user"    /* E2B's default user's home: relative paths, cwd */
+#define E2B_DEFAULT_TIMEOUT_S 300
+#define E2B_MAX_TIMEOUT_S 86400
+#define E2B_MAX_BODY (64u << 20)
+#define E2B_OUT_CAP (64u << 20) /* per stream of a process (the API's maximum) */
+#define E2B_LABEL_TEMPLATE "e2b.template"
+#define E2B_LABEL_META "e2b.meta."
+#define E2B_MAX_SUBS 8
+
+struct e2b_proc;
+
+/* A client stream following a process (Start or Connect). */
+struct e2b_sub
+{
+  struct e2b_proc *p;
+  struct evhttp_request *req;
+  struct evhttp_connection *evcon;
+  struct event *hup;
+};
+
+struct e2b_proc
+{
+  struct e2b_proc *next;
+  uint32_t pid;
+  char sbid[33];
+  struct agent_conn *conn; /* of sbid, valid while the stream is (agent_conn fails it first) */
+  uint32_t sid;
+  json_t *config; /* {cmd, args, envs, cwd} as asked */
+  char *tag;
+  struct e2b_sub *subs[E2B_MAX_SUBS];
+};
+
+struct e2b
+{
+  struct wrd *d;
+  struct evhttp *http;
+  struct e2b_proc *procs;
+  uint32_t next_pid;
+};
+
+static struct e2b *g_e2b;
+
+/* ---- replies ---- */
+
+static void
+reply_json (struct evhttp_request *req, int status, json_t *j)
+{
+  char *text = json_dumps (j, JSON_COMPACT);
+  json_decref (j);
+  struct evbuffer *b = evbuffer_new ();
+  if (text)
+    evbuffer_add (b, text, strlen (text));
+  free (text);
+  evhttp_add_header (evhttp_request_get_output_headers (req), "Content-Type", "application/json");
+  evhttp_send_reply (req, status, NULL, b);
+  evbuffer_free (b);
+}
+
+/* The control API's and /files' error shape: {"code": status, "message"}. */
+static void
+reply_api_error (struct evhttp_request *req, int status, const char *msg)
+{
+  reply_json (req, status, json_pack ("{s:i,s:s}", "code", status, "message", msg));
+}
+
+static int
+api_status (const char *code)
+{
+  wr_err_t e = { .code = code };
+  return wr_err_http_status (&e);
+}
+
+/* Warren's error codes as Connect codes (connectrpc.com/docs/protocol). */
+static const char *
+connect_code (const char *code)
+{
+  static const char *const map[][2] = {
+    { WR_E_INVALID, "invalid_argument" },     { WR_E_NOT_FOUND, "not_found" },
+    { WR_E_CONFLICT, "already_exists" },      { WR_E_GONE, "unavailable" },
+    { WR_E_EXHAUSTED, "resource_exhausted" }, { WR_E_UNAVAILABLE, "unavailable" },
+    { WR_E_TIMEOUT, "deadline_exceeded" },    { WR_E_UNSUPPORTED, "unimplemented" },
+    { WR_E_FORBIDDEN, "permission_denied" },  { WR_E_UNAUTHORIZED, "unauthenticated" },
+  };
+  for (size_t i = 0; code && i < sizeof map / sizeof map[0]; i++)
+    if (strcmp (code, map[i][0]) == 0)
+      return map[i][1];
+  return "internal";
+}
+
+static int
+connect_status (const char *ccode)
+{
+  static const struct
+  {
+    const char *code;
+    int status;
+  } map[] = {
+    { "invalid_argument", 400 },    { "not_found", 404 },          { "already_exists", 409 },
+    { "unavailable", 503 },         { "resource_exhausted", 429 }, { "deadline_exceeded", 504 },
+    { "unimplemented", 501 },       { "permission_denied", 403 },  { "unauthenticated", 401 },
+    { "failed_precondition", 400 },
+  };
+  for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+    if (strcmp (ccode, map[i].code) == 0)
+      return map[i].status;
+  return 500;
+}
+
+/* A unary Connect error (ccode is already a Connect code). */
+static void
+reply_connect_error (struct evhttp_request *req, const char *ccode, const char *msg)
+{
+  reply_json (req, connect_status (ccode), json_pack ("{s:s,s:s}", "code", ccode, "message", msg));
+}
+
+static void
+envelope_add (struct evbuffer *b, uint8_t flags, json_t *j)
+{
+  char *text = json_dumps (j, JSON_COMPACT);
+  json_decref (j);
+  size_t n = text ? strlen (text) : 0;
+  uint8_t hdr[5] = { flags, (uint8_t)(n >> 24), (uint8_t)(n >> 16), (uint8_t)(n >> 8), (uint8_t)n };
+  evbuffer_add (b, hdr, sizeof hdr);
+  if (n)
+    evbuffer_add (b, text, n);
+  free (text);
+}
+
+/* A streaming call that fails before its first message: one end-of-stream
+ * envelope with the error, status 200 (the Connect streaming rule). */
+static void
+reply_stream_error (struct evhttp_request *req, const char *ccode, const char *msg)
+{
+  struct evbuffer *b = evbuffer_new ();
+  envelope_add (b, 0x02, json_pack ("{s:{s:s,s:s}}", "error", "code", ccode, "message", msg));
+  evhttp_add_header (evhttp_request_get_output_headers (req), "Content-Type",
+                     "application/connect+json");
+  evhttp_send_reply (req, 200, NULL, b);
+  evbuffer_free (b);
+}
+
+/* ---- small helpers ---- */
+
+static void
+iso_time (double t, char *buf, size_t len)
+{
+  time_t s = (time_t)t;
+  struct tm tm;
+  gmtime_r (&s, &tm);
+  char base[32];
+  strftime (base, sizeof base, "%Y-%m-%dT%H:%M:%S", &tm);
+  snprintf (buf, len, "%s.%03dZ", base, (int)((t - (double)s) * 1000) % 1000);
+}
+
+/* Relative paths are relative to the default user's home, as in envd. */
+static char *
+abs_path (const char *p)
+{
+  char *out = NULL;
+  if (p == NULL || p[0] == '\0')
+    return strdup (E2B_HOME);
+  if (p[0] == '/')
+    return strdup (p);
+  if (p[0] == '~' && (p[1] == '/' || p[1] == '\0'))
+    p += p[1] ? 2 : 1;
+  if (asprintf (&out, "%s/%s", E2B_HOME, p) < 0)
+    return NULL;
+  return out;
+}
+
+static const char *
+base_name (const char *p)
+{
+  const char *s = strrchr (p, '/');
+  return s && s[1] ? s + 1 : (s ? "/" : p);
+}
+
+static const char *
+header (struct evhttp_request *req, const char *name)
+{
+  return evhttp_find_header (evhttp_request_get_input_headers (req), name);
+}
+
+/* The message of a Connect request: a plain JSON body (unary) or the
+ * first enveloped message (a server-streaming call). */
+static json_t *
+request_message (struct evhttp_request *req, bool enveloped)
+{
+  struct evbuffer *ib = evhttp_request_get_input_buffer (req);
+  size_t n = evbuffer_get_length (ib);
+  const uint8_t *p = n ? evbuffer_pullup (ib, -1) : NULL;
+  if (enveloped)
+    {
+      if (n < 5)
+        return NULL;
+      size_t len = (size_t)p[1] << 24 | (size_t)p[2] << 16 | (size_t)p[3] << 8 | p[4];
+      if (len > n - 5)
+        return NULL;
+      p += 5;
+      n = len;
+    }
+  if (n == 0)
+    return json_object ();
+  json_t *j = json_loadb ((const char *)p, n, 0, NULL);
+  if (!json_is_object (j))
+    {
+      json_decref (j);
+      return NULL;
+    }
+  return j;
+}
+
+/* ---- sandboxes (the control API) ---- */
+
+static const char *
+sb_template (struct sandbox *sb)
+{
+  const char *t = json_string_value (
+      json_object_get (json_object_get (sb->spec, "labels"), E2B_LABEL_TEMPLATE));
+  return t ? t : "base";
+}
+
+static bool
+sb_is_e2b (struct sandbox *sb)
+{
+  return json_object_get (json_object_get (sb->spec, "labels"), E2B_LABEL_TEMPLATE) != NULL;
+}
+
+static json_t *
+sb_metadata (struct sandbox *sb)
+{
+  json_t *m = json_object ();
+  const char *k;
+  json_t *v;
+  json_object_foreach (json_object_get (sb->spec, "labels"), k, v)
+  {
+    if (strncmp (k, E2B_LABEL_META, strlen (E2B_LABEL_META)) == 0)
+      json_object_set (m, k + strlen (E2B_LABEL_META), v);
+  }
+  return m;
+}
+
+static json_t *
+e2b_sandbox_json (struct sandbox *sb)
+{
+  char started[40], end[40];
+  iso_time (sb->created_at, started, sizeof started);
+  double e = sb->expires_at > 0 ? sb->expires_at : sb->created_at + E2B_MAX_TIMEOUT_S;
+  iso_time (e, end, sizeof end);
+  json_t *spec = sb->spec;
+  double cpus = json_number_value (json_object_get (spec, "cpus"));
+  return json_pack ("{s:s,s:s,s:s,s:s,s:s,s:s,s:i,s:I,s:I,s:o,s:s,s:s,s:n,s:n}", "sandboxID",
+                    sb->id, "templateID", sb_template (sb), "alias", sb_template (sb), "clientID",
+                    "warren", "startedAt", started, "endAt", end, "cpuCount",
+                    cpus >= 1 ? (int)cpus : 1, "memoryMB",
+                    json_integer_value (json_object_get (spec, "memory_mb")), "diskSizeMB",
+                    json_integer_value (json_object_get (spec, "disk_mb")), "metadata",
+                    sb_metadata (sb), "state", sb->state == SB_PAUSED ? "paused" : "running",
+                    "envdVersion", E2B_ENVD_VERSION, "envdAccessToken", "domain");
+}
+
+static struct sandbox *
+find_e2b (struct e2b *s, const char *id)
+{
+  struct sandbox *sb = wrd_sandbox_find (s->d, id);
+  if (sb == NULL || sb->state == SB_POOLED || sb->state == SB_DESTROYING)
+    return NULL;
+  return sb;
+}
+
+static void
+ignore_data (void *ud WR_UNUSED, uint8_t type WR_UNUSED, const uint8_t *data WR_UNUSED,
+             size_t len WR_UNUSED)
+{
+}
+
+static void
+ignore_done (void *ud WR_UNUSED, json_t *res WR_UNUSED)
+{
+}
+
+static void
+ignore_error (void *ud WR_UNUSED, const char *code WR_UNUSED, const char *msg WR_UNUSED)
+{
+}
+
+static void
+create_done (struct wrd *d WR_UNUSED, struct sandbox *sb, wr_err_t *err, void *ud)
+{
+  struct evhttp_request *req = ud;
+  if (sb == NULL)
+    {
+      reply_api_error (req, wr_err_http_status (err), err->msg);
+      return;
+    }
+  /* E2B templates have the default user's home; commands start there */
+  json_t *mk = json_pack ("{s:s,s:s,s:b,s:i}", "op", "mkdir", "path", E2B_HOME, "parents", 1,
+                          "mode", 0755);
+  static const struct agent_ops none = { ignore_data, ignore_done, ignore_error };
+  if (sb->conn)
+    agent_request (sb->conn, WR_MSG_FILE, mk, &none, NULL);
+  json_decref (mk);
+  reply_json (req, 201, e2b_sandbox_json (sb));
+}
+
+static int
+timeout_of (json_t *body, long *ret)
+{
+  json_t *t = json_object_get (body, "timeout");
+  if (t == NULL || json_is_null (t))
+    return 0;
+  if (!json_is_integer (t) || json_integer_value (t) < 0)
+    return -1;
+  long v = (long)json_integer_value (t);
+  *ret = v > E2B_MAX_TIMEOUT_S ? E2B_MAX_TIMEOUT_S : v;
+  return 0;
+}
+
+static void
+handle_create (struct e2b *s, struct evhttp_request *req, json_t *body)
+{
+  const char *tmpl = json_string_value (json_object_get (body, "templateID"));
+  if (tmpl == NULL || tmpl[0] == '\0')
+    tmpl = "base";
+  long timeout = E2B_DEFAULT_TIMEOUT_S;
+  if (timeout_of (body, &timeout) < 0)
+    {
+      reply_api_error (req, 400, "timeout must be a non-negative integer (seconds)");
+      return;
+    }
+  json_t *labels = json_pack ("{s:s}", E2B_LABEL_TEMPLATE, tmpl);
+  const char *k;
+  json_t *v;
+  json_object_foreach (json_object_get (body, "metadata"), k, v)
+  {
+    char key[300];
+    snprintf (key, sizeof key, "%s%s", E2B_LABEL_META, k);
+    if (json_is_string (v))
+      json_object_set (labels, key, v);
+  }
+  /* "base" (E2B's default template) is the daemon's default image */
+  json_t *w
+      = json_pack ("{s:o,s:I}", "labels", labels, "ttl_s", (json_int_t)(timeout ? timeout : 1));
+  if (strcmp (tmpl, "base") != 0)
+    json_object_set_new (w, "image", json_string (tmpl));
+  json_t *envs = json_object_get (body, "envVars");
+  if (json_is_object (envs))
+    json_object_set (w, "env", envs);
+  wr_err_t err;
+  int r = wrd_sandbox_create_async (s->d, w, create_done, req, &err);
+  json_decref (w);
+  if (r < 0)
+    reply_api_error (req, wr_err_http_status (&err), err.msg);
+}
+
+/* ?metadata=k%3Dv&k2%3Dv2 (already URL-decoded once by evhttp) and
+ * ?state=running,paused */
+static bool
+list_match (struct sandbox *sb, const char *metadata, const char *state)
+{
+  if (state && state[0] && strstr (state, sb->state == SB_PAUSED ? "paused" : "running") == NULL)
+    return false;
+  if (metadata == NULL || metadata[0] == '\0')
+    return true;
+  _cleanup_free_ char *copy = strdup (metadata);
+  json_t *meta = sb_metadata (sb);
+  bool ok = true;
+  char *save = NULL;
+  for (char *pair = strtok_r (copy, "&", &save); pair && ok; pair = strtok_r (NULL, "&", &save))
+    {
+      _cleanup_free_ char *dec = evhttp_uridecode (pair, 0, NULL);
+      char *eq = dec ? strchr (dec, '=') : NULL;
+      if (eq == NULL)
+        continue;
+      *eq = '\0';
+      _cleanup_free_ char *key = evhttp_uridecode (dec, 0, NULL);
+      _cleanup_free_ char *val = evhttp_uridecode (eq + 1, 0, NULL);
+      const char *have = json_string_value (json_object_get (meta, key ? key : dec));
+      ok = have && strcmp (have, val ? val : eq + 1) == 0;
+    }
+  json_decref (meta);
+  return ok;
+}
+
+static void
+handle_list (struct e2b *s, struct evhttp_request *req)
+{
+  struct evkeyvalq q;
+  evhttp_parse_query_str (evhttp_uri_get_query (evhttp_request_get_evhttp_uri (req)) ?: "", &q);
+  const char *metadata = evhttp_find_header (&q, "metadata");
+  const char *state = evhttp_find_header (&q, "state");
+  json_t *a = json_array ();
+  struct wrd *d = s->d;
+  for (size_t i = 0; i < d->table_size; i++)
+    for (struct sandbox *sb = d->table[i]; sb; sb = sb->hnext)
+      if ((sb->state == SB_RUNNING || sb->state == SB_PAUSED) && sb_is_e2b (sb)
+          && list_match (sb, metadata, state))
+        json_array_append_new (a, e2b_sandbox_json (sb));
+  evhttp_clear_headers (&q);
+  reply_json (req, 200, a);
+}
+
+static void
+set_timeout (struct e2b *s, struct sandbox *sb, long timeout)
+{
+  wr_err_t err;
+  if (wrd_sandbox_set_ttl (s->d, sb, (double)(timeout ? timeout : 1), &err) < 0)
+    wrd_log (WRD_LOG_WARN, "e2b: timeout of %s: %s", sb->id, err.msg);
+}
+
+/* /sandboxes/{id}[/action] */
+static void
+handle_sandbox (struct e2b *s, struct evhttp_request *req, const char *rest, json_t *body)
+{
+  enum evhttp_cmd_type m = evhttp_request_get_command (req);
+  char id[65];
+  size_t idlen = strcspn (rest, "/");
+  snprintf (id, sizeof id, "%.*s", (int)(idlen < 64 ? idlen : 64), rest);
+  const char *action = rest[idlen] == '/' ? rest + idlen + 1 : "";
+  struct sandbox *sb = find_e2b (s, id);
+  if (sb == NULL)
+    {
+      reply_api_error (req, 404, "sandbox not found");
+      return;
+    }
+  wr_err_t err;
+  long timeout = -1;
+  if (timeout_of (body, &timeout) < 0)
+    {
+      reply_api_error (req, 400, "timeout must be a non-negative integer (seconds)");
+      return;
+    }
+  if (action[0] == '\0' && m == EVHTTP_REQ_GET)
+    reply_json (req, 200, e2b_sandbox_json (sb));
+  else if (action[0] == '\0' && m == EVHTTP_REQ_DELETE)
+    {
+      if (wrd_sandbox_destroy (s->d, sb, &err) < 0)
+        reply_api_error (req, wr_err_http_status (&err), err.msg);
+      else
+        evhttp_send_reply (req, 204, "No Content", NULL);
+    }
+  else if (m == EVHTTP_REQ_POST
+           && (strcmp (action, "timeout") == 0 || strcmp (action, "refreshes") == 0))
+    {
+      if (timeout < 0 && strcmp (action, "refreshes") == 0)
+        {
+          json_t *dur = json_object_get (body, "duration");
+          timeout = json_is_integer (dur) ? (long)json_integer_value (dur) : 60;
+        }
+      if (timeout < 0)
+        {
+          reply_api_error (req, 400, "timeout is required");
+          return;
+        }
+      set_timeout (s, sb, timeout);
+      evhttp_send_reply (req, 204, "No Content", NULL);
+    }
+  else if (m == EVHTTP_REQ_POST && strcmp (action, "pause") == 0)
+    {
+      if (sb->state == SB_PAUSED)
+        reply_api_error (req, 409, "sandbox is already paused");
+      else if (wrd_sandbox_pause (s->d, sb, true, &err) < 0)
+        reply_api_error (req, wr_err_http_status (&err), err.msg);
+      else
+        evhttp_send_reply (req, 204, "No Content", NULL);
+    }
+  else if (m == EVHTTP_REQ_POST
+           && (strcmp (action, "resume") == 0 || strcmp (action, "connect") == 0))
+    {
+      bool was_paused = sb->state == SB_PAUSED;
+      if (strcmp (action, "resume") == 0 && !was_paused)
+        {
+          reply_api_error (req, 409, "sandbox is not paused");
+          return;
+        }
+      if (was_paused && wrd_sandbox_pause (s->d, sb, false, &err) < 0)
+        {
+          reply_api_error (req, wr_err_http_status (&err), err.msg);
+          return;
+        }
+      /* connect only ever extends the timeout */
+      if (timeout >= 0
+          && (sb->expires_at <= 0 || wr_now_ns () / 1e9 + (double)timeout > sb->expires_at
+              || strcmp (action, "resume") == 0))
+        set_timeout (s, sb, timeout);
+      reply_json (req, was_paused ? 201 : 200, e2b_sandbox_json (sb));
+    }
+  else
+    reply_api_error (req, 404, "no such route");
+}
+
+/* ---- processes ---- */
+
+static struct e2b_proc *
+proc_find (struct e2b *s, const char *sbid, json_t *selector)
+{
+  json_t *pid = json_object_get (selector, "pid");
+  const char *tag = json_string_value (json_object_get (selector, "tag"));
+  for (struct e2b_proc *p = s->procs; p; p = p->next)
+    if (strcmp (p->sbid, sbid) == 0
+        && ((json_is_integer (pid) && (json_int_t)p->pid == json_integer_value (pid))
+            || (tag && p->tag && strcmp (tag, p->tag) == 0)))
+      return p;
+  return NULL;
+}
+
+static void
+sub_free (struct e2b_sub *sub)
+{
+  if (sub->hup)
+    event_free (sub->hup);
+  if (sub->evcon)
+    evhttp_connection_set_closecb (sub->evcon, NULL, NULL);
+  free (sub);
+}
+
+static void
+sub_detach (struct e2b_sub *sub)
+{
+  struct e2b_proc *p = sub->p;
+  for (size_t i = 0; p && i < E2B_MAX_SUBS; i++)
+    if (p->subs[i] == sub)
+      p->subs[i] = NULL;
+  sub_free (sub);
+}
+
+static void
+sub_send (struct e2b_sub *sub, uint8_t flags, json_t *j)
+{
+  struct evbuffer *b = evbuffer_new ();
+  envelope_add (b, flags, j);
+  evhttp_send_reply_chunk (sub->req, b);
+  evbuffer_free (b);
+}
+
+static void
+proc_broadcast (struct e2b_proc *p, json_t *event)
+{
+  for (size_t i = 0; i < E2B_MAX_SUBS; i++)
+    if (p->subs[i])
+      sub_send (p->subs[i], 0, json_pack ("{s:O}", "event", event));
+  json_decref (event);
+}
+
+static void
+proc_free (struct e2b *s, struct e2b_proc *p)
+{
+  for (struct e2b_proc **pp = &s->procs; *pp; pp = &(*pp)->next)
+    if (*pp == p)
+      {
+        *pp = p->next;
+        break;
+      }
+  for (size_t i = 0; i < E2B_MAX_SUBS; i++)
+    if (p->subs[i])
+      {
+        sub_send (p->subs[i], 0x02, json_object ());
+        evhttp_send_reply_end (p->subs[i]->req);
+        sub_free (p->subs[i]);
+      }
+  json_decref (p->config);
+  free (p->tag);
+  free (p);
+}
+
+static void
+proc_on_data (void *ud, uint8_t type, const uint8_t *data, size_t len)
+{
+  struct e2b_proc *p = ud;
+  _cleanup_free_ char *b64 = malloc (wr_b64_encoded_len (len) + 1);
+  if (b64 == NULL)
+    return;
+  wr_b64_encode (data, len, b64);
+  proc_broadcast (
+      p, json_pack ("{s:{s:s}}", "data", type == WR_MSG_STDERR ? "stderr" : "stdout", b64));
+}
+
+static void
+proc_on_done (void *ud, json_t *res)
+{
+  struct e2b_proc *p = ud;
+  int code = (int)json_integer_value (json_object_get (res, "exit_code"));
+  int sig = (int)json_integer_value (json_object_get (res, "signal"));
+  const char *error = json_string_value (json_object_get (res, "error"));
+  char status[64];
+  if (sig)
+    snprintf (status, sizeof status, "signal: %s", sig == 9 ? "killed" : strsignal (sig));
+  else
+    snprintf (status, sizeof status, "exit status %d", code);
+  json_t *end = json_pack ("{s:i,s:b,s:s}", "exitCode", code, "exited", sig == 0, "status", status);
+  if (error)
+    json_object_set_new (end, "error", json_string (error));
+  else if (json_is_true (json_object_get (res, "timed_out")))
+    json_object_set_new (end, "error", json_string ("context deadline exceeded"));
+  proc_broadcast (p, json_pack ("{s:o}", "end", end));
+  proc_free (g_e2b, p);
+}
+
+static void
+proc_on_error (void *ud, const char *code, const char *message)
+{
+  struct e2b_proc *p = ud;
+  for (size_t i = 0; i < E2B_MAX_SUBS; i++)
+    if (p->subs[i])
+      {
+        sub_send (
+            p->subs[i], 0x02,
+            json_pack ("{s:{s:s,s:s}}", "error", "code", connect_code (code), "message", message));
+        evhttp_send_reply_end (p->subs[i]->req);
+        sub_free (p->subs[i]);
+        p->subs[i] = NULL;
+      }
+  proc_free (g_e2b, p);
+}
+
+/* The client of a stream went away: the process keeps running (envd's
+ * rule: a disconnected handle can reconnect with Connect). */
+static void
+sub_closed (struct evhttp_connection *evcon WR_UNUSED, void *arg)
+{
+  struct e2b_sub *sub = arg;
+  sub->evcon = NULL;
+  sub_detach (sub);
+}
+
+static void
+sub_hangup (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
+{
+  struct e2b_sub *sub = arg;
+  struct evhttp_connection *evcon = sub->evcon;
+  sub_detach (sub);
+  if (evcon)
+    evhttp_connection_free (evcon);
+}
+
+static struct e2b_sub *
+sub_start (struct e2b *s, struct e2b_proc *p, struct evhttp_request *req)
+{
+  size_t slot = E2B_MAX_SUBS;
+  for (size_t i = 0; i < E2B_MAX_SUBS && slot == E2B_MAX_SUBS; i++)
+    if (p->subs[i] == NULL)
+      slot = i;
+  struct e2b_sub *sub = slot < E2B_MAX_SUBS ? calloc (1, sizeof *sub) : NULL;
+  if (sub == NULL)
+    {
+      reply_stream_error (req, "resource_exhausted", "too many streams follow this process");
+      return NULL;
+    }
+  sub->p = p;
+  sub->req = req;
+  sub->evcon = evhttp_request_get_connection (req);
+  p->subs[slot] = sub;
+  evhttp_add_header (evhttp_request_get_output_headers (req), "Content-Type",
+                     "application/connect+json");
+  evhttp_send_reply_start (req, 200, "OK");
+  evhttp_connection_set_closecb (sub->evcon, sub_closed, sub);
+  int cfd = bufferevent_getfd (evhttp_connection_get_bufferevent (sub->evcon));
+  if (cfd >= 0 && (sub->hup = event_new (s->d->base, cfd, EV_CLOSED, sub_hangup, sub)))
+    event_add (sub->hup, NULL);
+  sub_send (sub, 0, json_pack ("{s:{s:{s:I}}}", "event", "start", "pid", (json_int_t)p->pid));
+  return sub;
+}
+
+static struct sandbox *
+usable (struct sandbox *sb, const char **ret_code, const char **ret_msg)
+{
+  if (sb == NULL)
+    {
+      *ret_code = "not_found";
+      *ret_msg = "sandbox not found";
+    }
+  else if (sb->state == SB_PAUSED)
+    {
+      *ret_code = "unavailable";
+      *ret_msg = "the sandbox is paused; connect to resume it";
+    }
+  else if (sb->state != SB_RUNNING || !agent_conn_alive (sb->conn))
+    {
+      *ret_code = "unavailable";
+      *ret_msg = "the sandbox is not running";
+    }
+  else
+    return sb;
+  return NULL;
+}
+
+static void
+process_start (struct e2b *s, struct sandbox *sb, struct evhttp_request *req, json_t *msg)
+{
+  json_t *cfg = json_object_get (msg, "process");
+  const char *cmd = json_string_value (json_object_get (cfg, "cmd"));
+  if (cmd == NULL || cmd[0] == '\0')
+    {
+      reply_stream_error (req, "invalid_argument", "process.cmd is required");
+      return;
+    }
+  json_t *argv = json_pack ("[s]", cmd);
+  json_t *args = json_object_get (cfg, "args"), *v;
+  size_t i;
+  json_array_foreach (args, i, v)
+  {
+    if (json_is_string (v))
+      json_array_append (argv, v);
+  }
+  json_t *envs = json_object_get (cfg, "envs");
+  json_t *env = NULL;
+  wr_err_t err;
+  if (wrd_exec_env (sb, json_is_object (envs) ? envs : NULL, &env, &err) < 0)
+    {
+      json_decref (argv);
+      reply_stream_error (req, "invalid_argument", err.msg);
+      return;
+    }
+  const char *cwd = json_string_value (json_object_get (cfg, "cwd"));
+  _cleanup_free_ char *dir = abs_path (cwd);
+  /* an absent "stdin" is an SDK older than the field: stdin was always open */
+  json_t *sin = json_object_get (msg, "stdin");
+  bool want_stdin = sin == NULL || json_is_true (sin);
+  json_t *body = json_pack ("{s:o,s:o,s:s,s:I,s:I,s:b}", "cmd", argv, "env", env, "cwd", dir,
+                            "stdout_cap", (json_int_t)E2B_OUT_CAP, "stderr_cap",
+                            (json_int_t)E2B_OUT_CAP, "stdin", want_stdin);
+  /* the client's deadline (Connect-Timeout-Ms) bounds the process, as in envd */
+  const char *tmo = header (req, "Connect-Timeout-Ms");
+  if (tmo && atoll (tmo) > 0)
+    json_object_set_new (body, "timeout_ms", json_integer (atoll (tmo)));
+  struct e2b_proc *p = calloc (1, sizeof *p);
+  if (p == NULL)
+    {
+      json_decref (body);
+      reply_stream_error (req, "resource_exhausted", "out of memory");
+      return;
+    }
+  p->pid = ++s->next_pid;
+  snprintf (p->sbid, sizeof p->sbid, "%s", sb->id);
+  p->conn = sb->conn;
+  p->config
+      = json_pack ("{s:s,s:O,s:o,s:s}", "cmd", cmd, "args", args ? args : json_array (), "envs",
+                   json_is_object (envs) ? json_copy (envs) : json_object (), "cwd", dir);
+  const char *tag = json_string_value (json_object_get (msg, "tag"));
+  p->tag = tag ? strdup (tag) : NULL;
+  p->next = s->procs;
+  s->procs = p;
+  static const struct agent_ops ops = { proc_on_data, proc_on_done, proc_on_error };
+  p->sid = agent_request (sb->conn, WR_MSG_EXEC, body, &ops, p);
+  json_decref (body);
+  if (p->sid == 0)
+    {
+      proc_free (s, p);
+      reply_stream_error (req, "unavailable", "the sandbox agent is gone");
+      return;
+    }
+  sub_start (s, p, req);
+}
+
+static int
+signal_number (json_t *sig)
+{
+  if (json_is_integer (sig))
+    return (int)json_integer_value (sig);
+  const char *n = json_string_value (sig);
+  if (n == NULL)
+    return 0;
+  if (strcmp (n, "SIGNAL_SIGKILL") == 0)
+    return 9;
+  if (strcmp (n, "SIGNAL_SIGTERM") == 0)
+    return 15;
+  return 0;
+}
+
+static void
+handle_process (struct e2b *s, struct sandbox *sb, struct evhttp_request *req, const char *method)
+{
+  bool streaming = strcmp (method, "Start") == 0 || strcmp (method, "Connect") == 0;
+  const char *ccode, *cmsg;
+  json_t *msg = request_message (req, streaming);
+  if (msg == NULL)
+    {
+      (streaming ? reply_stream_error : reply_connect_error) (req, "invalid_argument",
+                                                              "malformed request message");
+      return;
+    }
+  if (usable (sb, &ccode, &cmsg) == NULL)
+    {
+      (streaming ? reply_stream_error : reply_connect_error) (req, ccode, cmsg);
+      json_decref (msg);
+      return;
+    }
+  if (strcmp (method, "Start") == 0)
+    {
+      process_start (s, sb, req, msg);
+      json_decref (msg);
+      return;
+    }
+  if (strcmp (method, "List") == 0)
+    {
+      json_t *a = json_array ();
+      for (struct e2b_proc *p = s->procs; p; p = p->next)
+        if (strcmp (p->sbid, sb->id) == 0)
+          {
+            json_t *e = json_pack ("{s:O,s:I}", "config", p->config, "pid", (json_int_t)p->pid);
+            if (p->tag)
+              json_object_set_new (e, "tag", json_string (p->tag));
+            json_array_append_new (a, e);
+          }
+      reply_json (req, 200, json_pack ("{s:o}", "processes", a));
+      json_decref (msg);
+      return;
+    }
+  struct e2b_proc *p = proc_find (s, sb->id, json_object_get (msg, "process"));
+  if (p == NULL && strcmp (method, "Update") != 0 && strcmp (method, "StreamInput") != 0)
+    {
+      (streaming ? reply_stream_error : reply_connect_error) (req, "not_found",
+                                                              "process not found");
+      json_decref (msg);
+      return;
+    }
+  if (strcmp (method, "Connect") == 0)
+    sub_start (s, p, req);
+  else if (strcmp (method, "SendSignal") == 0)
+    {
+      int sig = signal_number (json_object_get (msg, "signal"));
+      char b[32];
+      int n = snprintf (b, sizeof b, "{\"signal\":%d}", sig);
+      if (sig <= 0 || sig >= 65)
+        reply_connect_error (req, "invalid_argument", "unknown signal");
+      else
+        {
+          agent_send (p->conn, p->sid, WR_MSG_SIGNAL, b, (size_t)n);
+          reply_json (req, 200, json_object ());
+        }
+    }
+  else if (strcmp (method, "SendInput") == 0 || strcmp (method, "CloseStdin") == 0)
+    {
+      const char *in
+          = json_string_value (json_object_get (json_object_get (msg, "input"), "stdin"));
+      if (in == NULL)
+        in = json_string_value (json_object_get (json_object_get (msg, "input"), "pty"));
+      size_t len = in ? strlen (in) : 0;
+      _cleanup_free_ char *raw = malloc (len / 4 * 3 + 4);
+      long n = in && raw ? wr_b64_decode (in, len, raw) : 0;
+      if (n < 0)
+        reply_connect_error (req, "invalid_argument", "input is not base64");
+      else
+        {
+          /* an empty STDIN frame closes stdin: never send one for SendInput */
+          if (strcmp (method, "CloseStdin") == 0)
+            agent_send (p->conn, p->sid, WR_MSG_STDIN, "", 0);
+          else if (n > 0)
+            agent_send (p->conn, p->sid, WR_MSG_STDIN, raw, (size_t)n);
+          reply_json (req, 200, json_object ());
+        }
+    }
+  else
+    reply_connect_error (req, "unimplemented",
+                         "Warren's E2B layer has no PTY resize or client-streamed input");
+  json_decref (msg);
+}
+
+/* ---- files ---- */
+
+struct fop;
+typedef void (*fop_done_fn) (struct fop *f, json_t *res, const char *code, const char *msg);
+
+/* One FILE request, or a short chain of them, for one client request. */
+struct fop
+{
+  struct e2b *s;
+  struct evhttp_request *req;
+  char sbid[33];
+  char *path, *path2;
+  struct evbuffer *data; /* read: what arrived */
+  fop_done_fn done;
+  int step;
+  unsigned depth, max_depth;
+  json_t *acc;  /* accumulated entries or results */
+  json_t *todo; /* ListDir: [ [path, depth], ... ] */
+  /* POST /files: the parts still to write */
+  struct upload_part
+  {
+    char *path;
+    const char *data;
+    size_t len;
+  } * parts;
+  size_t n_parts, i_part;
+  struct evbuffer *body; /* keeps the parts' bytes alive */
+};
+
+static void
+fop_free (struct fop *f)
+{
+  free (f->path);
+  free (f->path2);
+  if (f->data)
+    evbuffer_free (f->data);
+  json_decref (f->acc);
+  json_decref (f->todo);
+  for (size_t i = 0; i < f->n_parts; i++)
+    free (f->parts[i].path);
+  free (f->parts);
+  if (f->body)
+    evbuffer_free (f->body);
+  free (f);
+}
+
+static void
+fop_on_data (void *ud, uint8_t type WR_UNUSED, const uint8_t *data, size_t len)
+{
+  struct fop *f = ud;
+  if (f->data == NULL)
+    f->data = evbuffer_new ();
+  evbuffer_add (f->data, data, len);
+}
+
+static void
+fop_on_done (void *ud, json_t *res)
+{
+  struct fop *f = ud;
+  f->done (f, res, NULL, NULL);
+}
+
+static void
+fop_on_error (void *ud, const char *code, const char *message)
+{
+  struct fop *f = ud;
+  f->done (f, NULL, code, message);
+}
+
+/* Send one FILE request (body is consumed); write data when not NULL. */
+static void
+fop_send (struct fop *f, json_t *body, const void *data, size_t len, bool write)
+{
+  struct sandbox *sb = find_e2b (f->s, f->sbid);
+  const char *ccode, *cmsg;
+  if (usable (sb, &ccode, &cmsg) == NULL)
+    {
+      json_decref (body);
+      f->done (f, NULL, ccode[0] == 'n' ? WR_E_NOT_FOUND : WR_E_UNAVAILABLE, cmsg);
+      return;
+    }
+  static const struct agent_ops ops = { fop_on_data, fop_on_done, fop_on_error };
+  uint32_t sid = agent_request (sb->conn, WR_MSG_FILE, body, &ops, f);
+  json_decref (body);
+  if (sid == 0)
+    {
+      f->done (f, NULL, WR_E_UNAVAILABLE, "the sandbox agent is gone");
+      return;
+    }
+  if (write)
+    {
+      agent_send (sb->conn, sid, WR_MSG_DATA, data, len);
+      if (len)
+        agent_send (sb->conn, sid, WR_MSG_DATA, "", 0);
+    }
+}
+
+static void
+fop_file (struct fop *f, const char *op, const char *path, bool flag)
+{
+  json_t *b = json_pack ("{s:s,s:s}", "op", op, "path", path);
+  if (strcmp (op, "mkdir") == 0)
+    json_object_set_new (b, "parents", json_boolean (flag));
+  if (strcmp (op, "remove") == 0)
+    json_object_set_new (b, "recursive", json_boolean (flag));
+  fop_send (f, b, NULL, 0, false);
+}
+
+static struct fop *
+fop_new (struct e2b *s, struct sandbox *sb, struct evhttp_request *req, fop_done_fn done)
+{
+  struct fop *f = calloc (1, sizeof *f);
+  if (f == NULL)
+    return NULL;
+  f->s = s;
+  f->req = req;
+  snprintf (f->sbid, sizeof f->sbid, "%s", sb->id);
+  f->done = done;
+  return f;
+}
+
+static void
+perm_string (unsigned mode, const char *type, char out[11])
+{
+  out[0] = strcmp (type, "dir") == 0 ? 'd' : strcmp (type, "symlink") == 0 ? 'l' : '-';
+  const char *rwx = "rwxrwxrwx";
+  for (int i = 0; i < 9; i++)
+    out[1 + i] = (mode & (1u << (8 - i))) ? rwx[i] : '-';
+  out[10] = '\0';
+}
+
+/* A Warren stat object as a filesystem.EntryInfo. */
+static json_t *
+entry_info (json_t *st, const char *path)
+{
+  const char *type = json_string_value (json_object_get (st, "type"));
+  type = type ? type : "other";
+  const char *ft = strcmp (type, "dir") == 0       ? "FILE_TYPE_DIRECTORY"
+                   : strcmp (type, "file") == 0    ? "FILE_TYPE_FILE"
+                   : strcmp (type, "symlink") == 0 ? "FILE_TYPE_SYMLINK"
+                                                   : "FILE_TYPE_UNSPECIFIED";
+  unsigned mode = (unsigned)json_integer_value (json_object_get (st, "mode"));
+  char perms[11], mtime[40], owner[16], group[16];
+  perm_string (mode, type, perms);
+  iso_time (json_number_value (json_object_get (st, "mtime")), mtime, sizeof mtime);
+  json_int_t uid = json_integer_value (json_object_get (st, "uid"));
+  json_int_t gid = json_integer_value (json_object_get (st, "gid"));
+  snprintf (owner, sizeof owner, "%s", uid == 0 ? "root" : "");
+  if (uid)
+    snprintf (owner, sizeof owner, "%lld", (long long)uid);
+  snprintf (group, sizeof group, "%s", gid == 0 ? "root" : "");
+  if (gid)
+    snprintf (group, sizeof group, "%lld", (long long)gid);
+  /* Go's os.FileMode (envd's mode) marks directories with its top bit */
+  unsigned gomode = mode | (strcmp (type, "dir") == 0 ? 0x80000000u : 0);
+  json_t *e = json_pack (
+      "{s:s,s:s,s:s,s:I,s:I,s:s,s:s,s:s,s:s}", "name", base_name (path), "type", ft, "path", path,
+      "size", json_integer_value (json_object_get (st, "size")), "mode", (json_int_t)gomode,
+      "permissions", perms, "owner", owner, "group", group, "modifiedTime", mtime);
+  json_t *target = json_object_get (st, "target");
+  if (json_is_string (target))
+    json_object_set (e, "symlinkTarget", target);
+  return e;
+}
+
+static void
+fop_fail_connect (struct fop *f, const char *code, const char *msg)
+{
+  reply_connect_error (f->req, connect_code (code), msg);
+  fop_free (f);
+}
+
+static void
+stat_done (struct fop *f, json_t *res, const char *code, const char *msg)
+{
+  if (code)
+    return fop_fail_connect (f, code, msg);
+  reply_json (f->req, 200, json_pack ("{s:o}", "entry", entry_info (res, f->path)));
+  fop_free (f);
+}
+
+static void
+remove_done (struct fop *f, json_t *res WR_UNUSED, const char *code, const char *msg)
+{
+  if (code)
+    return fop_fail_connect (f, code, msg);
+  reply_json (f->req, 200, json_object ());
+  fop_free (f);
+}
+
+/* MakeDir: stat (exists -> already_exists, as envd), mkdir -p, stat. */
+static void
+mkdir_done (struct fop *f, json_t *res, const char *code, const char *msg)
+{
+  f->step++;
+  if (f->step == 1)
+    {
+      if (code == NULL)
+        return fop_fail_connect (f, WR_E_CONFLICT, "directory already exists");
+      if (strcmp (code, WR_E_NOT_FOUND) != 0)
+        return fop_fail_connect (f, code, msg);
+      return fop_file (f, "mkdir", f->path, true);
+    }
+  if (code)
+    return fop_fail_connect (f, code, msg);
+  if (f->step == 2)
+    return fop_file (f, "stat", f->path, false);
+  reply_json (f->req, 200, json_pack ("{s:o}", "entry", entry_info (res, f->path)));
+  fop_free (f);
+}
+
+/* ListDir: breadth first down to depth. */
+static void list_next (struct fop *f);
+
+static void
+list_done (struct fop *f, json_t *res, const char *code, const char *msg)
+{
+  if (code)
+    {
+      if (f->step == 0 || strcmp (code, WR_E_NOT_FOUND) != 0)
+        return fop_fail_connect (f, code, msg);
+    }
+  else
+    {
+      size_t i;
+      json_t *st;
+      json_array_foreach (json_object_get (res, "entries"), i, st)
+      {
+        const char *name = json_string_value (json_object_get (st, "name"));
+        if (name == NULL || strcmp (name, ".") == 0 || strcmp (name, "..") == 0)
+          continue;
+        _cleanup_free_ char *child = NULL;
+        if (asprintf (&child, "%s%s%s", f->path2, strcmp (f->path2, "/") ? "/" : "", name) < 0)
+          continue;
+        json_array_append_new (f->acc, entry_info (st, child));
+        const char *type = json_string_value (json_object_get (st, "type"));
+        if (type && strcmp (type, "dir") == 0 && f->depth < f->max_depth)
+          json_array_append_new (f->todo, json_pack ("[s,I]", child, (json_int_t)f->depth + 1));
+      }
+    }
+  f->step++;
+  list_next (f);
+}
+
+static void
+list_next (struct fop *f)
+{
+  if (json_array_size (f->todo) == 0)
+    {
+      reply_json (f->req, 200, json_pack ("{s:O}", "entries", f->acc));
+      fop_free (f);
+      return;
+    }
+  json_t *t = json_array_get (f->todo, 0);
+  free (f->path2);
+  f->path2 = strdup (json_string_value (json_array_get (t, 0)));
+  f->depth = (unsigned)json_integer_value (json_array_get (t, 1));
+  json_array_remove (f->todo, 0);
+  fop_file (f, "list", f->path2, false);
+}
+
+/* Move: the agent has no rename, so it is `mv` run by the agent (EXEC),
+ * then a stat of the destination. */
+static void
+move_exec_done (void *ud, json_t *res)
+{
+  struct fop *f = ud;
+  if (json_integer_value (json_object_get (res, "exit_code")) != 0)
+    {
+      const char *err = f->data ? (const char *)evbuffer_pullup (f->data, -1) : "";
+      bool missing = err && strstr (err, "No such file");
+      return fop_fail_connect (f, missing ? WR_E_NOT_FOUND : WR_E_INVALID,
+                               missing ? "source not found" : "move failed");
+    }
+  f->done = stat_done;
+  free (f->path);
+  f->path = strdup (f->path2);
+  fop_file (f, "stat", f->path, false);
+}
+
+static void
+move_exec_error (void *ud, const char *code, const char *message)
+{
+  fop_fail_connect (ud, code, message);
+}
+
+static void
+move_on_data (void *ud, uint8_t type, const uint8_t *data, size_t len)
+{
+  if (type == WR_MSG_STDERR)
+    fop_on_data (ud, type, data, len);
+}
+
+static void
+handle_filesystem (struct e2b *s, struct sandbox *sb, struct evhttp_request *req,
+                   const char *method)
+{
+  const char *ccode, *cmsg;
+  bool streaming = strcmp (method, "WatchDir") == 0;
+  json_t *msg = request_message (req, streaming);
+  if (msg == NULL || usable (sb, &ccode, &cmsg) == NULL)
+    {
+      (streaming ? reply_stream_error : reply_connect_error) (
+          req, msg ? ccode : "invalid_argument", msg ? cmsg : "malformed request message");
+      json_decref (msg);
+      return;
+    }
+  const char *p = json_string_value (json_object_get (msg, "path"));
+  struct fop *f = NULL;
+  if (strcmp (method, "Stat") == 0 || strcmp (method, "Remove") == 0
+      || strcmp (method, "MakeDir") == 0 || strcmp (method, "ListDir") == 0)
+    {
+      f = fop_new (s, sb, req, stat_done);
+      if (f)
+        f->path = abs_path (p);
+    }
+  if (f && strcmp (method, "Stat") == 0)
+    fop_file (f, "stat", f->path, false);
+  else if (f && strcmp (method, "Remove") == 0)
+    {
+      f->done = remove_done;
+      fop_file (f, "remove", f->path, true);
+    }
+  else if (f && strcmp (method, "MakeDir") == 0)
+    {
+      f->done = mkdir_done;
+      fop_file (f, "stat", f->path, false);
+    }
+  else if (f && strcmp (method, "ListDir") == 0)
+    {
+      json_t *dj = json_object_get (msg, "depth");
+      f->max_depth = json_is_integer (dj) && json_integer_value (dj) > 0
+                         ? (unsigned)json_integer_value (dj)
+                         : 1;
+      f->done = list_done;
+      f->acc = json_array ();
+      f->todo = json_pack ("[[s,i]]", f->path, 1);
+      list_next (f);
+    }
+  else if (strcmp (method, "Move") == 0)
+    {
+      struct fop *m = fop_new (s, sb, req, stat_done);
+      if (m)
+        {
+          m->path = abs_path (json_string_value (json_object_get (msg, "source")));
+          m->path2 = abs_path (json_string_value (json_object_get (msg, "destination")));
+          json_t *env = NULL;
+          wrd_exec_env (sb, NULL, &env, NULL);
+          json_t *b = json_pack ("{s:[s,s,s,s],s:o,s:s,s:i}", "cmd", "mv", "-T", m->path, m->path2,
+                                 "env", env ? env : json_array (), "cwd", "/", "timeout_ms", 60000);
+          static const struct agent_ops ops = { move_on_data, move_exec_done, move_exec_error };
+          if (agent_request (sb->conn, WR_MSG_EXEC, b, &ops, m) == 0)
+            fop_fail_connect (m, WR_E_UNAVAILABLE, "the sandbox agent is gone");
+          json_decref (b);
+        }
+      else
+        reply_connect_error (req, "resource_exhausted", "out of memory");
+    }
+  else if (f == NULL
+           && (strcmp (method, "Stat") == 0 || strcmp (method, "ListDir") == 0
+               || strcmp (method, "MakeDir") == 0 || strcmp (method, "Remove") == 0))
+    reply_connect_error (req, "resource_exhausted", "out of memory");
+  else
+    (streaming ? reply_stream_error : reply_connect_error) (
+        req, "unimplemented", "Warren's E2B layer does not watch directories yet");
+  json_decref (msg);
+}
+
+/* GET /files?path=P -> the bytes */
+static void
+download_done (struct fop *f, json_t *res WR_UNUSED, const char *code, const char *msg)
+{
+  if (code)
+    {
+      int st = strcmp (code, WR_E_NOT_FOUND) == 0 ? 404 : api_status (code);
+      reply_api_error (f->req, st, msg);
+    }
+  else
+    {
+      evhttp_add_header (evhttp_request_get_output_headers (f->req), "Content-Type",
+                         "application/octet-stream");
+      evhttp_send_reply (f->req, 200, "OK", f->data);
+    }
+  fop_free (f);
+}
+
+/* POST /files: mkdir -p of each part's directory, then the write. */
+static void
+upload_step (struct fop *f, json_t *res WR_UNUSED, const char *code, const char *msg)
+{
+  if (code)
+    {
+      reply_api_error (f->req, api_status (code), msg);
+      fop_free (f);
+      return;
+    }
+  if (f->step > 0 && f->step % 2 == 0 && f->i_part < f->n_parts) /* a write is done */
+    {
+      struct upload_part *u = &f->parts[f->i_part];
+      json_array_append_new (f->acc, json_pack ("{s:s,s:s,s:s}", "name", base_name (u->path),
+                                                "type", "file", "path", u->path));
+      f->i_part++;
+    }
+  if (f->i_part == f->n_parts)
+    {
+      reply_json (f->req, 200, json_incref (f->acc));
+      fop_free (f);
+      return;
+    }
+  struct upload_part *u = &f->parts[f->i_part];
+  if (f->step++ % 2 == 0)
+    {
+      _cleanup_free_ char *dir = strdup (u->path);
+      char *slash = dir ? strrchr (dir, '/') : NULL;
+      if (slash)
+        *(slash == dir ? slash + 1 : slash) = '\0';
+      fop_file (f, "mkdir", dir ? dir : "/", true);
+      return;
+    }
+  json_t *b = json_pack ("{s:s,s:s,s:b}", "op", "write", "path", u->path, "append", 0);
+  fop_send (f, b, u->len ? u->data : "", u->len, true);
+}
+
+/* Split a multipart/form-data body into (filename, bytes) parts. */
+static int
+parse_multipart (const char *ctype, const char *body, size_t n, struct fop *f, const char *qpath)
+{
+  const char *b = strstr (ctype, "boundary=");
+  if (b == NULL)
+    return -1;
+  b += 9;
+  char delim[256];
+  size_t blen = strcspn (b, ";");
+  if (b[0] == '"')
+    {
+      b++;
+      blen = strcspn (b, "\"");
+    }
+  if (blen == 0 || blen > 200)
+    return -1;
+  int dl = snprintf (delim, sizeof delim, "--%.*s", (int)blen, b);
+  const char *p = memmem (body, n, delim, (size_t)dl);
+  while (p)
+    {
+      p += dl;
+      if ((size_t)(p - body) + 2 > n || (p[0] == '-' && p[1] == '-'))
+        break;
+      const char *hend = memmem (p, n - (size_t)(p - body), "\r\n\r\n", 4);
+      if (hend == NULL)
+        return -1;
+      const char *data = hend + 4;
+      char next_delim[260];
+      int nl = snprintf (next_delim, sizeof next_delim, "\r\n%s", delim);
+      const char *end = memmem (data, n - (size_t)(data - body), next_delim, (size_t)nl);
+      if (end == NULL)
+        return -1;
+      /* filename="..." in the part's headers */
+      _cleanup_free_ char *hdrs = strndup (p, (size_t)(hend - p));
+      char *fn = hdrs ? strstr (hdrs, "filename=\"") : NULL;
+      char *name = NULL;
+      if (fn)
+        {
+          fn += 10;
+          char *q = strchr (fn, '"');
+          if (q)
+            *q = '\0';
+          name = fn;
+        }
+      const char *target = name && name[0] ? name : qpath;
+      if (f->n_parts == 1 && qpath && qpath[0] && name == NULL)
+        target = qpath;
+      struct upload_part *np = realloc (f->parts, (f->n_parts + 1) * sizeof *np);
+      if (np == NULL)
+        return -1;
+      f->parts = np;
+      f->parts[f->n_parts].path = abs_path (target);
+      f->parts[f->n_parts].data = data;
+      f->parts[f->n_parts].len = (size_t)(end - data);
+      f->n_parts++;
+      p = end + 2;
+    }
+  return f->n_parts ? 0 : -1;
+}
+
+static void
+handle_files (struct e2b *s, struct sandbox *sb, struct evhttp_request *req)
+{
+  const char *ccode, *cmsg;
+  if (usable (sb, &ccode, &cmsg) == NULL)
+    {
+      reply_api_error (req, connect_status (ccode) == 404 ? 404 : 502, cmsg);
+      return;
+    }
+  struct evkeyvalq q;
+  evhttp_parse_query_str (evhttp_uri_get_query (evhttp_request_get_evhttp_uri (req)) ?: "", &q);
+  const char *qpath = evhttp_find_header (&q, "path");
+  struct fop *f = fop_new (s, sb, req, download_done);
+  if (f == NULL)
+    {
+      evhttp_clear_headers (&q);
+      reply_api_error (req, 503, "out of memory");
+      return;
+    }
+  if (evhttp_request_get_command (req) == EVHTTP_REQ_GET)
+    {
+      f->path = abs_path (qpath);
+      f->data = evbuffer_new ();
+      evhttp_clear_headers (&q);
+      fop_send (f, json_pack ("{s:s,s:s}", "op", "read", "path", f->path), NULL, 0, false);
+      return;
+    }
+  /* POST: multipart/form-data (files), or the raw bytes (octet-stream) */
+  f->done = upload_step;
+  f->acc = json_array ();
+  f->body = evbuffer_new ();
+  evbuffer_add_buffer (f->body, evhttp_request_get_input_buffer (req));
+  size_t n = evbuffer_get_length (f->body);
+  const char *body = n ? (const char *)evbuffer_pullup (f->body, -1) : "";
+  const char *ctype = header (req, "Content-Type");
+  int r = 0;
+  if (ctype && strncasecmp (ctype, "multipart/form-data", 19) == 0)
+    r = parse_multipart (ctype, body, n, f, qpath);
+  else if (qpath && (f->parts = calloc (1, sizeof *f->parts)))
+    {
+      f->parts[0] = (struct upload_part){ abs_path (qpath), body, n };
+      f->n_parts = 1;
+    }
+  else
+    r = -1;
+  evhttp_clear_headers (&q);
+  if (r < 0)
+    {
+      reply_api_error (req, 400, "expected a multipart/form-data body with files, or ?path=");
+      fop_free (f);
+      return;
+    }
+  upload_step (f, NULL, NULL, NULL);
+}
+
+/* ---- routing ---- */
+
+/* The sandbox an envd request is for: the E2b-Sandbox-Id header, else a
+ * Host of the form PORT-ID.DOMAIN (E2B's own URL scheme). */
+static bool
+envd_sandbox_id (struct evhttp_request *req, char id[65])
+{
+  const char *h = header (req, "E2b-Sandbox-Id");
+  if (h && h[0])
+    {
+      snprintf (id, 65, "%s", h);
+      return true;
+    }
+  const char *host = header (req, "Host");
+  const char *dash = host ? strchr (host, '-') : NULL;
+  if (dash && dash > host && strspn (host, "0123456789") == (size_t)(dash - host))
+    {
+      size_t n = strcspn (dash + 1, ".:");
+      if (n && n < 65)
+        {
+          snprintf (id, 65, "%.*s", (int)n, dash + 1);
+          return true;
+        }
+    }
+  return false;
+}
+
+bool
+wrd_compat_e2b_route (struct evhttp_request *req)
+{
+  struct e2b *s = g_e2b;
+  if (s == NULL)
+    return false;
+  const char *uri = evhttp_request_get_uri (req);
+  size_t plen = strcspn (uri, "?#");
+  char path[512];
+  if (plen >= sizeof path)
+    return false;
+  memcpy (path, uri, plen);
+  path[plen] = '\0';
+  enum evhttp_cmd_type m = evhttp_request_get_command (req);
+  char id[65];
+  bool envd = envd_sandbox_id (req, id);
+  if (envd || strcmp (path, "/health") == 0)
+    {
+      struct sandbox *sb = envd ? find_e2b (s, id) : NULL;
+      if (strcmp (path, "/health") == 0)
+        {
+          if (envd && sb == NULL)
+            reply_api_error (req, 502, "sandbox not found");
+          else
+            evhttp_send_reply (req, 204, "No Content", NULL);
+          return true;
+        }
+      if (strcmp (path, "/files") == 0 && (m == EVHTTP_REQ_GET || m == EVHTTP_REQ_POST))
+        {
+          handle_files (s, sb, req);
+          return true;
+        }
+      if (m == EVHTTP_REQ_POST && strncmp (path, "/process.Process/", 17) == 0)
+        {
+          handle_process (s, sb, req, path + 17);
+          return true;
+        }
+      if (m == EVHTTP_REQ_POST && strncmp (path, "/filesystem.Filesystem/", 23) == 0)
+        {
+          handle_filesystem (s, sb, req, path + 23);
+          return true;
+        }
+      if (!envd)
+        return false;
+      reply_api_error (req, 404, "no such envd route");
+      return true;
+    }
+  const char *rest = NULL;
+  if (strncmp (path, "/v2/sandboxes", 13) == 0)
+    rest = path + 13;
+  else if (strncmp (path, "/sandboxes", 10) == 0)
+    rest = path + 10;
+  if (rest == NULL || (rest[0] != '\0' && rest[0] != '/'))
+    return false;
+  json_t *body = NULL;
+  struct evbuffer *ib = evhttp_request_get_input_buffer (req);
+  size_t n = evbuffer_get_length (ib);
+  if (n)
+    {
+      body = json_loadb ((const char *)evbuffer_pullup (ib, -1), n, 0, NULL);
+      if (!json_is_object (body))
+        {
+          json_decref (body);
+          reply_api_error (req, 400, "the body must be a JSON object");
+          return true;
+        }
+    }
+  if (body == NULL)
+    body = json_object ();
+  if (rest[0] == '\0' || strcmp (rest, "/") == 0)
+    {
+      if (m == EVHTTP_REQ_POST)
+        handle_create (s, req, body);
+      else if (m == EVHTTP_REQ_GET)
+        handle_list (s, req);
+      else
+        reply_api_error (req, 405, "method not allowed");
+    }
+  else
+    handle_sandbox (s, req, rest + 1, body);
+  json_decref (body);
+  return true;
+}
+
+static void
+e2b_gencb (struct evhttp_request *req, void *arg WR_UNUSED)
+{
+  if (!wrd_compat_e2b_route (req))
+    reply_api_error (req, 404, "not found");
+}
+
+int
+wrd_compat_e2b_attach (struct wrd *d, wr_err_t *err)
+{
+  if (g_e2b)
+    return 0;
+  struct e2b *s = calloc (1, sizeof *s);
+  if (s == NULL)
+    return wr_sys_error (err, "e2b");
+  s->d = d;
+  s->next_pid = 1000;
+  g_e2b = s;
+  return 0;
+}
+
+int
+wrd_compat_e2b_start (struct wrd *d, const char *listen_spec, wr_err_t *err)
+{
+  const char *p = strncmp (listen_spec, "tcp:", 4) == 0 ? listen_spec + 4 : listen_spec;
+  char host[256] = "127.0.0.1";
+  const char *colon = strrchr (p, ':');
+  if (colon && colon > p)
+    snprintf (host, sizeof host, "%.*s", (int)(colon - p), p);
+  const char *port_s = colon ? colon + 1 : p;
+  char *end;
+  long port = strtol (port_s, &end, 10);
+  if (*end || port <= 0 || port > 65535)
+    return wr_error (err, 0, WR_E_INVALID, "--listen-e2b wants tcp:ADDR:PORT, got %s", listen_spec);
+  struct sockaddr_storage ss = { 0 };
+  socklen_t sl;
+  struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
+  struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
+  if (inet_pton (AF_INET, host, &a4->sin_addr) == 1)
+    {
+      a4->sin_family = AF_INET;
+      a4->sin_port = htons ((uint16_t)port);
+      sl = sizeof *a4;
+    }
+  else if (inet_pton (AF_INET6, host, &a6->sin6_addr) == 1)
+    {
+      a6->sin6_family = AF_INET6;
+      a6->sin6_port = htons ((uint16_t)port);
+      sl = sizeof *a6;
+    }
+  else
+    return wr_error (err, 0, WR_E_INVALID, "--listen-e2b: %s is not an IP address", host);
+  if (wrd_compat_e2b_attach (d, err) < 0)
+    return -1;
+  _cleanup_close_ int fd = socket (ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  int one = 1;
+  if (fd < 0 || setsockopt (fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0
+      || setsockopt (fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0
+      || bind (fd, (struct sockaddr *)&ss, sl) < 0 || listen (fd, 1024) < 0)
+    return wr_sys_error (err, "listen on %s", listen_spec);
+  struct e2b *s = g_e2b;
+  s->http = evhttp_new (d->base);
+  if (s->http == NULL)
+    return wr_error (err, ENOMEM, WR_E_INTERNAL, "evhttp_new");
+  evhttp_set_gencb (s->http, e2b_gencb, s);
+  evhttp_set_max_body_size (s->http, E2B_MAX_BODY);
+  evhttp_set_max_headers_size (s->http, WR_HTTPD_HEADER_MAX);
+  evhttp_set_allowed_methods (s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_DELETE
+                                           | EVHTTP_REQ_PUT | EVHTTP_REQ_HEAD);
+  evhttp_set_timeout (s->http, 3600);
+  if (evhttp_accept_socket_with_handle (s->http, fd) == NULL)
+    return wr_error (err, 0, WR_E_INTERNAL, "cannot serve %s", listen_spec);
+  fd = -1; /* evhttp owns it */
+  wrd_log (WRD_LOG_INFO, "E2B API on %s:%ld", host, port);
+  return 0;
+}
+
+void
+wrd_compat_e2b_stop (struct wrd *d WR_UNUSED)
+{
+  struct e2b *s = g_e2b;
+  if (s == NULL)
+    return;
+  while (s->procs)
+    {
+      struct e2b_proc *p = s->procs;
+      struct sandbox *sb = find_e2b (s, p->sbid);
+      if (sb && sb->conn == p->conn)
+        agent_cancel (p->conn, p->sid);
+      proc_free (s, p);
+    }
+  if (s->http)
+    evhttp_free (s->http);
+  free (s);
+  g_e2b = NULL;
+}
