@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Build a language image's layer: the files Debian's packages for LANG add
+# to the default image's root file system (scripts/mk-debian-rootfs.sh), as
+# a tarball cached under /var/cache/warren/. `warren image defaults --lang`
+# stacks it on base:bookworm as lang-LANG:bookworm, so every language image
+# shares the base layer (docs/images.md, "Language images").
+#
+#   scripts/mk-lang-rootfs.sh LANG            -> prints the layer tarball's path
+#   scripts/mk-lang-rootfs.sh --packages LANG -> prints LANG's extra packages
+#                                                (empty: LANG is in the base)
+#   scripts/mk-lang-rootfs.sh --list          -> the known languages
+#
+# How: debootstrap base + LANG's packages (mk-debian-rootfs.sh with
+# WARREN_DEBIAN_PACKAGES, cached by package set), then keep what differs from
+# the base tarball (scripts/mk-layer-diff.py); the full tarball is removed.
+# Environment: as mk-debian-rootfs.sh (WARREN_CACHE_DIR, WARREN_DEBIAN_MIRROR).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+
+# SandboxFusion's languages (sandbox/runners) and the Debian bookworm
+# packages that run them. python, bash, c, cpp (and pytest via python3) are
+# in base:bookworm; julia, swift and lean have no bookworm package.
+packages() {
+  case "$1" in
+    python | bash | c | cpp) echo "" ;;
+    go | go_test) echo "golang-go" ;;
+    java | junit) echo "default-jdk-headless" ;;
+    nodejs | jest) echo "nodejs" ;;
+    typescript) echo "nodejs,node-typescript" ;;
+    rust) echo "rustc,cargo" ;;
+    php) echo "php-cli" ;;
+    ruby) echo "ruby" ;;
+    lua) echo "lua5.4" ;;
+    perl) echo "perl" ;;
+    r) echo "r-base-core" ;;
+    csharp) echo "mono-mcs" ;;
+    scala) echo "scala" ;;
+    kotlin) echo "kotlin" ;;
+    d) echo "ldc" ;;
+    racket) echo "racket" ;;
+    verilog) echo "iverilog" ;;
+    *) return 1 ;;
+  esac
+}
+LANGS="python bash c cpp go go_test java junit nodejs jest typescript rust php ruby lua perl r csharp scala kotlin d racket verilog"
+
+case "${1:-}" in
+  --list) echo "$LANGS"; exit 0 ;;
+  --packages)
+    packages "${2:-}" || { echo "mk-lang-rootfs: unknown language '${2:-}' (known: $LANGS)" >&2; exit 2; }
+    exit 0 ;;
+  "" | -*) echo "usage: mk-lang-rootfs.sh LANG | --packages LANG | --list" >&2; exit 2 ;;
+esac
+lang=$1
+pkgs=$(packages "$lang") || { echo "mk-lang-rootfs: unknown language '$lang' (known: $LANGS)" >&2; exit 2; }
+[ -n "$pkgs" ] || { echo "mk-lang-rootfs: $lang is in the base image" >&2; exit 2; }
+
+base=$(bash "$here/mk-debian-rootfs.sh")
+CACHE=${WARREN_CACHE_DIR:-/var/cache/warren}
+# the base tarball's name carries its own key: a new base means a new layer
+KEY=$(printf '%s\n' "$(basename "$base")" "$pkgs" | sha256sum | cut -c1-12)
+CACHED="$CACHE/lang-$lang-bookworm-$KEY.tar.zst"
+if [ -s "$CACHED" ]; then
+  echo "$CACHED"
+  exit 0
+fi
+extra="${WARREN_DEBIAN_PACKAGES:+$WARREN_DEBIAN_PACKAGES,}$pkgs"
+full=$(WARREN_DEBIAN_PACKAGES=$extra bash "$here/mk-debian-rootfs.sh")
+echo "mk-lang-rootfs: $lang layer: $(basename "$full") minus $(basename "$base")" >&2
+python3 "$here/mk-layer-diff.py" "$base" "$full" "$CACHED.tmp"
+mv "$CACHED.tmp" "$CACHED"
+rm -f "$full" # an intermediate: the layer is what is kept
+echo "$CACHED"
