@@ -88,6 +88,8 @@ int cmd_diff (cli_t *cli, int argc, char **argv);
 int cmd_image (cli_t *cli, int argc, char **argv);
 /* image tag | pull | build | gc (cmd_image2.c); -1 when sub is not one of them */
 int cli_image_more (cli_t *cli, const char *sub, int argc, char **argv);
+/* warren image defaults (cmd_defaults.c) */
+int cli_image_defaults (cli_t *cli, int argc, char **argv);
 int cmd_pool (cli_t *cli, int argc, char **argv);
 int cmd_health (cli_t *cli, int argc, char **argv);
 int cmd_metrics (cli_t *cli, int argc, char **argv);

@@ -360,6 +360,8 @@ cli_image_more (cli_t *cli, const char *sub, int argc, char **argv)
     return image_build (cli, argc, argv);
   if (strcmp (sub, "gc") == 0)
     return image_gc (cli, argc, argv);
+  if (strcmp (sub, "defaults") == 0)
+    return cli_image_defaults (cli, argc, argv);
   if (strcmp (sub, "import") == 0 && import_here (cli, argc, argv))
     return image_import_progress (cli, argc, argv);
   return -1;

@@ -73,7 +73,14 @@ static const struct help helps[] = {
   { "image",
     "Usage: warren image import NAME[:TAG] PATH | ls [--json] | inspect REF | rm REF...\n"
     "       warren image tag SRC DST | pull REF [NAME] | build NAME[:TAG] -f SPEC [--context DIR]"
-    " | gc\n" },
+    " | gc\n"
+    "       warren image defaults [--lang LIST]\n" },
+  { "image defaults",
+    "Usage: warren image defaults [--lang LIST] [--list] [--quiet]\n"
+    "Build (cached, from Debian packages) and import base:bookworm and, for each language\n"
+    "of LIST (comma-separated, e.g. go,java,nodejs,rust), lang-LANG:bookworm: the base plus\n"
+    "that toolchain's layer. python, bash, c and cpp are in the base. A second run imports\n"
+    "nothing. --list: the known languages.\n" },
   { "image tag",
     "Usage: warren image tag SRC DST [--json]\nPoint DST (NAME[:TAG]) at SRC's manifest.\n" },
   { "image pull",
@@ -142,7 +149,7 @@ static const char main_usage[]
       "\n"
       "Sandboxes:  create, ls, inspect, rm, exec, run, cp, pause, resume, pack\n"
       "Functions:  call\n"
-      "Images:     image import | ls | inspect | rm | tag | pull | build | gc\n"
+      "Images:     image import | ls | inspect | rm | tag | pull | build | gc | defaults\n"
       "Node:       pool ls | set, health, metrics, bench\n"
       "RL:         log, replay\n"
       "Cluster:    node ls | drain | undrain, project create (through a gateway)\n"
