@@ -195,6 +195,25 @@ void gw_quota_release_all (struct gw *g);
 /* A create that took a slot ended: made (the slot is now the sandbox's) or not (credited back). */
 void gw_quota_done (struct gw *g, struct gw_project *p, long long memory_mb, bool made);
 
+/* idem.c: idempotency keys (blocking: worker threads) */
+enum gw_idem_result
+{
+  GW_IDEM_CLAIMED, /* ours: create on node */
+  GW_IDEM_ORPHAN,  /* ours, but an attempt whose gateway died went to node: look there first */
+  GW_IDEM_TAKEN,   /* another attempt is live or done: its node (and id when done) */
+};
+struct gw_idem
+{
+  char key[129];
+  char node[WR_NODE_NAME_MAX + 1]; /* in: the placement; out: the node to create on or ask */
+  char id[65];                     /* out (TAKEN): the sandbox a finished attempt made */
+  enum gw_idem_result result;
+};
+/* Claim c->key for a create placed on c->node, under this gateway's session lease. */
+int gw_idem_claim (struct gw *g, struct gw_idem *c, wr_err_t *err);
+/* The create's outcome: id made on node (kept under the retention lease), or NULL (released). */
+void gw_idem_settle (struct gw *g, const char *key, const char *node, const char *id);
+
 /* reconcile.c */
 /* The session lease (granted on first use); 0 and err when etcd does not answer. */
 int64_t gw_session (struct gw *g, wr_err_t *err);

@@ -109,7 +109,9 @@ struct create_req
   struct gw_project *proj;
   struct gw_node *failed;
   int attempts;
-  char idem[129]; /* idempotency key, "" when none */
+  char idem[129];         /* idempotency key, "" when none */
+  bool claimed;           /* the key is ours in etcd: its outcome must be settled */
+  struct gw_node *placed; /* the node picked before the claim */
 };
 
 static void
@@ -123,27 +125,26 @@ create_free (struct create_req *c)
 static void create_place (struct create_req *c);
 static void create_start (struct create_req *c);
 
-/* ---- idempotency keys: a retried create (another gateway, a timeout) never
- * makes two sandboxes. The first create with a key claims
- * /warren/idem/KEY in etcd (create-if-absent) and labels its sandbox
- * warren.idem=KEY; a later one finds the sandbox by that label. Keys live
- * one to two hours (a lease renewed hourly). Only creates that carry a key
- * pay this etcd round trip. ---- */
+/* ---- idempotency keys: a retried create (another gateway, a timeout, a
+ * gateway killed mid-create) never makes two sandboxes. The create is
+ * placed first, then the key is claimed in etcd with the node it goes to
+ * (idem.c: under this gateway's session lease until the outcome is known),
+ * and the sandbox is labelled warren.idem=KEY. A create that finds the key
+ * taken answers with the first attempt's sandbox, found on its node, or 409
+ * while that attempt is in flight; one whose first attempt lost its gateway
+ * looks on that attempt's node and otherwise creates there. Only creates
+ * that carry a key pay the etcd round trip. ---- */
 
 #define LABEL_IDEM "warren.idem"
-#define KEY_IDEM "/warren-idem/"
-
-static pthread_mutex_t idem_mu = PTHREAD_MUTEX_INITIALIZER;
-static int64_t idem_lease;
-static uint64_t idem_lease_ms;
 
 struct claim
 {
   struct gw *g;
   struct create_req *c;
-  char key[129];
-  int result; /* 1 claimed, 0 taken, < 0 etcd failed */
-  bool forget;
+  struct gw_idem idem;
+  int r;
+  char *settle_id; /* settle: the sandbox made, NULL when the create failed */
+  bool settle;
   struct event *done;
 };
 
@@ -151,44 +152,38 @@ static void *
 claim_main (void *arg)
 {
   struct claim *cl = arg;
-  char k[160];
-  snprintf (k, sizeof k, "%s%s", KEY_IDEM, cl->key);
-  if (cl->forget)
+  if (cl->settle)
     {
-      wr_etcd_delete (cl->g->etcd, k, NULL);
+      gw_idem_settle (cl->g, cl->idem.key, cl->idem.node, cl->settle_id);
+      free (cl->settle_id);
       free (cl);
       return NULL;
     }
-  pthread_mutex_lock (&idem_mu);
-  if (idem_lease == 0 || wr_now_ms () - idem_lease_ms > 3600 * 1000)
-    {
-      int64_t id = 0;
-      if (wr_etcd_lease_grant (cl->g->etcd, 7200, &id, NULL) == 0)
-        {
-          idem_lease = id;
-          idem_lease_ms = wr_now_ms ();
-        }
-    }
-  int64_t lease = idem_lease;
-  pthread_mutex_unlock (&idem_mu);
-  cl->result = lease ? wr_etcd_cas (cl->g->etcd, k, 0, "{}", lease, NULL) : -1;
-  cl->g->m.idem_claims++;
+  wr_err_t err;
+  cl->r = gw_idem_claim (cl->g, &cl->idem, &err);
   event_active (cl->done, EV_TIMEOUT, 0);
   return NULL;
 }
 
+/* Record the outcome of a claimed create, off the loop. */
 static void
-idem_forget (struct gw *g, const char *key)
+idem_settle (struct gw *g, struct create_req *c, const char *id)
 {
   struct claim *cl = calloc (1, sizeof *cl);
   pthread_t t;
   if (cl == NULL)
     return;
   cl->g = g;
-  cl->forget = true;
-  snprintf (cl->key, sizeof cl->key, "%s", key);
+  cl->settle = true;
+  cl->settle_id = id ? strdup (id) : NULL;
+  snprintf (cl->idem.key, sizeof cl->idem.key, "%s", c->idem);
+  snprintf (cl->idem.node, sizeof cl->idem.node, "%s",
+            json_string_value (json_object_get (c->body, "__node")) ?: "");
   if (pthread_create (&t, NULL, claim_main, cl) != 0)
-    free (cl);
+    {
+      free (cl->settle_id);
+      free (cl);
+    }
   else
     pthread_detach (t);
 }
@@ -196,34 +191,48 @@ idem_forget (struct gw *g, const char *key)
 struct idem_find
 {
   struct create_req *c;
-  size_t pending;
+  struct gw_node *node; /* ORPHAN: create here when nothing is found */
   json_t *found;
 };
 
+static void create_send (struct create_req *c, struct gw_node *n);
+
 static void
-idem_found_part (struct gw *g, struct evhttp_request *req, int status, struct evbuffer *body,
-                 void *ud)
+idem_found (struct gw *g, struct evhttp_request *req, int status, struct evbuffer *body, void *ud)
 {
   struct idem_find *f = ud;
-  size_t n = status == 200 && body ? evbuffer_get_length (body) : 0;
-  json_t *l = n ? json_loadb ((const char *)evbuffer_pullup (body, -1), n, 0, NULL) : NULL;
+  struct create_req *c = f->c;
+  json_t *l = status == 200 ? body_json (body) : NULL;
+  if (json_object_get (l, "id"))
+    f->found = json_incref (l); /* GET /v1/sandboxes/ID */
   size_t i;
   json_t *s;
   json_array_foreach (json_object_get (l, "sandboxes"), i, s)
   {
     const char *k = json_string_value (json_object_get (json_object_get (s, "labels"), LABEL_IDEM));
-    if (k && strcmp (k, f->c->idem) == 0 && f->found == NULL)
+    if (k && strcmp (k, c->idem) == 0 && f->found == NULL)
       f->found = json_incref (s);
   }
   json_decref (l);
-  if (--f->pending)
-    return;
+  if (f->found == NULL && f->node)
+    {
+      /* the earlier attempt made nothing there yet: this one takes its place */
+      create_send (c, f->node);
+      free (f);
+      return;
+    }
+  if (c->proj)
+    gw_quota_done (g, c->proj, c->mem, false);
   if (f->found)
-    gw_reply_json (req, 200, f->found); /* the sandbox the first create made */
+    {
+      if (f->node)
+        idem_settle (g, c, json_string_value (json_object_get (f->found, "id")));
+      gw_reply_json (req, 200, f->found); /* the sandbox the first create made */
+    }
   else
     gw_reply_error (req, 409, WR_E_CONFLICT,
-                    "a create with idempotency key %s is still in progress; retry", f->c->idem);
-  create_free (f->c);
+                    "a create with idempotency key %s is still in progress; retry", c->idem);
+  create_free (c);
   free (f);
 }
 
@@ -233,44 +242,65 @@ claim_done (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
   struct claim *cl = arg;
   struct gw *g = cl->g;
   struct create_req *c = cl->c;
-  int result = cl->result;
+  struct gw_idem idem = cl->idem;
+  int r = cl->r;
   event_free (cl->done);
   free (cl);
-  if (result < 0)
+  pthread_mutex_lock (&g->mu);
+  struct gw_node *n = gw_node_find (g, idem.node);
+  bool present = n && n->present && n->port;
+  pthread_mutex_unlock (&g->mu);
+  if (r < 0)
     {
+      if (c->proj)
+        gw_quota_done (g, c->proj, c->mem, false);
       gw_reply_error (c->req, 503, "control_plane_unavailable",
                       "cannot record idempotency key %s in etcd", c->idem);
       create_free (c);
       return;
     }
-  if (result == 1)
+  if (idem.result == GW_IDEM_CLAIMED)
     {
-      create_start (c);
+      c->claimed = true;
+      create_send (c, c->placed);
       return;
     }
-  /* taken: the sandbox of the first create, wherever it is */
-  struct gw_node *targets[GW_MAX_NODES];
-  size_t n = gw_present_nodes (g, targets);
   struct idem_find *f = calloc (1, sizeof *f);
   if (f == NULL)
     {
-      create_free (c);
+      if (c->proj)
+        gw_quota_done (g, c->proj, c->mem, false);
       gw_reply_error (c->req, 500, WR_E_INTERNAL, "out of memory");
+      create_free (c);
       return;
     }
   f->c = c;
-  f->pending = n;
-  if (n == 0)
+  if (idem.result == GW_IDEM_ORPHAN)
     {
-      f->pending = 1;
-      idem_found_part (g, c->req, 0, NULL, f);
+      c->claimed = true;
+      if (!present)
+        {
+          /* the earlier attempt's node is gone, and its sandbox with it */
+          free (f);
+          create_send (c, c->placed);
+          return;
+        }
+      f->node = n; /* look there first, create there otherwise */
+    }
+  if (!present)
+    {
+      idem_found (g, c->req, 0, NULL, f);
       return;
     }
-  for (size_t i = 0; i < n; i++)
-    gw_forward (g, targets[i], c->req, EVHTTP_REQ_GET, "/v1/sandboxes", evbuffer_new (),
-                idem_found_part, f);
+  char uri[128];
+  if (idem.id[0])
+    snprintf (uri, sizeof uri, "/v1/sandboxes/%s", idem.id);
+  else
+    snprintf (uri, sizeof uri, "/v1/sandboxes");
+  gw_forward (g, n, c->req, EVHTTP_REQ_GET, uri, evbuffer_new (), idem_found, f);
 }
 
+/* Claim the key for a create placed on c->placed, off the loop. */
 static void
 idem_claim (struct gw *g, struct create_req *c)
 {
@@ -278,17 +308,20 @@ idem_claim (struct gw *g, struct create_req *c)
   pthread_t t;
   if (cl == NULL)
     {
+      if (c->proj)
+        gw_quota_done (g, c->proj, c->mem, false);
       gw_reply_error (c->req, 500, WR_E_INTERNAL, "out of memory");
       create_free (c);
       return;
     }
   cl->g = g;
   cl->c = c;
-  snprintf (cl->key, sizeof cl->key, "%s", c->idem);
+  snprintf (cl->idem.key, sizeof cl->idem.key, "%s", c->idem);
+  snprintf (cl->idem.node, sizeof cl->idem.node, "%s", c->placed->name);
   cl->done = event_new (g->base, -1, 0, claim_done, cl);
   if (pthread_create (&t, NULL, claim_main, cl) != 0)
     {
-      cl->result = -1;
+      cl->r = -1;
       event_active (cl->done, EV_TIMEOUT, 0);
       return;
     }
@@ -320,13 +353,31 @@ create_answered (struct gw *g, struct evhttp_request *req, int status, struct ev
     g->m.create_failures++;
   if (c->proj)
     gw_quota_done (g, c->proj, c->mem, status == 201);
-  if (status != 201 && c->idem[0])
-    idem_forget (g, c->idem);
+  if (c->claimed)
+    {
+      json_t *j = status == 201 ? body_json (body) : NULL;
+      idem_settle (g, c, json_string_value (json_object_get (j, "id")));
+      json_decref (j);
+    }
   if (status == 0)
     gw_reply_error (req, 503, "unavailable", "no node answered the create");
   else
     reply_buffer (req, status, body);
   create_free (c);
+}
+
+static void
+create_send (struct create_req *c, struct gw_node *n)
+{
+  json_object_set_new (c->body, "__node", json_string (n->name));
+  json_t *send = json_copy (c->body);
+  json_object_del (send, "__node");
+  char *text = json_dumps (send, JSON_COMPACT);
+  json_decref (send);
+  struct evbuffer *b = evbuffer_new ();
+  evbuffer_add (b, text, strlen (text));
+  free (text);
+  gw_forward (c->g, n, c->req, EVHTTP_REQ_POST, "/v1/sandboxes", b, create_answered, c);
 }
 
 static void
@@ -343,8 +394,8 @@ create_place (struct create_req *c)
     {
       if (c->proj)
         gw_quota_done (g, c->proj, c->mem, false);
-      if (c->idem[0])
-        idem_forget (g, c->idem);
+      if (c->claimed)
+        idem_settle (g, c, NULL);
       pthread_mutex_lock (&g->mu);
       bool synced = g->synced;
       pthread_mutex_unlock (&g->mu);
@@ -358,15 +409,13 @@ create_place (struct create_req *c)
       create_free (c);
       return;
     }
-  json_object_set_new (c->body, "__node", json_string (n->name));
-  json_t *send = json_copy (c->body);
-  json_object_del (send, "__node");
-  char *text = json_dumps (send, JSON_COMPACT);
-  json_decref (send);
-  struct evbuffer *b = evbuffer_new ();
-  evbuffer_add (b, text, strlen (text));
-  free (text);
-  gw_forward (g, n, c->req, EVHTTP_REQ_POST, "/v1/sandboxes", b, create_answered, c);
+  if (c->idem[0] && !c->claimed)
+    {
+      c->placed = n;
+      idem_claim (g, c); /* then create_send */
+      return;
+    }
+  create_send (c, n);
 }
 
 static void
@@ -375,8 +424,6 @@ create_quota (struct gw *g, bool ok, const char *why, void *ud)
   struct create_req *c = ud;
   if (!ok)
     {
-      if (c->idem[0])
-        idem_forget (g, c->idem);
       bool cp = why && strstr (why, "control plane unavailable");
       gw_reply_error (c->req, cp ? 503 : 429, cp ? "control_plane_unavailable" : WR_E_EXHAUSTED,
                       "%s", why ? why : "quota exhausted");
@@ -501,8 +548,6 @@ handle_create (struct gw *g, struct evhttp_request *req, struct gw_project *proj
       snprintf (c->idem, sizeof c->idem, "%s", key);
       json_object_del (body, "idempotency_key"); /* frees key */
       set_label (body, LABEL_IDEM, c->idem);     /* key died with the field */
-      idem_claim (g, c);
-      return;
     }
   create_start (c);
 }

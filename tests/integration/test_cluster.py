@@ -484,6 +484,81 @@ def test_idempotency_key_never_makes_two(cluster):
         g1.api.raw("DELETE", f"/v1/sandboxes/{first['id']}")
 
 
+def test_killed_gateways_idempotency_claim_expires(cluster):
+    """kill -9 of a gateway after it claimed an idempotency key and before
+    the node answered: the claim was under the gateway's session lease, so it
+    expires within seconds (not hours of 409), and a retry through another
+    gateway gets one sandbox on the node the first attempt went to (the first
+    attempt's own if the node made it after the gateway died)."""
+    all_ready(cluster)
+    g1, g2 = cluster["gws"]
+    etcd = cluster["etcd"]
+    node = cluster["nodes"]["node-a"]
+    key = f"k-orphan-{os.getpid()}"
+    body = {"memory_mb": 64, "idempotency_key": key, "node_labels": {"zone": "a"}}
+    gc = Gateway(etcd.urls, cluster["tokdir"])
+    first = []
+
+    def first_attempt():
+        try:
+            first.append(gc.api.raw("POST", "/v1/sandboxes", body, timeout=60))
+        except (OSError, http.client.HTTPException) as e:
+            first.append(e)  # the gateway died under it
+
+    made = None
+    os.kill(node.proc.pid, signal.SIGSTOP)  # the create waits on the node
+    stopped = True
+    try:
+        t = threading.Thread(target=first_attempt)
+        t.start()
+        wait_for("the key claimed by the third gateway",
+                 lambda: (etcd.get("/warren-idem/" + key)[0] or {}).get("node") == "node-a")
+        claim = etcd.get("/warren-idem/" + key)[0]
+        assert "gw" in claim and "id" not in claim, claim
+        gc.proc.kill()
+        gc.proc.wait()
+        os.kill(node.proc.pid, signal.SIGCONT)
+        stopped = False
+        t.join(60)
+        assert first and not isinstance(first[0], tuple), first  # never answered
+
+        answers = []
+
+        def retry():
+            st, j = g1.api.raw("POST", "/v1/sandboxes", body)
+            answers.append(st)
+            assert st in (200, 201, 409), (st, j)
+            if st == 409:
+                return False
+            first[:] = [j]
+            return True
+        # before the change the claim lived two hours: every retry got 409
+        wait_for("a retry through a live gateway succeeds", retry, timeout=60, interval=0.5)
+        made = first[0]["id"]
+        assert node_of(made) == "node-a", first
+        st, lst = g2.api.raw("GET", "/v1/sandboxes")
+        ours = [x["id"] for x in lst["sandboxes"] if x["labels"].get("warren.idem") == key]
+        assert ours == [made], (ours, answers)
+
+        def settled():
+            # every retry answers the one sandbox; once the dead gateway's
+            # claim is gone, one of them records it under the retention lease
+            st, j = g2.api.raw("POST", "/v1/sandboxes", body)
+            assert st == 200 and j["id"] == made, (st, j)
+            return (etcd.get("/warren-idem/" + key)[0] or {}).get("id") == made
+        wait_for("the claim settled with the sandbox", settled, timeout=60, interval=0.5)
+    finally:
+        if stopped:
+            os.kill(node.proc.pid, signal.SIGCONT)
+        if gc.proc.poll() is None:
+            gc.proc.kill()
+            gc.proc.wait()
+        st, lst = g1.api.raw("GET", "/v1/sandboxes")
+        for x in lst["sandboxes"]:
+            if x["labels"].get("warren.idem") == key:
+                g1.api.raw("DELETE", f"/v1/sandboxes/{x['id']}")
+
+
 def test_calls_through_gateway(cluster):
     g1, g2 = cluster["gws"]
     for g in (g1, g2):
