@@ -22,13 +22,11 @@ if ! "$BIN/warren" image inspect busybox:latest >/dev/null 2>&1; then
   "$BIN/warren" image import busybox:latest "$tmp/rootfs"
   rm -rf "$tmp"
 fi
-if ! "$BIN/warren" image inspect base:bookworm >/dev/null 2>&1; then
-  echo "quickstart: building the default image base:bookworm (debootstrap; ~1 minute the first time, cached after)"
-  if tarball=$(bash scripts/mk-debian-rootfs.sh); then
-    "$BIN/warren" image import base:bookworm "$tarball"
-  else
-    echo "quickstart: debootstrap failed; continuing with busybox:latest only" >&2
-  fi
+# the default image base:bookworm: built with debootstrap (~1 minute the first
+# time, cached under /var/cache/warren) and imported; a second run does nothing.
+# Language images: `warren image defaults --lang go,java,nodejs,rust`.
+if ! "$BIN/warren" image defaults; then
+  echo "quickstart: warren image defaults failed; continuing with busybox:latest only" >&2
 fi
 
 echo "== demo: three sandboxes, commands, files =="
