@@ -140,8 +140,10 @@ struct image_job
 {
   struct wrd *d;
   struct wrd_stream *st;
-  bool pull, insecure;
+  bool pull, push, insecure;
   char ref[640];
+  char target[640]; /* push */
+  json_t *pushed;
   char name[256];
   char path[4096];
   int upload_fd; /* an upload being consumed (path is /proc/self/fd/N), or -1 */
@@ -154,7 +156,10 @@ static void
 image_work (void *arg)
 {
   struct image_job *j = arg;
-  if (j->pull)
+  if (j->push)
+    j->r = wr_image_push (j->d->store, j->ref, j->target, j->insecure, wrd_stream_progress, j->st,
+                          &j->pushed, &j->err);
+  else if (j->pull)
     j->r = wr_image_pull (j->d->store, j->ref, j->name[0] ? j->name : NULL, j->insecure,
                           wrd_stream_progress, j->st, &j->img, &j->err);
   else if ((j->r = wr_vm_disk_sniff (j->path, (char[8]){ 0 }, &j->err)) == 0)
@@ -168,7 +173,8 @@ static void
 image_done (void *arg)
 {
   struct image_job *j = arg;
-  wrd_stream_finish (j->st, j->r, &j->err, j->r == 0 ? wrd_image_json (j->img) : NULL, 201);
+  json_t *result = j->push ? j->pushed : j->r == 0 ? wrd_image_json (j->img) : NULL;
+  wrd_stream_finish (j->st, j->r, &j->err, j->r == 0 ? result : NULL, j->push ? 200 : 201);
   wr_image_free (j->img);
   if (j->upload_fd >= 0)
     close (j->upload_fd);
@@ -278,6 +284,37 @@ handle_pull (struct wrd *d, struct evhttp_request *req, json_t *body)
   start_job (d, req, j, stream);
 }
 
+/* POST /v1/images/push {"ref","target","insecure"?,"stream"?} */
+static void
+handle_push (struct wrd *d, struct evhttp_request *req, json_t *body)
+{
+  const char *ref = json_string_value (json_object_get (body, "ref"));
+  const char *target = json_string_value (json_object_get (body, "target"));
+  json_t *iv = json_object_get (body, "insecure");
+  bool stream;
+  if (ref == NULL || target == NULL || strlen (ref) >= 600 || strlen (target) >= 600
+      || (iv && !json_is_boolean (iv)) || !stream_flag (body, &stream))
+    {
+      wrd_reply_error_code (req, WR_E_INVALID,
+                            "fields \"ref\" (a stored image) and \"target\" "
+                            "(HOST[:PORT]/REPO[:TAG]) are required; \"insecure\" and \"stream\" "
+                            "are booleans");
+      return;
+    }
+  struct image_job *j = calloc (1, sizeof *j);
+  if (j == NULL)
+    {
+      wrd_reply_error_code (req, WR_E_INTERNAL, "out of memory");
+      return;
+    }
+  j->push = true;
+  j->upload_fd = -1;
+  j->insecure = json_is_true (iv);
+  snprintf (j->ref, sizeof j->ref, "%s", ref);
+  snprintf (j->target, sizeof j->target, "%s", target);
+  start_job (d, req, j, stream);
+}
+
 void
 wrd_http_images (struct wrd *d, struct evhttp_request *req, const char *rest,
                  struct evkeyvalq *q WR_UNUSED)
@@ -294,7 +331,8 @@ wrd_http_images (struct wrd *d, struct evhttp_request *req, const char *rest,
       return;
     }
   if (rest && m == EVHTTP_REQ_POST
-      && (strcmp (rest, "import") == 0 || strcmp (rest, "pull") == 0 || strcmp (rest, "gc") == 0))
+      && (strcmp (rest, "import") == 0 || strcmp (rest, "pull") == 0 || strcmp (rest, "push") == 0
+          || strcmp (rest, "gc") == 0))
     {
       json_t *body;
       if (wrd_read_json_body (req, strcmp (rest, "gc") != 0, &body, &err) < 0)
@@ -306,6 +344,8 @@ wrd_http_images (struct wrd *d, struct evhttp_request *req, const char *rest,
         handle_import (d, req, body);
       else if (strcmp (rest, "pull") == 0)
         handle_pull (d, req, body);
+      else if (strcmp (rest, "push") == 0)
+        handle_push (d, req, body);
       else
         {
           json_t *before = NULL, *after = NULL;

@@ -37,6 +37,9 @@
 
 #define MAX_MANIFEST (4u << 20)
 #define PULL_THREADS 4
+/* a Warren layer as pushed: the store's EROFS file (docs/images.md, Push) */
+#define WARREN_EROFS_TYPE "application/vnd.warren.layer.v1.erofs"
+#define OCI_MANIFEST_TYPE "application/vnd.oci.image.manifest.v1+json"
 
 static const char accept_manifests[]
     = "application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json, "
@@ -898,6 +901,7 @@ struct fetch_meta
   {
     char digest[72];
     int64_t size;
+    uint8_t erofs; /* a Warren EROFS layer, else an OCI tar */
   } layers[WR_MAX_LAYERS];
 };
 
@@ -917,6 +921,14 @@ struct fetch_note
 
 struct fetcher
 {
+  /* push (wr_image_push): the blobs, layers at fds then the config, and
+   * the manifest; the fds are the fetcher's own (4, 5, ...) once forked */
+  bool push;
+  size_t n_push;
+  int push_fds[WR_MAX_LAYERS];
+  char push_digests[WR_MAX_LAYERS + 1][72];
+  int64_t push_sizes[WR_MAX_LAYERS + 1];
+  const char *push_config, *push_manifest;
   struct rref r;
   struct rref mirror; /* tried first when mirror.host is set (--registry-mirror) */
   struct rauth auth, mirror_auth;
@@ -1031,6 +1043,8 @@ fetch_meta (struct fetcher *f, struct fetch_meta *ret, wr_err_t *err)
         return wr_error (err, 0, WR_E_INVALID, "layer %zu has no size in the manifest", i + 1);
       snprintf (ret->layers[i].digest, sizeof ret->layers[i].digest, "%s", dg);
       ret->layers[i].size = json_integer_value (szv);
+      const char *lmt = json_string_value (json_object_get (l, "mediaType"));
+      ret->layers[i].erofs = lmt && strcmp (lmt, WARREN_EROFS_TYPE) == 0;
     }
 
   /* the config, to a file the daemon reads (and hashes) itself */
@@ -1143,11 +1157,111 @@ pull_worker (void *arg)
     }
 }
 
+/* push: what the fetcher reports at the end */
+struct push_note
+{
+  uint32_t done;
+  uint32_t uploaded, skipped;
+  uint64_t bytes;
+  struct fetch_status st;
+};
+
+/* fetcher: one blob to the registry unless it has it (HEAD), with the
+ * monolithic upload: POST .../blobs/uploads/ then PUT LOCATION?digest= */
+static int
+push_blob (struct fetcher *f, size_t i, bool *ret_skipped, wr_err_t *err)
+{
+  const struct rref *r = &f->r;
+  const char *digest = f->push_digests[i];
+  bool is_config = i == f->n_push;
+  char path[1024], what[64];
+  snprintf (what, sizeof what, is_config ? "the config" : "layer %zu", i + 1);
+  snprintf (path, sizeof path, "/v2/%s/blobs/%s", r->repo, digest);
+  struct resp rp;
+  struct hreq head = { .method = "HEAD", .body_fd = -1 };
+  int e = http_do (r, path, &head, NULL, &rp, err);
+  if (e < 0)
+    return wr_error_wrap (err, "%s", what);
+  *ret_skipped = rp.status == 200;
+  if (rp.status == 200)
+    return 0;
+  if (rp.status == 401 || rp.status == 403)
+    return http_status_error (r, &rp, what, err);
+  snprintf (path, sizeof path, "/v2/%s/blobs/uploads/", r->repo);
+  struct hreq post = { .method = "POST", .body_fd = -1 };
+  e = http_do (r, path, &post, NULL, &rp, err);
+  if (e < 0)
+    return wr_error_wrap (err, "%s", what);
+  if (rp.status != 202 || rp.location[0] == '\0')
+    return http_status_error (r, &rp, "a blob upload", err);
+  char url[4096];
+  snprintf (url, sizeof url, "%s%sdigest=%s", rp.location, strchr (rp.location, '?') ? "&" : "?",
+            digest);
+  struct hreq put = { .method = "PUT", .ctype = "application/octet-stream", .body_fd = -1 };
+  if (is_config)
+    put.body = f->push_config;
+  else
+    {
+      put.body_fd = f->push_fds[i];
+      put.body_len = (uint64_t)f->push_sizes[i];
+    }
+  e = http_do (r, url, &put, NULL, &rp, err);
+  if (e < 0)
+    return wr_error_wrap (err, "%s", what);
+  if (rp.status != 201)
+    return http_status_error (r, &rp, what, err);
+  return 0;
+}
+
+/* fetcher: the blobs, then the manifest under the tag */
+static void
+push_main (struct fetcher *f)
+{
+  struct push_note note = { .done = 1 };
+  wr_err_t err = { 0 };
+  int e = 0;
+  for (size_t i = 0; i <= f->n_push && e == 0; i++)
+    {
+      bool skipped = false;
+      e = push_blob (f, i, &skipped, &err);
+      if (e == 0 && skipped)
+        note.skipped++;
+      else if (e == 0)
+        {
+          note.uploaded++;
+          note.bytes += (uint64_t)f->push_sizes[i];
+        }
+      struct push_note tick
+          = { .uploaded = note.uploaded, .skipped = note.skipped, .bytes = note.bytes };
+      if (e == 0)
+        send_all (f->sock, &tick, sizeof tick);
+    }
+  if (e == 0)
+    {
+      char path[1024];
+      snprintf (path, sizeof path, "/v2/%s/manifests/%s", f->r.repo, f->r.tag);
+      struct hreq put = {
+        .method = "PUT", .ctype = OCI_MANIFEST_TYPE, .body_fd = -1, .body = f->push_manifest
+      };
+      struct resp rp;
+      e = http_do (&f->r, path, &put, NULL, &rp, &err);
+      if (e == 0 && rp.status != 201)
+        e = http_status_error (&f->r, &rp, "the manifest", &err);
+    }
+  status_set (&note.st, e, &err);
+  send_all (f->sock, &note, sizeof note);
+}
+
 /* The fetcher's whole conversation with the daemon. */
 static void *
 fetcher_main (void *arg)
 {
   struct fetcher *f = arg;
+  if (f->push)
+    {
+      push_main (f);
+      return NULL;
+    }
   struct fetch_meta *meta = calloc (1, sizeof *meta);
   if (meta == NULL)
     return NULL;
@@ -1333,7 +1447,16 @@ fetcher_spawn (struct fetcher *f, int sock, const char *workdir, const char *jai
   if (devnull < 0 || dup2 (devnull, 0) < 0 || dup2 (devnull, 1) < 0 || dup2 (devnull, 2) < 0
       || dup2 (sock, 3) < 0)
     _exit (2);
-  close_range (4, ~0u, 0);
+  /* push: the layer files at 4, 5, ... (moved out of the way first) */
+  for (size_t i = 0; f->push && i < f->n_push; i++)
+    if ((f->push_fds[i] = fcntl (f->push_fds[i], F_DUPFD, 4 + WR_MAX_LAYERS)) < 0)
+      _exit (2);
+  for (size_t i = 0; f->push && i < f->n_push; i++)
+    if (dup2 (f->push_fds[i], 4 + (int)i) < 0)
+      _exit (2);
+    else
+      f->push_fds[i] = 4 + (int)i;
+  close_range (4 + (f->push ? (unsigned)f->n_push : 0), ~0u, 0);
   if (unshare (CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS) < 0)
     _exit (2);
   /* PID 1 of its own pid namespace: its /proc shows nothing else */
@@ -1503,6 +1626,43 @@ fetcher_died (struct pull_run *run, wr_err_t *err)
   return wr_error (err, 0, WR_E_INTERNAL, "the registry fetcher failed (status %d)", code);
 }
 
+/* daemon: is this EROFS layer (a Warren push) stored already? */
+static bool
+erofs_stored (struct wr_store *s, const char *digest)
+{
+  char path[PATH_MAX];
+  return wr_layer_file (s, digest, path, sizeof path, NULL) == 0 && access (path, F_OK) == 0;
+}
+
+/* daemon: an image of Warren EROFS layers: the blobs are the store's layer
+ * files (their digests were checked), the config's "warren" object is the
+ * store's config. */
+static int
+erofs_commit (struct wr_store *s, const char *target, json_t *config, const int *fds,
+              const char *const *blobs, size_t n, struct wr_image **ret, wr_err_t *err)
+{
+  struct wr_staged_layer *staged[WR_MAX_LAYERS] = { NULL };
+  struct wr_layer_ref refs[WR_MAX_LAYERS];
+  memset (refs, 0, sizeof refs);
+  int e = 0;
+  for (size_t i = 0; i < n && e == 0; i++)
+    {
+      refs[i].digest = blobs[i];
+      if (fds[i] < 0)
+        continue; /* stored: the commit re-checks it under the lock */
+      e = wr_layer_stage_erofs (s, fds[i], &staged[i], err);
+      if (e == 0 && strcmp (staged[i]->digest, blobs[i]) != 0)
+        e = wr_error (err, 0, WR_E_INVALID, "layer %zu changed while it was read", i + 1);
+      refs[i].staged = staged[i];
+    }
+  json_t *wc = json_object_get (config, "warren");
+  if (e == 0)
+    e = wr_image_commit (s, target, refs, n, json_is_object (wc) ? wc : NULL, ret, err);
+  for (size_t i = 0; i < n; i++)
+    wr_layer_stage_free (staged[i]);
+  return e;
+}
+
 static int
 pull_in (struct wr_store *s, struct pull_run *run, int wfd, const char *target,
          const struct wr_store_limits *lim, wr_progress_fn progress, void *ud,
@@ -1527,7 +1687,8 @@ pull_in (struct wr_store *s, struct pull_run *run, int wfd, const char *target,
   for (size_t i = 0; i < m->n; i++)
     {
       char have[72];
-      if (wr_blob_layer (s, m->layers[i].digest, have, NULL) == 1)
+      if (m->layers[i].erofs ? erofs_stored (s, m->layers[i].digest)
+                             : wr_blob_layer (s, m->layers[i].digest, have, NULL) == 1)
         continue;
       uint64_t sz = (uint64_t)m->layers[i].size;
       if (lim->layer_bytes && sz > lim->layer_bytes)
@@ -1582,8 +1743,16 @@ pull_in (struct wr_store *s, struct pull_run *run, int wfd, const char *target,
         fds[i] = take_blob (wfd, i, m->layers[i].digest, m->layers[i].size, err);
         e = fds[i] < 0 ? fds[i] : 0;
       }
-  if (e == 0)
+  size_t n_erofs = 0;
+  for (size_t i = 0; i < m->n; i++)
+    n_erofs += m->layers[i].erofs;
+  if (e == 0 && n_erofs == 0)
     e = wr_oci_commit (s, target, config, fds, blobs, m->n, progress, ud, ret, err);
+  else if (e == 0 && n_erofs != m->n)
+    e = wr_error (err, 0, WR_E_UNSUPPORTED,
+                  "the image mixes Warren EROFS layers with tar layers (docs/images.md, Push)");
+  else if (e == 0)
+    e = erofs_commit (s, target, config, fds, blobs, m->n, ret, err);
   for (size_t i = 0; i < m->n; i++)
     if (fds[i] >= 0)
       close (fds[i]);
@@ -1711,6 +1880,51 @@ registry_setup (struct fetcher *f, bool insecure, wr_err_t *err)
   return 0;
 }
 
+/* Start the fetcher for run (forked and confined; a thread when the store
+ * parses in process, for fuzzing) on the staging directory wfd. */
+static int
+run_start (struct wr_store *s, struct pull_run *run, int wfd, const char *workdir, char *jaildir,
+           size_t jsize, wr_err_t *err)
+{
+  struct wr_extract_limits xlim;
+  wr_store_extract_limits (s, false, &xlim);
+  uid_t uid = wr_unpack_uid_base ();
+  int sp[2] = { -1, -1 };
+  int e = 0;
+  if (wfd < 0)
+    e = wr_sys_error (err, "open %s", workdir);
+  else if (socketpair (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0)
+    e = wr_sys_error (err, "socketpair");
+  else if (xlim.in_process)
+    {
+      /* fuzzing: the same conversation with a thread of ours */
+      run->sock = sp[0];
+      run->f.sock = sp[1];
+      run->f.dirfd = fcntl (wfd, F_DUPFD_CLOEXEC, 3);
+      run->threaded = pthread_create (&run->thread, NULL, fetcher_main, &run->f) == 0;
+      if (!run->threaded)
+        e = wr_error (err, EAGAIN, WR_E_INTERNAL, "cannot start the registry fetcher");
+    }
+  else if (fchown (wfd, uid, uid) < 0)
+    e = wr_sys_error (err, "hand %s to the registry fetcher", workdir);
+  else if ((e = wr_store_tmpdir (s, "pulljail", jaildir, jsize, err)) == 0)
+    {
+      run->sock = sp[0];
+      run->pid = fetcher_spawn (&run->f, sp[1], workdir, jaildir, uid);
+      close (sp[1]);
+      if (run->pid < 0)
+        e = wr_sys_error (err, "fork the registry fetcher");
+    }
+  if (run->sock < 0)
+    {
+      if (sp[0] >= 0)
+        close (sp[0]);
+      if (sp[1] >= 0 && !xlim.in_process)
+        close (sp[1]);
+    }
+  return e;
+}
+
 int
 wr_image_pull (struct wr_store *s, const char *refstr, const char *name, bool insecure,
                wr_progress_fn progress, void *ud, struct wr_image **ret, wr_err_t *err)
@@ -1734,8 +1948,6 @@ wr_image_pull (struct wr_store *s, const char *refstr, const char *name, bool in
 
   struct wr_store_limits lim;
   wr_store_get_limits (s, &lim);
-  struct wr_extract_limits xlim;
-  wr_store_extract_limits (s, false, &xlim);
   r->private_ok = run.f.mirror.private_ok = lim.private_redirects;
   if (progress)
     progress (ud, "manifest", 0, 1);
@@ -1745,44 +1957,160 @@ wr_image_pull (struct wr_store *s, const char *refstr, const char *name, bool in
   if (e < 0)
     return e;
   _cleanup_close_ int wfd = open (workdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
-  uid_t uid = wr_unpack_uid_base ();
-  int sp[2] = { -1, -1 };
-  if (wfd < 0)
-    e = wr_sys_error (err, "open %s", workdir);
-  else if (socketpair (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0)
-    e = wr_sys_error (err, "socketpair");
-  else if (xlim.in_process)
-    {
-      /* fuzzing: the same conversation with a thread of ours */
-      run.sock = sp[0];
-      run.f.sock = sp[1];
-      run.f.dirfd = fcntl (wfd, F_DUPFD_CLOEXEC, 3);
-      run.threaded = pthread_create (&run.thread, NULL, fetcher_main, &run.f) == 0;
-      if (!run.threaded)
-        e = wr_error (err, EAGAIN, WR_E_INTERNAL, "cannot start the registry fetcher");
-    }
-  else if (fchown (wfd, uid, uid) < 0)
-    e = wr_sys_error (err, "hand %s to the registry fetcher", workdir);
-  else if ((e = wr_store_tmpdir (s, "pulljail", jaildir, sizeof jaildir, err)) == 0)
-    {
-      run.sock = sp[0];
-      run.pid = fetcher_spawn (&run.f, sp[1], workdir, jaildir, uid);
-      close (sp[1]);
-      if (run.pid < 0)
-        e = wr_sys_error (err, "fork the registry fetcher");
-    }
-  if (run.sock < 0)
-    {
-      if (sp[0] >= 0)
-        close (sp[0]);
-      if (sp[1] >= 0 && !xlim.in_process)
-        close (sp[1]);
-    }
+  e = run_start (s, &run, wfd, workdir, jaildir, sizeof jaildir, err);
   if (e == 0)
     e = pull_in (s, &run, wfd, target, &lim, progress, ud, ret, err);
   run_wait (&run, true);
   rm_tmpdir (workdir);
   rm_tmpdir (jaildir);
+  return e;
+}
+
+/* ---- push (docs/images.md, Push) ---- */
+
+/* daemon: the OCI config of a stored image: the store's config under
+ * "warren" (what a Warren pull takes back), the usual fields for others */
+static char *
+push_config_text (const struct wr_image *img)
+{
+  json_t *wc = img->config;
+  json_t *diff = json_array ();
+  for (size_t i = 0; i < img->n_layers; i++)
+    json_array_append_new (diff, json_string (img->layers[i]));
+  json_t *c
+      = json_pack ("{s:s,s:s,s:{s:O?,s:O?,s:O?,s:O?},s:{s:s,s:o},s:O?}", "architecture",
+                   WR_OCI_ARCH, "os", "linux", "config", "Env", json_object_get (wc, "env"),
+                   "WorkingDir", json_object_get (wc, "workdir"), "User",
+                   json_object_get (wc, "user"), "Entrypoint", json_object_get (wc, "entrypoint"),
+                   "rootfs", "type", "layers", "diff_ids", diff, "warren", wc);
+  char *text = c ? json_dumps (c, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+  json_decref (c);
+  return text;
+}
+
+static void
+sha256_text_digest (const char *text, char out[72])
+{
+  char hex[65];
+  wr_sha256_hex (text, strlen (text), hex);
+  snprintf (out, 72, "sha256:%s", hex);
+}
+
+int
+wr_image_push (struct wr_store *s, const char *ref, const char *target, bool insecure,
+               wr_progress_fn progress, void *ud, json_t **ret, wr_err_t *err)
+{
+  struct pull_run run = { .sock = -1, .f = { .dirfd = -1, .sock = -1, .push = true } };
+  for (size_t i = 0; i < WR_MAX_LAYERS; i++)
+    run.f.push_fds[i] = -1;
+  int e = rref_parse (target, &run.f.r, err);
+  if (e < 0)
+    return e;
+  if (run.f.r.digest[0])
+    return wr_error (err, 0, WR_E_INVALID, "push to a tag, not a digest: '%.300s'", target);
+  struct wr_image *img = NULL;
+  e = wr_image_resolve (s, ref, &img, err);
+  if (e < 0)
+    return e;
+  curl_global_init (CURL_GLOBAL_DEFAULT);
+  e = registry_setup (&run.f, insecure, err);
+  memset (&run.f.mirror, 0, sizeof run.f.mirror); /* mirrors are for pulls */
+  struct fetcher *f = &run.f;
+  _cleanup_free_ char *cfg = NULL, *man = NULL;
+  uint64_t total = 0;
+  f->n_push = img->n_layers;
+  for (size_t i = 0; i < img->n_layers && e == 0; i++)
+    {
+      char path[PATH_MAX];
+      struct stat st;
+      e = wr_layer_file (s, img->layers[i], path, sizeof path, err);
+      if (e == 0
+          && ((f->push_fds[i] = open (path, O_RDONLY | O_CLOEXEC)) < 0
+              || fstat (f->push_fds[i], &st) < 0))
+        e = wr_sys_error (err, "open layer %s", img->layers[i]);
+      if (e == 0)
+        {
+          snprintf (f->push_digests[i], sizeof f->push_digests[i], "%s", img->layers[i]);
+          f->push_sizes[i] = st.st_size;
+          total += (uint64_t)st.st_size;
+        }
+    }
+  if (e == 0 && (cfg = push_config_text (img)) == NULL)
+    e = wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
+  json_t *layers = e == 0 ? json_array () : NULL;
+  for (size_t i = 0; layers && i < img->n_layers; i++)
+    json_array_append_new (layers,
+                           json_pack ("{s:s,s:s,s:I}", "mediaType", WARREN_EROFS_TYPE, "digest",
+                                      f->push_digests[i], "size", (json_int_t)f->push_sizes[i]));
+  if (e == 0)
+    {
+      size_t n = img->n_layers;
+      sha256_text_digest (cfg, f->push_digests[n]);
+      f->push_sizes[n] = (int64_t)strlen (cfg);
+      json_t *m = json_pack (
+          "{s:i,s:s,s:{s:s,s:s,s:I},s:o}", "schemaVersion", 2, "mediaType", OCI_MANIFEST_TYPE,
+          "config", "mediaType", "application/vnd.oci.image.config.v1+json", "digest",
+          f->push_digests[n], "size", (json_int_t)f->push_sizes[n], "layers", layers);
+      layers = NULL;
+      man = m ? json_dumps (m, JSON_COMPACT) : NULL;
+      json_decref (m);
+      if (man == NULL)
+        e = wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
+    }
+  json_decref (layers);
+  f->push_config = cfg;
+  f->push_manifest = man;
+
+  char workdir[4096] = "", jaildir[4096] = "";
+  if (e == 0)
+    e = wr_store_tmpdir (s, "push", workdir, sizeof workdir, err);
+  if (e == 0)
+    {
+      _cleanup_close_ int wfd = open (workdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+      e = run_start (s, &run, wfd, workdir, jaildir, sizeof jaildir, err);
+    }
+  /* the forked fetcher has its own copies of the layer fds */
+  for (size_t i = 0; run.pid > 0 && i < f->n_push; i++)
+    if (f->push_fds[i] >= 0)
+      {
+        close (f->push_fds[i]);
+        f->push_fds[i] = -1;
+      }
+  struct push_note note = { 0 };
+  while (e == 0)
+    {
+      if (wr_read_all (run.sock, &note, sizeof note) != (ssize_t)sizeof note)
+        {
+          e = fetcher_died (&run, err);
+          break;
+        }
+      if (progress)
+        progress (ud, "upload", note.bytes < total ? note.bytes : total, total);
+      if (note.done)
+        break;
+    }
+  if (e == 0 && note.st.r < 0)
+    {
+      note.st.code[sizeof note.st.code - 1] = '\0';
+      note.st.msg[sizeof note.st.msg - 1] = '\0';
+      e = wr_error (err, note.st.errnum > 0 && note.st.errnum < 4096 ? note.st.errnum : 0,
+                    fetch_code (note.st.code), "%s", note.st.msg);
+    }
+  run_wait (&run, true);
+  for (size_t i = 0; i < f->n_push; i++)
+    if (f->push_fds[i] >= 0)
+      close (f->push_fds[i]);
+  rm_tmpdir (workdir);
+  rm_tmpdir (jaildir);
+  if (e == 0 && ret)
+    {
+      char mdigest[72];
+      sha256_text_digest (man, mdigest);
+      *ret = json_pack ("{s:s,s:s,s:s,s:I,s:I,s:I}", "ref", img->name, "target", target, "digest",
+                        mdigest, "uploaded", (json_int_t)note.uploaded, "skipped",
+                        (json_int_t)note.skipped, "bytes", (json_int_t)note.bytes);
+    }
+  wr_image_free (img);
   return e;
 }
 

@@ -99,6 +99,9 @@ int wr_layer_stage (struct wr_store *s, const char *path, unsigned flags,
 int wr_layer_stage_fd (struct wr_store *s, int fd, const char *label, unsigned flags,
                        struct wr_staged_layer **ret, wr_err_t *err);
 void wr_layer_stage_free (struct wr_staged_layer *l);
+/* A layer from an EROFS blob (a Warren push, docs/images.md): copied as is,
+ * its digest is its sha256. */
+int wr_layer_stage_erofs (struct wr_store *s, int src, struct wr_staged_layer **ret, wr_err_t *err);
 
 /* One layer of an image being committed: a staged layer, or the digest of
  * a layer already stored (re-checked under the lock). */
@@ -146,6 +149,15 @@ int wr_image_import_any (struct wr_store *s, const char *ref, const char *path,
  * digests, fetched in parallel, and layers already stored are skipped. */
 int wr_image_pull (struct wr_store *s, const char *ref, const char *name, bool insecure,
                    wr_progress_fn progress, void *ud, struct wr_image **ret, wr_err_t *err);
+
+/* Push the stored image ref to target ("host[:port]/repo[:tag]"): its
+ * EROFS layers as application/vnd.warren.layer.v1.erofs blobs (what
+ * wr_image_pull takes back without conversion), an OCI config and
+ * manifest; blobs the registry has are skipped. The upload runs in the
+ * unprivileged fetcher. ret: {"ref","target","digest","uploaded","skipped",
+ * "bytes"}. */
+int wr_image_push (struct wr_store *s, const char *ref, const char *target, bool insecure,
+                   wr_progress_fn progress, void *ud, json_t **ret, wr_err_t *err);
 
 /* Fetch on first use (docs/cluster.md): 1 and the local name
  * ("HOST-PORT/REPO:TAG") when ref is a registry reference
