@@ -126,8 +126,7 @@ extern "C"
   WARREN_EXPORT json_t *warren_sandbox_restore (warren_client_t *c, const char *id,
                                                 const char *name, warren_error_t *err);
   WARREN_EXPORT json_t *warren_sandbox_diff (warren_client_t *c, const char *id, const char *from,
-                                             const char *to, const char *path,
-                                             warren_error_t *err);
+                                             const char *to, const char *path, warren_error_t *err);
   /* Snapshot the sandbox's writable layer into image `name` (NAME[:TAG]). */
   WARREN_EXPORT json_t *warren_sandbox_pack (warren_client_t *c, const char *id, const char *name,
                                              warren_error_t *err);
@@ -218,6 +217,11 @@ extern "C"
                                                       void *ud, warren_error_t *err);
   /* ref: HOST[:PORT]/REPO[:TAG|@DIGEST]; name: local NAME[:TAG] or NULL. */
   WARREN_EXPORT json_t *warren_image_pull (warren_client_t *c, const char *ref, const char *name,
+                                           bool insecure, warren_progress_fn fn, void *ud,
+                                           warren_error_t *err);
+  /* Push the stored image ref to target HOST[:PORT]/NAME[:TAG] (docs/images.md, Push):
+   * {"ref","target","digest","uploaded","skipped","bytes"}. */
+  WARREN_EXPORT json_t *warren_image_push (warren_client_t *c, const char *ref, const char *target,
                                            bool insecure, warren_progress_fn fn, void *ud,
                                            warren_error_t *err);
   /* spec: the build file's text; context: a directory on the daemon's host or NULL. */

@@ -235,6 +235,17 @@ def image_pull(ref: str, name: Optional[str], insecure: bool, timeout: Optional[
                     timeout=_t(timeout, SLOW_TIMEOUT), parse=lambda r: Image.from_json(_obj(r)))
 
 
+def image_push(ref: str, target: str, insecure: bool, timeout: Optional[float],
+               stream: bool = False) -> Request:
+    body: Dict[str, Any] = {"ref": ref, "target": target}
+    if insecure:
+        body["insecure"] = True
+    if stream:
+        body["stream"] = True
+    return json_req("POST", "/v1/images/push", body, ok=(200,), stream=stream,
+                    timeout=_t(timeout, SLOW_TIMEOUT), parse=_obj)
+
+
 def image_build(name: str, spec: str, context: Optional[str], timeout: Optional[float],
                 stream: bool = False) -> Request:
     body: Dict[str, Any] = {"name": name, "spec": spec}
@@ -345,4 +356,6 @@ def job_line(line: bytes, progress: Optional[Callable[[str, int, int], Any]]) ->
         return None
     if isinstance(j.get("error"), dict):
         raise error_from_stream(j)
+    if "uploaded" in j and "target" in j:
+        return j  # type: ignore[return-value]  # a push's result
     return Image.from_json(j)

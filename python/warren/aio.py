@@ -258,6 +258,12 @@ class AsyncImages:
         return await self._job(_api.image_pull(ref, name, insecure, timeout, progress is not None),
                                progress)
 
+    async def push(self, ref: str, target: str, *, insecure: bool = False,
+                   timeout: Optional[float] = None,
+                   progress: Optional[Progress] = None) -> Dict[str, Any]:
+        return await self._job(_api.image_push(ref, target, insecure, timeout,
+                                               progress is not None), progress)
+
     async def build(self, name: str, spec: str, *, context: Optional[str] = None,
                     timeout: Optional[float] = None, progress: Optional[Progress] = None,
                     upload: Optional[bool] = None) -> Image:

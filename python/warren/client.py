@@ -219,6 +219,14 @@ class Images:
         return self._job(_api.image_pull(ref, name, insecure, timeout, progress is not None),
                          progress)
 
+    def push(self, ref: str, target: str, *, insecure: bool = False,
+             timeout: Optional[float] = None, progress: Optional[Progress] = None) -> Dict[str, Any]:
+        """Push the stored image ``ref`` to ``target`` (``HOST[:PORT]/NAME[:TAG]``):
+        its EROFS layers, which Warren nodes pull back as they are. Returns
+        ``{"ref", "target", "digest", "uploaded", "skipped", "bytes"}``."""
+        return self._job(_api.image_push(ref, target, insecure, timeout, progress is not None),
+                         progress)
+
     def build(self, name: str, spec: str, *, context: Optional[str] = None,
               timeout: Optional[float] = None, progress: Optional[Progress] = None,
               upload: Optional[bool] = None) -> Image:

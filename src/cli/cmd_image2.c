@@ -1,4 +1,4 @@
-/* warren image tag | pull | build | gc, with a progress bar on a terminal
+/* warren image tag | pull | push | build | gc, with a progress bar on a terminal
  * and plain lines otherwise (docs/cli.md, docs/images.md). */
 #include "cli/cli.h"
 
@@ -178,6 +178,14 @@ image_gc (cli_t *cli, int argc, char **argv)
   return 0;
 }
 
+/* a registry on loopback: plain HTTP is what the user means */
+static bool
+on_loopback (const char *ref)
+{
+  return strncmp (ref, "127.", 4) == 0 || strncmp (ref, "localhost", 9) == 0
+         || strncmp (ref, "[::1]", 5) == 0;
+}
+
 static int
 image_pull (cli_t *cli, int argc, char **argv)
 {
@@ -193,12 +201,8 @@ image_pull (cli_t *cli, int argc, char **argv)
   bool as_json = f.as_json, quiet = f.quiet, insecure = f.insecure;
   if (argc - optind < 1 || argc - optind > 2)
     return cli_usage ("image pull", "expected REF [NAME[:TAG]]");
-  /* plain HTTP only: on loopback that is what the user means */
   const char *ref = argv[optind];
-  if (!insecure
-      && (strncmp (ref, "127.", 4) == 0 || strncmp (ref, "localhost", 9) == 0
-          || strncmp (ref, "[::1]", 5) == 0))
-    insecure = true;
+  insecure = insecure || on_loopback (ref);
   warren_client_t *cl = cli_client (cli);
   if (cl == NULL)
     return CLI_EXIT_FAIL;
@@ -210,6 +214,44 @@ image_pull (cli_t *cli, int argc, char **argv)
   if (img == NULL)
     return cli_fail (&e, NULL);
   return print_result (img, as_json);
+}
+
+static int
+image_push (cli_t *cli, int argc, char **argv)
+{
+  static const struct option o[] = { { "json", no_argument, NULL, 'j' },
+                                     { "quiet", no_argument, NULL, 'q' },
+                                     { "insecure", no_argument, NULL, 'i' },
+                                     { "help", no_argument, NULL, 'h' },
+                                     { NULL, 0, NULL, 0 } };
+  struct image_flags f = { 0 };
+  int ret;
+  if (image_opts ("image push", argc, argv, o, "qh", &f, &ret) < 0)
+    return ret;
+  bool insecure = f.insecure;
+  if (argc - optind != 2)
+    return cli_usage ("image push", "expected REF HOST[:PORT]/NAME[:TAG]");
+  const char *target = argv[optind + 1];
+  insecure = insecure || on_loopback (target);
+  warren_client_t *cl = cli_client (cli);
+  if (cl == NULL)
+    return CLI_EXIT_FAIL;
+  struct progress p = { .tty = isatty (2), .last_pct = -1 };
+  warren_error_t e;
+  json_auto_t *r = warren_image_push (cl, argv[optind], target, insecure,
+                                      f.quiet ? NULL : progress_cb, &p, &e);
+  progress_end (&p);
+  if (r == NULL)
+    return cli_fail (&e, NULL);
+  if (f.as_json)
+    return print_result (r, true);
+  printf ("pushed %s to %s (%s): %lld blobs uploaded, %lld already there\n",
+          json_string_value (json_object_get (r, "ref")),
+          json_string_value (json_object_get (r, "target")),
+          json_string_value (json_object_get (r, "digest")),
+          (long long)json_integer_value (json_object_get (r, "uploaded")),
+          (long long)json_integer_value (json_object_get (r, "skipped")));
+  return 0;
 }
 
 static int
@@ -356,6 +398,8 @@ cli_image_more (cli_t *cli, const char *sub, int argc, char **argv)
     return image_tag (cli, argc, argv);
   if (strcmp (sub, "pull") == 0)
     return image_pull (cli, argc, argv);
+  if (strcmp (sub, "push") == 0)
+    return image_push (cli, argc, argv);
   if (strcmp (sub, "build") == 0)
     return image_build (cli, argc, argv);
   if (strcmp (sub, "gc") == 0)

@@ -87,6 +87,10 @@ static const struct help helps[] = {
     "Usage: warren image pull [--insecure] [--quiet] [--json] HOST[:PORT]/REPO[:TAG|@DIGEST] "
     "[NAME[:TAG]]\n"
     "Pull from an OCI registry over plain HTTP (--insecure; implied for loopback).\n" },
+  { "image push",
+    "Usage: warren image push [--insecure] [--quiet] [--json] REF HOST[:PORT]/NAME[:TAG]\n"
+    "Push a stored image (its EROFS layers, docs/images.md) to an OCI registry; blobs the\n"
+    "registry has are skipped. Plain HTTP with --insecure (implied for loopback).\n" },
   { "image build",
     "Usage: warren image build NAME[:TAG] -f SPEC [--context DIR] [--upload] [--quiet] [--json]\n"
     "Build from FROM/RUN/COPY/ENV/WORKDIR/USER/LABEL steps (docs/images.md); steps are cached.\n"

@@ -123,6 +123,22 @@ warren_image_import_progress (warren_client_t *c, const char *name, const char *
 }
 
 json_t *
+warren_image_push (warren_client_t *c, const char *ref, const char *target, bool insecure,
+                   warren_progress_fn fn, void *ud, warren_error_t *err)
+{
+  if (!str_ok ("image reference", ref, err) || !str_ok ("registry reference", target, err))
+    return NULL;
+  _cleanup_ (json_decrefp) json_t *b
+      = json_pack ("{s:s,s:s,s:b}", "ref", ref, "target", target, "insecure", insecure);
+  if (b == NULL)
+    {
+      wl_error (err, 0, WARREN_E_INVALID, 0, "reference or target is not valid UTF-8");
+      return NULL;
+    }
+  return warren_image_op (c, "/v1/images/push", b, fn, ud, err);
+}
+
+json_t *
 warren_image_pull (warren_client_t *c, const char *ref, const char *name, bool insecure,
                    warren_progress_fn fn, void *ud, warren_error_t *err)
 {

@@ -491,6 +491,17 @@ def test_push_then_create_on_another_node(rootfs, plain, daemons):
         lines = [json.loads(x) for x in r.body.decode().splitlines()]
         assert lines[-1]["uploaded"] == 0 and lines[-1]["skipped"] == len(layers) + 1, lines
         assert proxy.count("/blobs/uploads/") == before, proxy.lines
+        # the CLI and the SDK say the same
+        c = a.cli("image", "push", "--json", "bb:v1", target, check=True)
+        assert json.loads(c.stdout)["uploaded"] == 0, c.stdout
+        import sys
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+        import warren
+        seen = []
+        res = warren.Client("unix:" + a.sock).images.push(
+            "bb:v1", target, insecure=True, progress=lambda *x: seen.append(x))
+        assert res["uploaded"] == 0 and res["skipped"] == len(layers) + 1, res
+        assert proxy.count("/blobs/uploads/") == before, proxy.lines
         # an unknown image is a 404, before any registry request
         n = len(proxy.lines)
         r = push_api(a, "nope:v1", target, insecure=True)
