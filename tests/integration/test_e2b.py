@@ -1,0 +1,204 @@
+"""The E2B-compatible listener (docs/e2b.md): the real `e2b` npm SDK,
+unmodified, against warrend --listen-e2b, plus the wire contract checked by
+hand (control API codes, Connect envelopes). npm installs the pinned SDK and
+vitest (tests/integration/e2b/package.json) into a cache under /var/tmp."""
+import hashlib
+import http.client
+import json
+import os
+import shutil
+import struct
+import subprocess
+
+import pytest
+
+from conftest import BUILD, need
+from wr import Daemon, wait_for
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+HARNESS = os.path.join(HERE, "e2b")
+API_KEY = "e2b_" + "0" * 40
+
+# SDK tests that cannot pass here, and why (also listed in docs/e2b.md):
+# E2B runs commands and writes files as the user "user"; Warren's sandboxes
+# run as root, so owner/group read "root".
+OUT_OF_SCOPE = {
+    "get info of a file", "get info of a directory",
+    "file entry details", "directory entry details", "mixed entries (files and directories)",
+}
+
+sys_path = os.path.join(HERE, "sandboxfusion")
+import sys  # noqa: E402
+
+sys.path.insert(0, sys_path)
+from sfclient import debian_tarball, free_port  # noqa: E402
+
+
+def npm_dir():
+    """node_modules with the pinned e2b and vitest, installed once per
+    package.json (npm's registry is the only network use)."""
+    need(shutil.which("node") and shutil.which("npm"), "node and npm are not installed "
+         "(scripts/setup.sh installs Debian's nodejs and npm)")
+    with open(os.path.join(HARNESS, "package.json"), "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:12]
+    d = "/var/tmp/warren-e2b-npm-" + digest
+    if not os.path.exists(os.path.join(d, "node_modules", ".ok")):
+        os.makedirs(d, exist_ok=True)
+        shutil.copy(os.path.join(HARNESS, "package.json"), d)
+        r = subprocess.run(["npm", "install", "--no-audit", "--no-fund"], cwd=d,
+                           capture_output=True, text=True, timeout=600)
+        need(r.returncode == 0, "npm install of the e2b SDK failed: " + r.stderr[-400:])
+        open(os.path.join(d, "node_modules", ".ok"), "w").close()
+    # the harness files are copied fresh each run
+    for name in ("smoke.mjs", "vitest.config.mjs"):
+        shutil.copy(os.path.join(HARNESS, name), d)
+    shutil.rmtree(os.path.join(d, "sdk"), ignore_errors=True)
+    shutil.copytree(os.path.join(HARNESS, "sdk"), os.path.join(d, "sdk"))
+    return d
+
+
+@pytest.fixture(scope="module")
+def e2b():
+    need(os.geteuid() == 0, "container tests need root")
+    tarball = debian_tarball()
+    for attempt in range(5):
+        port = free_port()
+        d = Daemon(os.path.abspath(BUILD), extra_args=[
+            "--listen-e2b", "tcp:127.0.0.1:%d" % port, "--default-image", "base:bookworm"])
+        try:
+            d.start()
+            break
+        except RuntimeError as e:
+            shutil.rmtree(d.root, ignore_errors=True)
+            if "in use" not in str(e) or attempt == 4:
+                raise
+    r = d.api.raw("POST", "/v1/images/import", {"name": "base:bookworm", "path": tarball},
+                  timeout=600)
+    assert r.status == 201, r
+    yield d, port
+    left = d.api.raw("GET", "/v1/sandboxes").json()["sandboxes"]
+    d.stop()
+    shutil.rmtree(d.root, ignore_errors=True)
+    assert left == [], "sandboxes left behind: %r" % left
+
+
+def node_env(port):
+    url = "http://127.0.0.1:%d" % port
+    env = dict(os.environ, E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_API_KEY=API_KEY)
+    env.pop("E2B_DEBUG", None)
+    return env
+
+
+def request(port, method, path, body=None, headers=None, raw=False):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        h = {"X-API-Key": API_KEY}
+        h.update(headers or {})
+        data = body if raw or body is None else json.dumps(body)
+        if body is not None and not raw:
+            h.setdefault("Content-Type", "application/json")
+        c.request(method, path, body=data, headers=h)
+        r = c.getresponse()
+        out = r.read()
+        if raw:
+            return r.status, out, r.getheader("Content-Type")
+        return r.status, (json.loads(out) if out else None)
+    finally:
+        c.close()
+
+
+def envelopes(data):
+    out = []
+    while data:
+        flags, n = struct.unpack(">BI", data[:5])
+        out.append((flags, json.loads(data[5:5 + n])))
+        data = data[5 + n:]
+    return out
+
+
+def test_sdk_smoke(e2b):
+    """create, run (stdout, stderr, exit code), write/read, list, kill."""
+    d, port = e2b
+    nd = npm_dir()
+    r = subprocess.run(["node", "smoke.mjs"], cwd=nd, env=node_env(port), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["ok"] is True
+
+
+def test_sdk_own_tests(e2b):
+    """The SDK's own command and filesystem test files (e2b/sdk/README.md)."""
+    d, port = e2b
+    nd = npm_dir()
+    report = os.path.join(nd, "report.json")
+    r = subprocess.run(["node", "node_modules/vitest/vitest.mjs", "run", "--reporter=json",
+                        "--outputFile=" + report], cwd=nd, env=node_env(port),
+                       capture_output=True, text=True, timeout=600)
+    with open(report) as f:
+        rep = json.load(f)
+    results = [(t["title"], t["status"], " ".join(t.get("failureMessages", []))[:300])
+               for f in rep["testResults"] for t in f["assertionResults"]]
+    passed = {t for t, s, _ in results if s == "passed"}
+    failed = [(t, m) for t, s, m in results if s == "failed" and t not in OUT_OF_SCOPE]
+    assert not failed, (failed, r.stderr[-2000:])
+    # envVars.test.ts needs vitest 4's test.override: its file fails to load
+    # under the pinned vitest, so its tests are not counted here
+    for must in ("run", "kill process", "list processes", "connect to process",
+                 "send stdin to process", "close stdin via command handle",
+                 "run with too short timeout", "write multiple files", "read file as stream",
+                 "list directory", "make existing directory", "rename file", "remove file",
+                 "file exists"):
+        assert must in passed, (must, sorted(passed))
+    n_passed = sum(1 for _, s, _ in results if s == "passed")
+    assert n_passed >= 50, sorted(passed)
+
+
+def test_control_api_contract(e2b):
+    d, port = e2b
+    st, sb = request(port, "POST", "/sandboxes",
+                     {"templateID": "base", "timeout": 60, "metadata": {"who": "contract"}})
+    assert st == 201, sb
+    sid = sb["sandboxID"]
+    assert sb["templateID"] == "base" and sb["envdVersion"]
+    try:
+        st, got = request(port, "GET", "/sandboxes/" + sid)
+        assert st == 200 and got["metadata"] == {"who": "contract"} and got["state"] == "running"
+        # timeout = Warren's TTL
+        assert request(port, "POST", "/sandboxes/%s/timeout" % sid, {"timeout": 3600})[0] == 204
+        w = d.api.raw("GET", "/v1/sandboxes/" + sid).json()
+        assert w["expires_at"] - w["created_at"] > 3000
+        st, lst = request(port, "GET", "/v2/sandboxes?metadata=who%3Dcontract")
+        assert st == 200 and [s["sandboxID"] for s in lst] == [sid]
+        st, lst = request(port, "GET", "/v2/sandboxes?metadata=who%3Dnobody")
+        assert st == 200 and lst == []
+        # pause twice: 409 the second time; connect resumes
+        assert request(port, "POST", "/sandboxes/%s/pause" % sid)[0] == 204
+        assert request(port, "POST", "/sandboxes/%s/pause" % sid)[0] == 409
+        assert request(port, "GET", "/sandboxes/" + sid)[1]["state"] == "paused"
+        st, c = request(port, "POST", "/sandboxes/%s/connect" % sid, {"timeout": 60})
+        assert st == 201 and c["state"] == "running"
+        # envd: a Connect server stream with envelopes, ended by flag 0x02
+        msg = json.dumps({"process": {"cmd": "/bin/sh", "args": ["-c", "echo hi; exit 7"]},
+                          "stdin": False}).encode()
+        st, body, ctype = request(port, "POST", "/process.Process/Start",
+                                  struct.pack(">BI", 0, len(msg)) + msg,
+                                  {"E2b-Sandbox-Id": sid,
+                                   "Content-Type": "application/connect+json"}, raw=True)
+        assert st == 200 and ctype == "application/connect+json"
+        ev = envelopes(body)
+        assert "start" in ev[0][1]["event"]
+        assert ev[-1] == (2, {})
+        end = [e["event"]["end"] for f, e in ev if f == 0 and "end" in e["event"]]
+        assert end and end[0]["exitCode"] == 7
+        # a unary call with an unknown process: a Connect error body
+        st, err = request(port, "POST", "/process.Process/SendSignal",
+                          {"process": {"pid": 424242}, "signal": "SIGNAL_SIGKILL"},
+                          {"E2b-Sandbox-Id": sid})
+        assert st == 404 and err["code"] == "not_found"
+        assert request(port, "GET", "/health", headers={"E2b-Sandbox-Id": sid})[0] == 204
+    finally:
+        assert request(port, "DELETE", "/sandboxes/" + sid)[0] == 204
+    assert request(port, "GET", "/sandboxes/" + sid)[0] == 404
+    assert request(port, "DELETE", "/sandboxes/" + sid)[0] == 404
+    wait_for(lambda: d.api.raw("GET", "/v1/sandboxes").json()["sandboxes"] == [],
+             what="the sandbox is gone")
