@@ -1058,15 +1058,21 @@ entry_info (json_t *st, const char *path)
   snprintf (group, sizeof group, "%s", gid == 0 ? "root" : "");
   if (gid)
     snprintf (group, sizeof group, "%lld", (long long)gid);
-  /* Go's os.FileMode (envd's mode) marks directories with its top bit */
-  unsigned gomode = mode | (strcmp (type, "dir") == 0 ? 0x80000000u : 0);
   json_t *e = json_pack (
       "{s:s,s:s,s:s,s:I,s:I,s:s,s:s,s:s,s:s}", "name", base_name (path), "type", ft, "path", path,
-      "size", json_integer_value (json_object_get (st, "size")), "mode", (json_int_t)gomode,
+      "size", json_integer_value (json_object_get (st, "size")), "mode", (json_int_t)mode,
       "permissions", perms, "owner", owner, "group", group, "modifiedTime", mtime);
   json_t *target = json_object_get (st, "target");
-  if (json_is_string (target))
+  const char *tv = json_string_value (target);
+  if (tv && tv[0] == '/')
     json_object_set (e, "symlinkTarget", target);
+  else if (tv)
+    {
+      /* envd reports where the link points as an absolute path */
+      const char *slash = strrchr (path, '/');
+      int dl = slash && slash != path ? (int)(slash - path) : 0;
+      json_object_set_new (e, "symlinkTarget", json_sprintf ("%.*s/%s", dl, path, tv));
+    }
   return e;
 }
 
@@ -1089,7 +1095,7 @@ stat_done (struct fop *f, json_t *res, const char *code, const char *msg)
 static void
 remove_done (struct fop *f, json_t *res WR_UNUSED, const char *code, const char *msg)
 {
-  if (code)
+  if (code && strcmp (code, WR_E_NOT_FOUND) != 0) /* envd: removing nothing succeeds */
     return fop_fail_connect (f, code, msg);
   reply_json (f->req, 200, json_object ());
   fop_free (f);
@@ -1129,8 +1135,16 @@ list_done (struct fop *f, json_t *res, const char *code, const char *msg)
     }
   else
     {
-      size_t i;
+      /* depth-first, as envd's directory walk: a directory's entries
+       * follow its own */
+      size_t i, pos = json_array_size (f->acc);
       json_t *st;
+      json_array_foreach (f->acc, i, st)
+      {
+        const char *ep = json_string_value (json_object_get (st, "path"));
+        if (ep && strcmp (ep, f->path2) == 0)
+          pos = i + 1;
+      }
       json_array_foreach (json_object_get (res, "entries"), i, st)
       {
         const char *name = json_string_value (json_object_get (st, "name"));
@@ -1139,7 +1153,7 @@ list_done (struct fop *f, json_t *res, const char *code, const char *msg)
         _cleanup_free_ char *child = NULL;
         if (asprintf (&child, "%s%s%s", f->path2, strcmp (f->path2, "/") ? "/" : "", name) < 0)
           continue;
-        json_array_append_new (f->acc, entry_info (st, child));
+        json_array_insert_new (f->acc, pos++, entry_info (st, child));
         const char *type = json_string_value (json_object_get (st, "type"));
         if (type && strcmp (type, "dir") == 0 && f->depth < f->max_depth)
           json_array_append_new (f->todo, json_pack ("[s,I]", child, (json_int_t)f->depth + 1));
