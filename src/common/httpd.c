@@ -13,6 +13,7 @@
  * request) and counts connections against max_connections. */
 #include "common/httpd.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -503,4 +504,24 @@ wr_httpd_free (struct wr_httpd *h)
       t->h = NULL;
     }
   free (h);
+}
+
+int
+wr_httpd_limit_opt (int opt, const char *arg, unsigned *max_connections, unsigned *header_timeout_s,
+                    unsigned *idle_timeout_s, wr_err_t *err)
+{
+  const char *name = opt == WR_HTTPD_OPT_MAX_CONNECTIONS  ? "max-connections"
+                     : opt == WR_HTTPD_OPT_HEADER_TIMEOUT ? "http-header-timeout"
+                                                          : "http-idle-timeout";
+  char *end;
+  errno = 0;
+  unsigned long v = strtoul (arg, &end, 10);
+  if (*arg == '\0' || *end || errno || v == 0 || v > 1000000)
+    return wr_error (err, 0, WR_E_INVALID, "--%s wants a number in [1, 1000000], got %s", name,
+                     arg);
+  *(opt == WR_HTTPD_OPT_MAX_CONNECTIONS  ? max_connections
+    : opt == WR_HTTPD_OPT_HEADER_TIMEOUT ? header_timeout_s
+                                         : idle_timeout_s)
+      = (unsigned)v;
+  return 0;
 }

@@ -57,6 +57,22 @@ const struct wr_httpd_config *wr_httpd_config (const struct wr_httpd *h);
 bool wr_httpd_owns (struct wr_httpd *h, struct evhttp_request *req);
 void wr_httpd_free (struct wr_httpd *h); /* accepts NULL */
 
+/* The listener flags warrend and warren-gateway share, as getopt_long
+ * entries (include <getopt.h>), and their parser: opt is the entry's code,
+ * the value a number in [1, 1000000] stored in the matching field. */
+#define WR_HTTPD_LONG_OPTIONS                                                                      \
+  { "max-connections", required_argument, NULL, WR_HTTPD_OPT_MAX_CONNECTIONS },                    \
+      { "http-header-timeout", required_argument, NULL, WR_HTTPD_OPT_HEADER_TIMEOUT },             \
+  {                                                                                                \
+    "http-idle-timeout", required_argument, NULL, WR_HTTPD_OPT_IDLE_TIMEOUT                        \
+  }
+#define WR_HTTPD_OPT_MAX_CONNECTIONS 0x4801
+#define WR_HTTPD_OPT_HEADER_TIMEOUT 0x4802
+#define WR_HTTPD_OPT_IDLE_TIMEOUT 0x4803
+#define WR_HTTPD_IS_OPT(c) ((c) >= WR_HTTPD_OPT_MAX_CONNECTIONS && (c) <= WR_HTTPD_OPT_IDLE_TIMEOUT)
+int wr_httpd_limit_opt (int opt, const char *arg, unsigned *max_connections,
+                        unsigned *header_timeout_s, unsigned *idle_timeout_s, wr_err_t *err);
+
 /* "Bearer TOKEN" (value[0..len)) against token, in constant time for a
  * given length; an empty token matches nothing. */
 bool wr_bearer_matches (const char *value, size_t len, const char *token);

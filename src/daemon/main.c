@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <event2/thread.h>
 
+#include "common/httpd.h"
 #include "common/util.h"
 #include "daemon/compat_sf.h" /* SandboxFusion API */
 #include "daemon/compat_e2b.h" /* E2B API */
@@ -107,9 +108,7 @@ main (int argc, char **argv)
     { "fncall-idle", required_argument, NULL, 'D' },
     { "fncall-zygote", required_argument, NULL, 'Z' },
     { "fncall-preload", required_argument, NULL, 'P' },
-    { "max-connections", required_argument, NULL, 'C' },
-    { "http-header-timeout", required_argument, NULL, 'H' },
-    { "http-idle-timeout", required_argument, NULL, 'I' },
+    WR_HTTPD_LONG_OPTIONS,
     { "allow-host-paths", no_argument, NULL, 'A' },
     { "allow-host-network", no_argument, NULL, 'N' },
     WRD_CLUSTER_OPTIONS, /* cluster mode */
@@ -160,13 +159,14 @@ main (int argc, char **argv)
       case 'P':
         fcfg.preload = optarg;
         break;
-      case 'C':
-      case 'H':
-      case 'I':
+      case WR_HTTPD_OPT_MAX_CONNECTIONS:
+      case WR_HTTPD_OPT_HEADER_TIMEOUT:
+      case WR_HTTPD_OPT_IDLE_TIMEOUT:
         {
-          char *end;
-          unsigned long v = strtoul (optarg, &end, 10);
-          if (*end || v == 0 || v > 1000000)
+          wr_err_t herr;
+          if (wr_httpd_limit_opt (c, optarg, &d.http.max_connections, &d.http.header_timeout_s,
+                                  &d.http.idle_timeout_s, &herr)
+              < 0)
             {
               wrd_log (WRD_LOG_ERROR, "--%s wants a number in [1, 1000000]",
                        c == 'C'   ? "max-connections"

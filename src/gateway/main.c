@@ -86,9 +86,7 @@ main (int argc, char **argv)
     { "token-file", required_argument, NULL, 't' },
     { "node-token-file", required_argument, NULL, 'n' },
     { "quota-chunk", required_argument, NULL, 'q' },
-    { "max-connections", required_argument, NULL, 'C' },
-    { "http-header-timeout", required_argument, NULL, 'H' },
-    { "http-idle-timeout", required_argument, NULL, 'I' },
+    WR_HTTPD_LONG_OPTIONS,
     { "quota-idle-return", required_argument, NULL, 'r' },
     { "priority-headroom", required_argument, NULL, 'p' },
     { "help", no_argument, NULL, 'h' },
@@ -119,27 +117,6 @@ main (int argc, char **argv)
             return 2;
           }
         break;
-      case 'C':
-      case 'H':
-      case 'I':
-        {
-          char *end;
-          unsigned long v = strtoul (optarg, &end, 10);
-          if (*end || v == 0 || v > 1000000)
-            {
-              fprintf (stderr, "warren-gateway: --%s wants a number in [1, 1000000]\n",
-                       opts[c == 'C'   ? 5
-                            : c == 'H' ? 6
-                                       : 7]
-                           .name);
-              return 2;
-            }
-          *(c == 'C'   ? &g.http_limits.max_connections
-            : c == 'H' ? &g.http_limits.header_timeout_s
-                       : &g.http_limits.idle_timeout_s)
-              = (unsigned)v;
-          break;
-        }
       case 'r':
       case 'p':
         {
@@ -161,6 +138,19 @@ main (int argc, char **argv)
         usage (stdout);
         return 0;
       default:
+        if (WR_HTTPD_IS_OPT (c))
+          {
+            wr_err_t err;
+            if (wr_httpd_limit_opt (c, optarg, &g.http_limits.max_connections,
+                                    &g.http_limits.header_timeout_s, &g.http_limits.idle_timeout_s,
+                                    &err)
+                < 0)
+              {
+                fprintf (stderr, "warren-gateway: %s\n", err.msg);
+                return 2;
+              }
+            break;
+          }
         usage (stderr);
         return 2;
       }
