@@ -168,16 +168,9 @@ main (int argc, char **argv)
                                   &d.http.idle_timeout_s, &herr)
               < 0)
             {
-              wrd_log (WRD_LOG_ERROR, "--%s wants a number in [1, 1000000]",
-                       c == 'C'   ? "max-connections"
-                       : c == 'H' ? "http-header-timeout"
-                                  : "http-idle-timeout");
+              wrd_log (WRD_LOG_ERROR, "%s", herr.msg);
               return 2;
             }
-          *(c == 'C'   ? &d.http.max_connections
-            : c == 'H' ? &d.http.header_timeout_s
-                       : &d.http.idle_timeout_s)
-              = (unsigned)v;
           break;
         }
       case 2100: /* trajectory log */
