@@ -19,6 +19,7 @@
 
 #define GW_MAX_NODES 4096
 #define GW_IDLE_MAX 64
+#define GW_NODE_BACKENDS 8
 /* A node publishes a create within this many seconds (it writes its status
  * at most once a second): until then the gateway keeps counting the slot. */
 #define GW_SETTLE_S 5
@@ -40,6 +41,12 @@ struct gw_node
   int port;
   char path[64];     /* advertise URL's path ("/n/NAME" for warren-sim), prefixed to requests */
   unsigned long gen; /* bumped when status changes */
+  /* parsed from status when it arrives, so placement reads no JSON */
+  long long sandboxes, memory_free_mb;
+  char backends[GW_NODE_BACKENDS][16];
+  unsigned n_backends;
+  uint64_t *images; /* FNV-1a hashes of the status's "images", sorted */
+  unsigned n_images;
   /* loop only */
   unsigned long seen_gen;
   unsigned pending; /* placements sent here since its last status */
@@ -99,6 +106,7 @@ struct gw
   pthread_mutex_t mu;
   struct gw_node *nodes[GW_MAX_NODES];
   size_t n_nodes;
+  unsigned long images_gen; /* bumped when any present node's image set changes */
   struct gw_project *projects[1024];
   size_t n_projects;
   bool synced; /* the first full read of etcd is done */

@@ -97,6 +97,68 @@ set_address (struct gw_node *n, const char *addr)
     n->port = 80;
 }
 
+static uint64_t
+fnv1a (const char *s)
+{
+  uint64_t h = 1469598103934665603ull;
+  for (; *s; s++)
+    h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  return h;
+}
+
+static int
+cmp_u64 (const void *a, const void *b)
+{
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* The fields placement reads, parsed once per status instead of on every
+ * create. True when the node's image set changed. */
+static bool
+parse_status (struct gw_node *n, const json_t *j)
+{
+  n->sandboxes = json_integer_value (json_object_get (j, "sandboxes"));
+  n->memory_free_mb = json_integer_value (json_object_get (j, "memory_free_mb"));
+  n->n_backends = 0;
+  size_t i;
+  json_t *v;
+  json_array_foreach (json_object_get (j, "backends"), i, v)
+  {
+    if (json_is_string (v) && n->n_backends < GW_NODE_BACKENDS
+        && strlen (json_string_value (v)) < sizeof n->backends[0])
+      strcpy (n->backends[n->n_backends++], json_string_value (v));
+  }
+  json_t *imgs = json_object_get (j, "images");
+  size_t k = json_array_size (imgs);
+  uint64_t *h = k ? calloc (k, sizeof *h) : NULL;
+  unsigned nh = 0;
+  json_array_foreach (imgs, i, v) if (h && json_is_string (v)) h[nh++]
+      = fnv1a (json_string_value (v));
+  if (nh > 1)
+    qsort (h, nh, sizeof *h, cmp_u64);
+  bool changed = nh != n->n_images || (nh && memcmp (h, n->images, nh * sizeof *h) != 0);
+  free (n->images);
+  n->images = h;
+  n->n_images = nh;
+  return changed;
+}
+
+static bool
+node_holds (const struct gw_node *n, uint64_t image)
+{
+  return n->n_images && bsearch (&image, n->images, n->n_images, sizeof image, cmp_u64) != NULL;
+}
+
+static bool
+node_offers (const struct gw_node *n, const char *backend)
+{
+  for (unsigned i = 0; i < n->n_backends; i++)
+    if (strcmp (n->backends[i], backend) == 0)
+      return true;
+  return false;
+}
+
 /* One key changed (val NULL: deleted). Under g->mu. */
 static void
 apply (struct gw *g, const char *key, const char *val)
@@ -110,6 +172,7 @@ apply (struct gw *g, const char *key, const char *val)
         {
           n->present = false;
           n->gen++;
+          g->images_gen++;
           return;
         }
       json_t *j = json_loads (val, 0, NULL);
@@ -121,6 +184,8 @@ apply (struct gw *g, const char *key, const char *val)
       json_decref (n->status);
       n->status = j;
       set_address (n, json_string_value (json_object_get (j, "address")));
+      if (parse_status (n, j) || !n->present)
+        g->images_gen++;
       n->present = true;
       n->gen++;
     }
@@ -202,6 +267,7 @@ watch_main (void *arg)
       json_array_foreach (kvs, i, kv) apply (g, json_string_value (json_object_get (kv, "key")),
                                              json_string_value (json_object_get (kv, "value")));
       g->synced = true;
+      g->images_gen++;
       pthread_mutex_unlock (&g->mu);
       json_decref (kvs);
       if (wr_etcd_watch (g->etcd, WR_KEY_ROOT, rev + 1, watch_cb, g, &g->stop, &err) < 0
@@ -260,18 +326,6 @@ gw_watch_stop (struct gw *g)
   pthread_join (g->probe_thread, NULL);
 }
 
-/* Does the status's array field hold the string s? */
-static bool
-status_lists (const json_t *status, const char *field, const char *s)
-{
-  size_t i;
-  json_t *b;
-  json_array_foreach (json_object_get (status, field), i,
-                      b) if (json_is_string (b)
-                             && strcmp (json_string_value (b), s) == 0) return true;
-  return false;
-}
-
 static bool
 labels_match (const json_t *status, const json_t *want)
 {
@@ -297,51 +351,106 @@ load (struct gw_node *n)
       n->seen_gen = n->gen;
       n->pending = 0;
     }
-  return json_integer_value (json_object_get (n->status, "sandboxes")) + n->pending;
+  return n->sandboxes + n->pending;
 }
+
+struct want
+{
+  const char *backend;
+  long long memory_mb;
+  const json_t *labels;
+  const struct gw_node *exclude;
+};
+
+/* The filters: registered, not drained, the backend, the labels, the memory. */
+static bool
+fits (struct gw_node *n, const struct want *w)
+{
+  if (!n->present || n->drained || n == w->exclude || n->port == 0 || !node_offers (n, w->backend))
+    return false;
+  load (n); /* forgets placements a newer status already counts */
+  if (n->memory_free_mb - (long long)n->pending * w->memory_mb < w->memory_mb)
+    return false;
+  return w->labels == NULL || labels_match (n->status, w->labels);
+}
+
+/* Does any present node hold the image? Cached per image set generation:
+ * statuses change every second, image sets rarely. */
+static bool
+image_anywhere (struct gw *g, uint64_t image)
+{
+  static struct
+  {
+    uint64_t image;
+    unsigned long gen;
+    bool any;
+  } cache[64];
+  unsigned slot = (unsigned)(image % 64);
+  if (cache[slot].image == image && cache[slot].gen == g->images_gen && g->images_gen)
+    return cache[slot].any;
+  bool any = false;
+  for (size_t i = 0; i < g->n_nodes && !any; i++)
+    any = g->nodes[i]->present && node_holds (g->nodes[i], image);
+  cache[slot].image = image;
+  cache[slot].gen = g->images_gen;
+  cache[slot].any = any;
+  return any;
+}
+
+/* Samples drawn before falling back to a scan of every node. */
+#define PLACE_DRAWS 32
 
 struct gw_node *
 gw_place (struct gw *g, const char *backend, long long memory_mb, const json_t *want_labels,
           const char *image, const struct gw_node *exclude)
 {
   static struct gw_node *cands[GW_MAX_NODES];
-  size_t nc = 0;
+  const struct want w = { backend, memory_mb, want_labels, exclude };
+  struct gw_node *pair[2] = { NULL, NULL };
+  size_t np = 0;
   pthread_mutex_lock (&g->mu);
-  for (size_t i = 0; i < g->n_nodes; i++)
+  uint64_t img = image ? fnv1a (image) : 0;
+  /* nodes that hold the image first (the others would have to fetch it),
+   * when any does */
+  bool prefer = image && g->n_nodes > 1 && image_anywhere (g, img);
+  /* power of two choices by sampling: two distinct random nodes that pass
+   * the filters (and hold the image when preferred) */
+  for (int d = 0; d < PLACE_DRAWS && np < 2 && g->n_nodes; d++)
     {
-      struct gw_node *n = g->nodes[i];
-      if (!n->present || n->drained || n == exclude || n->port == 0
-          || !status_lists (n->status, "backends", backend)
-          || (want_labels && !labels_match (n->status, want_labels)))
-        continue;
-      long long free_mb = json_integer_value (json_object_get (n->status, "memory_free_mb"));
-      load (n); /* forgets placements a newer status already counts */
-      if (free_mb - (long long)n->pending * memory_mb < memory_mb)
-        continue;
-      cands[nc++] = n;
+      struct gw_node *n = g->nodes[rng () % g->n_nodes];
+      if (n != pair[0] && fits (n, &w) && (!prefer || node_holds (n, img)))
+        pair[np++] = n;
     }
-  if (image && nc > 1)
+  if (np < 2)
     {
-      /* nodes that hold the image first: the others would have to fetch it */
-      size_t k = 0;
-      for (size_t i = 0; i < nc; i++)
-        if (status_lists (cands[i]->status, "images", image))
-          cands[k++] = cands[i];
-      if (k > 0)
-        nc = k; /* else none has it: cands[] is untouched, all stay */
+      /* few nodes fit: look at all of them */
+      size_t nc = 0, nh = 0;
+      for (size_t i = 0; i < g->n_nodes; i++)
+        if (fits (g->nodes[i], &w))
+          cands[nc++] = g->nodes[i];
+      if (prefer)
+        {
+          for (size_t i = 0; i < nc; i++)
+            if (node_holds (cands[i], img))
+              cands[nh++] = cands[i];
+          if (nh > 0)
+            nc = nh; /* else none that fits has it: cands[] is untouched, all stay */
+        }
+      np = nc < 2 ? nc : 2;
+      if (nc == 1)
+        pair[0] = cands[0];
+      else if (nc > 1)
+        {
+          size_t a = rng () % nc, b = rng () % (nc - 1);
+          if (b >= a)
+            b++;
+          pair[0] = cands[a];
+          pair[1] = cands[b];
+        }
     }
-  struct gw_node *pick = NULL;
-  if (nc == 1)
-    pick = cands[0];
-  else if (nc > 1)
-    {
-      /* power of two choices: two distinct random candidates, the less loaded wins */
-      size_t a = rng () % nc, b = rng () % (nc - 1);
-      if (b >= a)
-        b++;
-      long long la = load (cands[a]), lb = load (cands[b]);
-      pick = la <= lb ? cands[a] : cands[b];
-    }
+  struct gw_node *pick = pair[0];
+  if (np == 2 && load (pair[1]) < load (pair[0]))
+    pick = pair[1]; /* the less loaded of the two */
   if (pick)
     {
       load (pick);
