@@ -160,5 +160,8 @@ char *wrd_metrics_text (struct wrd *d);
 /* worker thread jobs: run fn off the loop, then done on the loop */
 typedef void (*wrd_job_fn) (void *arg);
 int wrd_job_run (struct wrd *d, wrd_job_fn fn, wrd_job_fn done, void *arg);
+/* Shutdown, before the HTTP server and the store go: cancel registry
+ * transfers, wait for every job and deliver its done on the loop. */
+void wrd_jobs_drain (struct wrd *d);
 
 #endif

@@ -415,6 +415,7 @@ main (int argc, char **argv)
   /* SandboxFusion API */
   wrd_compat_sf_stop (&d);
   wrd_compat_e2b_stop (&d); /* E2B API */
+  wrd_jobs_drain (&d); /* image jobs use the store and their requests */
   wrd_http_free (&d);
   wrd_fncall_shutdown (&d);
   wrd_shutdown (&d);

@@ -104,12 +104,20 @@ struct job
   struct event *ev;
 };
 
+/* jobs whose fn still runs, and jobs whose done is not yet delivered: the
+ * daemon may not free what they use (the store, requests) before both are
+ * 0 (wrd_jobs_drain) */
+static pthread_mutex_t jobs_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t jobs_cond = PTHREAD_COND_INITIALIZER;
+static unsigned jobs_running, jobs_undelivered;
+
 static void
 job_done_cb (evutil_socket_t fd, short what, void *arg)
 {
   (void)fd;
   (void)what;
   struct job *j = arg;
+  jobs_undelivered--;
   j->done (j->arg);
   event_free (j->ev);
   free (j);
@@ -121,6 +129,10 @@ job_thread (void *arg)
   struct job *j = arg;
   j->fn (j->arg);
   event_active (j->ev, EV_TIMEOUT, 0); /* thread-safe: evthread_use_pthreads() at startup */
+  pthread_mutex_lock (&jobs_lock);
+  jobs_running--;
+  pthread_cond_broadcast (&jobs_cond);
+  pthread_mutex_unlock (&jobs_lock);
   return NULL;
 }
 
@@ -139,13 +151,34 @@ wrd_job_run (struct wrd *d, wrd_job_fn fn, wrd_job_fn done, void *arg)
   pthread_attr_t attr;
   pthread_attr_init (&attr);
   pthread_attr_setdetachstate (&attr, PTHREAD_CREATE_DETACHED);
+  pthread_mutex_lock (&jobs_lock);
+  jobs_running++;
+  pthread_mutex_unlock (&jobs_lock);
+  jobs_undelivered++;
   int r = pthread_create (&t, &attr, job_thread, j);
   pthread_attr_destroy (&attr);
   if (r != 0)
     {
+      pthread_mutex_lock (&jobs_lock);
+      jobs_running--;
+      pthread_mutex_unlock (&jobs_lock);
+      jobs_undelivered--;
       event_free (j->ev);
       free (j);
       return -r;
     }
   return 0;
+}
+
+void
+wrd_jobs_drain (struct wrd *d)
+{
+  wr_registry_cancel_all (); /* a pull or push ends at once, with an error */
+  pthread_mutex_lock (&jobs_lock);
+  while (jobs_running > 0)
+    pthread_cond_wait (&jobs_cond, &jobs_lock);
+  pthread_mutex_unlock (&jobs_lock);
+  /* their done events are active: run them while the requests still exist */
+  while (jobs_undelivered > 0)
+    event_base_loop (d->base, EVLOOP_NONBLOCK);
 }

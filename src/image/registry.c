@@ -1417,6 +1417,19 @@ fetcher_syscalls (void)
   return r;
 }
 
+/* The intermediate process: SIGTERM (run_wait, wr_registry_cancel_all)
+ * ends the fetcher, PID 1 of its namespace, and with it the namespace (its
+ * parent-death signal does not survive its change of uid). */
+static volatile pid_t fetcher_child;
+
+static void
+fetcher_term (int sig)
+{
+  (void)sig;
+  if (fetcher_child > 0)
+    kill (fetcher_child, SIGKILL);
+}
+
 /* The forked fetcher: fd 3 is its socket, everything else of the daemon's
  * is closed. Returns only in the parent. */
 static pid_t
@@ -1460,11 +1473,19 @@ fetcher_spawn (struct fetcher *f, int sock, const char *workdir, const char *jai
   if (unshare (CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS) < 0)
     _exit (2);
   /* PID 1 of its own pid namespace: its /proc shows nothing else */
+  sigset_t term, old;
+  sigemptyset (&term);
+  sigaddset (&term, SIGTERM);
+  sigprocmask (SIG_BLOCK, &term, &old);
+  struct sigaction sa = { .sa_handler = fetcher_term };
+  sigaction (SIGTERM, &sa, NULL);
   pid_t child = fork ();
   if (child < 0)
     _exit (2);
   if (child == 0)
     {
+      signal (SIGTERM, SIG_DFL);
+      sigprocmask (SIG_SETMASK, &old, NULL);
       prctl (PR_SET_PDEATHSIG, SIGKILL);
       f->sock = 3;
       if (wr_jail_enter (&j) < 0 || prctl (PR_SET_DUMPABLE, 0) < 0
@@ -1475,6 +1496,8 @@ fetcher_spawn (struct fetcher *f, int sock, const char *workdir, const char *jai
       _exit (0);
     }
   close (3);
+  fetcher_child = child;
+  sigprocmask (SIG_SETMASK, &old, NULL);
   int status;
   while (waitpid (child, &status, 0) < 0)
     if (errno != EINTR)
@@ -1587,6 +1610,49 @@ struct pull_run
   struct fetcher f;
 };
 
+/* The forked fetchers alive, so that a stopping daemon can end them
+ * (wr_registry_cancel_all); a pid leaves the list before it is reaped, so
+ * a kill never reaches a reused pid. */
+static pthread_mutex_t fetchers_lock = PTHREAD_MUTEX_INITIALIZER;
+static pid_t fetchers[64];
+static bool fetchers_cancelled;
+
+static bool
+fetcher_track (pid_t pid)
+{
+  pthread_mutex_lock (&fetchers_lock);
+  bool ok = !fetchers_cancelled;
+  for (size_t i = 0; ok && i < WR_ARRAY_SIZE (fetchers); i++)
+    if (fetchers[i] == 0)
+      {
+        fetchers[i] = pid;
+        break;
+      }
+  pthread_mutex_unlock (&fetchers_lock);
+  return ok;
+}
+
+static void
+fetcher_untrack (pid_t pid)
+{
+  pthread_mutex_lock (&fetchers_lock);
+  for (size_t i = 0; i < WR_ARRAY_SIZE (fetchers); i++)
+    if (fetchers[i] == pid)
+      fetchers[i] = 0;
+  pthread_mutex_unlock (&fetchers_lock);
+}
+
+void
+wr_registry_cancel_all (void)
+{
+  pthread_mutex_lock (&fetchers_lock);
+  fetchers_cancelled = true;
+  for (size_t i = 0; i < WR_ARRAY_SIZE (fetchers); i++)
+    if (fetchers[i] > 0)
+      kill (fetchers[i], SIGTERM);
+  pthread_mutex_unlock (&fetchers_lock);
+}
+
 static int
 run_wait (struct pull_run *run, bool kill_it)
 {
@@ -1604,8 +1670,9 @@ run_wait (struct pull_run *run, bool kill_it)
   run->f.dirfd = run->f.sock = -1;
   if (run->pid <= 0)
     return 0;
+  fetcher_untrack (run->pid);
   if (kill_it)
-    kill (run->pid, SIGKILL);
+    kill (run->pid, SIGTERM);
   int status = 0;
   while (waitpid (run->pid, &status, 0) < 0)
     if (errno != EINTR)
@@ -1619,6 +1686,11 @@ static int
 fetcher_died (struct pull_run *run, wr_err_t *err)
 {
   int code = run_wait (run, true);
+  pthread_mutex_lock (&fetchers_lock);
+  bool cancelled = fetchers_cancelled;
+  pthread_mutex_unlock (&fetchers_lock);
+  if (cancelled)
+    return wr_error (err, 0, WR_E_UNAVAILABLE, "the daemon is stopping: registry transfer ended");
   if (code > 100)
     return wr_error (err, 0, WR_E_INVALID, "the registry fetcher was killed by signal %d%s",
                      code - 100,
@@ -1914,6 +1986,8 @@ run_start (struct wr_store *s, struct pull_run *run, int wfd, const char *workdi
       close (sp[1]);
       if (run->pid < 0)
         e = wr_sys_error (err, "fork the registry fetcher");
+      else if (!fetcher_track (run->pid))
+        e = wr_error (err, 0, WR_E_UNAVAILABLE, "the daemon is stopping");
     }
   if (run->sock < 0)
     {

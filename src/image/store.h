@@ -159,6 +159,10 @@ int wr_image_pull (struct wr_store *s, const char *ref, const char *name, bool i
 int wr_image_push (struct wr_store *s, const char *ref, const char *target, bool insecure,
                    wr_progress_fn progress, void *ud, json_t **ret, wr_err_t *err);
 
+/* A stopping daemon: end every registry pull and push under way (they
+ * fail) and refuse new ones. */
+void wr_registry_cancel_all (void);
+
 /* Fetch on first use (docs/cluster.md): 1 and the local name
  * ("HOST-PORT/REPO:TAG") when ref is a registry reference
  * ("HOST[:PORT]/REPO[:TAG]", HOST with a dot or a port, or localhost), else
