@@ -415,7 +415,8 @@ main (int argc, char **argv)
   /* SandboxFusion API */
   wrd_compat_sf_stop (&d);
   wrd_compat_e2b_stop (&d); /* E2B API */
-  wrd_jobs_drain (&d); /* image jobs use the store and their requests */
+  /* image jobs use the store and their requests: done before both go */
+  wrd_jobs_drain (&d);
   wrd_http_free (&d);
   wrd_fncall_shutdown (&d);
   wrd_shutdown (&d);
