@@ -41,6 +41,7 @@
 #include "common/b64.h"
 #include "common/httpd.h"
 #include "common/util.h"
+#include "daemon/compat_e2b.h"
 #include "daemon/log.h"
 
 #define SF_DEFAULT_IMAGE "base:bookworm"
@@ -1191,7 +1192,9 @@ sf_route (struct evhttp_request *req, void *arg)
     }
   else
     {
-      sf_reply (req, 404, json_pack ("{s:s}", "detail", "Not Found"));
+      /* the same port serves E2B's APIs (docs/e2b.md) */
+      if (!wrd_compat_e2b_route (req))
+        sf_reply (req, 404, json_pack ("{s:s}", "detail", "Not Found"));
       return;
     }
   struct evbuffer *ib = evhttp_request_get_input_buffer (req);
@@ -1310,7 +1313,8 @@ listen_open (struct sf *s, const char *spec, wr_err_t *err)
   evhttp_set_gencb (s->http, sf_route, s);
   evhttp_set_max_body_size (s->http, SF_MAX_BODY);
   evhttp_set_max_headers_size (s->http, WR_HTTPD_HEADER_MAX);
-  evhttp_set_allowed_methods (s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD);
+  evhttp_set_allowed_methods (s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD
+                                           | EVHTTP_REQ_DELETE | EVHTTP_REQ_PUT);
   /* idle keep-alive connections close after this; a run may take an hour */
   evhttp_set_timeout (s->http, 3600);
   if (evhttp_accept_socket_with_handle (s->http, fd) == NULL)
@@ -1407,7 +1411,12 @@ wrd_compat_sf_start (struct wrd *d, const struct wrd_compat_sf_config *cfg, wr_e
       return -1;
     }
   g_sf = s;
-  wrd_log (WRD_LOG_INFO, "SandboxFusion API on %s%s", spec, s->token[0] ? " (token)" : "");
+  if (wrd_compat_e2b_attach (d, err) < 0)
+    {
+      wrd_compat_sf_stop (d);
+      return -1;
+    }
+  wrd_log (WRD_LOG_INFO, "SandboxFusion and E2B APIs on %s%s", spec, s->token[0] ? " (token)" : "");
   return 0;
 }
 

@@ -31,7 +31,7 @@ sys_path = os.path.join(HERE, "sandboxfusion")
 import sys  # noqa: E402
 
 sys.path.insert(0, sys_path)
-from sfclient import debian_tarball, free_port  # noqa: E402
+from sfclient import debian_tarball, free_port, sf_daemon  # noqa: E402,F401 (fixture)
 
 
 def npm_dir():
@@ -202,3 +202,17 @@ def test_control_api_contract(e2b):
     assert request(port, "DELETE", "/sandboxes/" + sid)[0] == 404
     wait_for(lambda: d.api.raw("GET", "/v1/sandboxes").json()["sandboxes"] == [],
              what="the sandbox is gone")
+
+
+def test_sdk_on_the_compat_listener(sf_daemon):
+    """--listen-compat serves E2B next to SandboxFusion on one port."""
+    d, sf = sf_daemon
+    nd = npm_dir()
+    env = dict(node_env(sf.port), WARREN_E2B_TEMPLATE="base:bookworm")
+    r = subprocess.run(["node", "smoke.mjs"], cwd=nd, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["ok"] is True
+    res = sf.run_code(code="print(1)")
+    assert res["status"] == "Success" and res["run_result"]["stdout"] == "1\n", res
+    assert d.api.raw("GET", "/v1/sandboxes").json()["sandboxes"] == []

@@ -1,9 +1,11 @@
 // The e2b SDK against Warren: create, run, write/read, list, kill.
-// Env: E2B_API_URL, E2B_SANDBOX_URL (the same Warren port), E2B_API_KEY.
+// Env: E2B_API_URL, E2B_SANDBOX_URL (the same Warren port), E2B_API_KEY;
+// WARREN_E2B_TEMPLATE picks the template (default "base").
 import { Sandbox, CommandExitError } from 'e2b'
 import assert from 'node:assert/strict'
 
-const sbx = await Sandbox.create({ metadata: { suite: 'warren-smoke' }, timeoutMs: 120_000 })
+const template = process.env.WARREN_E2B_TEMPLATE ?? 'base'
+const sbx = await Sandbox.create(template, { metadata: { suite: 'warren-smoke' }, timeoutMs: 120_000 })
 try {
   const r = await sbx.commands.run('echo hello; echo oops >&2; pwd')
   assert.equal(r.exitCode, 0)
@@ -20,7 +22,7 @@ try {
   const found = await Sandbox.list({ query: { metadata: { suite: 'warren-smoke' } } }).nextItems()
   assert.ok(found.some((s) => s.sandboxId === sbx.sandboxId))
   const info = await sbx.getInfo()
-  assert.equal(info.templateId, 'base')
+  assert.equal(info.templateId, template)
   console.log(JSON.stringify({ ok: true, sandboxId: sbx.sandboxId }))
 } finally {
   await sbx.kill()
