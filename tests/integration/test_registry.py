@@ -412,6 +412,10 @@ def test_concurrent_creates_fetch_once(rootfs, work, plain, daemons):
         for t in ts:
             t.join(900)
         assert {e.status for e in errs} == {404}, [(e.status, e.body[:200]) for e in errs]
+        # and the daemon that fetched stops cleanly: exit status 0 on SIGTERM
+        d.proc.send_signal(signal.SIGTERM)
+        assert d.proc.wait(timeout=120) == 0, d.logtext()
+        assert "AddressSanitizer" not in d.logtext(), d.logtext()
     finally:
         proxy.close()
 
