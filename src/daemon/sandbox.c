@@ -1137,6 +1137,7 @@ wrd_sandbox_destroy (struct wrd *d, struct sandbox *sb, wr_err_t *err)
 {
   if (sb->state == SB_DESTROYING)
     return 0;
+  wrd_checkpoints_drop (d, sb->id);
   if (sb->pool)
     {
       for (struct sandbox **l = &sb->pool->head; *l; l = &(*l)->pool_next)
@@ -1145,7 +1146,6 @@ wrd_sandbox_destroy (struct wrd *d, struct sandbox *sb, wr_err_t *err)
             *l = sb->pool_next;
             sb->pool->ready--;
             break;
-  wrd_checkpoints_drop (d, sb->id);
           }
       sb->pool = NULL;
       pool_kick (d);
@@ -1243,6 +1243,8 @@ wrd_sandbox_json (struct wrd *d, struct sandbox *sb, bool detail)
                                         "cpu_usage_ns", (json_int_t)st.cpu_usage_ns));
       json_object_set_new (j, "pid", json_integer (sb->c.pid));
     }
+  if (detail)
+    json_object_set_new (j, "checkpoints", wrd_checkpoints_json (d, sb->id));
   return j;
 }
 
@@ -1251,8 +1253,6 @@ wrd_sandbox_json (struct wrd *d, struct sandbox *sb, bool detail)
 static int
 recover_row (struct wrd *d, json_t *row, void *ud WR_UNUSED)
 {
-  if (detail)
-    json_object_set_new (j, "checkpoints", wrd_checkpoints_json (d, sb->id));
   const char *id = json_string_value (json_object_get (row, "id"));
   const char *state = json_string_value (json_object_get (row, "state"));
   char sdir[1200];
