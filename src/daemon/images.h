@@ -35,8 +35,8 @@ struct idmap
 struct pack_snap
 {
   char id[33];
-  int upper_fd; /* O_PATH, from the agent through pidfd_getfd */
-  bool froze;   /* we froze it: thaw at the end */
+  int upper_fd;  /* O_PATH, from the agent through pidfd_getfd */
+  bool froze;    /* we froze it: thaw at the end */
   bool keep_all; /* checkpoints and forks: no scrubbing of shell histories */
   struct idmap uids, gids;
   char (*layers)[72];

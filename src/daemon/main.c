@@ -15,7 +15,7 @@
 
 #include "common/httpd.h"
 #include "common/util.h"
-#include "daemon/compat_sf.h" /* SandboxFusion API */
+#include "daemon/compat_sf.h"  /* SandboxFusion API */
 #include "daemon/compat_e2b.h" /* E2B API */
 #include "daemon/fncall.h"
 #include "daemon/log.h"
