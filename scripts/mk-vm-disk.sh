@@ -14,6 +14,13 @@
 # SeaBIOS boots it with no -kernel. Needs root, losetup, sfdisk, extlinux.
 # Environment: WARREN_AGENT (agent binary; default build/bin/warren-agent).
 set -euo pipefail
+# Mount everything in a private mount namespace: a sandbox created meanwhile
+# (a new mount namespace copies the host's mounts) would otherwise keep the
+# disk's ext4 mounted after our umount, unflushed, and qemu-img would copy a
+# half-written file system (no extlinux.conf: SYSLINUX finds nothing to boot).
+if [ -z "${WARREN_MK_VM_DISK_NS:-}" ]; then
+  WARREN_MK_VM_DISK_NS=1 exec unshare -m --propagation private bash "$0" "$@"
+fi
 here=$(cd "$(dirname "$0")/.." && pwd)
 mode=debian
 if [ "${1:-}" = --busybox ]; then
@@ -168,6 +175,7 @@ LABEL warren
   INITRD $initrd
   APPEND root=LABEL=warren-root rw console=ttyS0 quiet loglevel=4 panic=-1
 EOF
+sync -f "$mnt"
 umount "$mnt"
 losetup -d "$loop"
 loop=
