@@ -11,6 +11,7 @@ PKGS=(
   crun bubblewrap clang-format clang libclang-rt-14-dev
   docker-registry apache2-utils python3-cryptography debootstrap etcd-server
   qemu-system-x86 qemu-utils seabios cpio fdisk extlinux syslinux-common
+  nftables libnftables-dev dnsutils # sandbox networking (docs/network.md)
   nodejs npm # E2B conformance: the e2b npm SDK (tests/integration/test_e2b.py)
 )
 missing=()
