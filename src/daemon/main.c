@@ -38,7 +38,7 @@ usage (FILE *f)
       "               [--listen-compat tcp:ADDR:PORT [--compat-token-file F]]\n"
       "               [--listen-e2b tcp:ADDR:PORT]\n"
       "               [--registry-ca FILE] [--registry-auth FILE] [--registry-mirror H=M]...\n"
-      "               [--registry-insecure HOST:PORT]...\n"
+      "               [--registry-insecure HOST:PORT]... [--registry-trust-erofs HOST[:PORT]]...\n"
       "               [--compat-image [LANG=]REF]... [--log-retention S]\n" WRD_CLUSTER_USAGE
       "Runs the Warren node daemon in the foreground; all state lives under DIR.\n"
       "Default listener: unix:DIR/warrend.sock (owner-only).\n");
@@ -121,6 +121,7 @@ main (int argc, char **argv)
     { "registry-auth", required_argument, NULL, 2201 },
     { "registry-mirror", required_argument, NULL, 2202 },
     { "registry-insecure", required_argument, NULL, 2203 },
+    { "registry-trust-erofs", required_argument, NULL, 2204 },
     { "log-retention", required_argument, NULL, 2100 }, /* trajectory log */
     { "listen-e2b", required_argument, NULL, 2300 },    /* E2B API */
     { NULL, 0, NULL, 0 },
@@ -258,7 +259,11 @@ main (int argc, char **argv)
         break;
       case 2202: /* repeated: HOST=MIRROR,HOST2=MIRROR2 */
       case 2203: /* repeated: HOST:PORT,... (plain http) */
-        if (env_append (c == 2202 ? "WARREN_REGISTRY_MIRRORS" : "WARREN_REGISTRY_INSECURE", optarg)
+      case 2204: /* repeated: HOST[:PORT],... (Warren EROFS layers accepted) */
+        if (env_append (c == 2202   ? "WARREN_REGISTRY_MIRRORS"
+                        : c == 2203 ? "WARREN_REGISTRY_INSECURE"
+                                    : "WARREN_REGISTRY_TRUST_EROFS",
+                        optarg)
             < 0)
           return 2;
         break;

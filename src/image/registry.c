@@ -1735,6 +1735,26 @@ erofs_commit (struct wr_store *s, const char *target, json_t *config, const int 
   return e;
 }
 
+/* Warren EROFS layers are file-system images the host kernel mounts: taken
+ * only from registries the operator lists (WARREN_REGISTRY_TRUST_EROFS,
+ * warrend --registry-trust-erofs HOST[:PORT],...; "*" for any), never from
+ * any registry a reference names. Tar layers are always rebuilt here. */
+static bool
+erofs_trusted (const struct rref *r)
+{
+  const char *list = getenv ("WARREN_REGISTRY_TRUST_EROFS");
+  char hp[300];
+  snprintf (hp, sizeof hp, "%s%s%s", r->host, r->port[0] ? ":" : "", r->port);
+  for (const char *p = list; p && *p; p += strcspn (p, ","), p += *p == ',')
+    {
+      size_t n = strcspn (p, ",");
+      if ((n == 1 && *p == '*') || (n == strlen (hp) && strncmp (p, hp, n) == 0)
+          || (n == strlen (r->host) && strncmp (p, r->host, n) == 0))
+        return true;
+    }
+  return false;
+}
+
 static int
 pull_in (struct wr_store *s, struct pull_run *run, int wfd, const char *target,
          const struct wr_store_limits *lim, wr_progress_fn progress, void *ud,
@@ -1823,6 +1843,12 @@ pull_in (struct wr_store *s, struct pull_run *run, int wfd, const char *target,
   else if (e == 0 && n_erofs != m->n)
     e = wr_error (err, 0, WR_E_UNSUPPORTED,
                   "the image mixes Warren EROFS layers with tar layers (docs/images.md, Push)");
+  else if (e == 0 && !erofs_trusted (&run->f.r))
+    e = wr_error (err, 0, WR_E_FORBIDDEN,
+                  "%s serves Warren EROFS layers, which this host's kernel would mount as they "
+                  "are: accept them only from your own registry (warrend --registry-trust-erofs "
+                  "%s%s%s; docs/images.md, Push)",
+                  run->f.r.host, run->f.r.host, run->f.r.port[0] ? ":" : "", run->f.r.port);
   else if (e == 0)
     e = erofs_commit (s, target, config, fds, blobs, m->n, ret, err);
   for (size_t i = 0; i < m->n; i++)

@@ -481,8 +481,17 @@ def test_push_then_create_on_another_node(rootfs, plain, daemons):
         res = r.json()
         assert res["uploaded"] == len(layers) + 1 and res["skipped"] == 0, res
         assert proxy.count("PUT /v2/cluster/bb/manifests/v1") == 1, proxy.lines
-        # node B: fetch on first use, the EROFS layers taken as they are
-        b = daemons("--registry-insecure", f"127.0.0.1:{proxy.port}")
+        # a node that does not trust the registry with EROFS layers (the
+        # host kernel mounts them as they are) refuses them, storing nothing
+        u = daemons("--registry-insecure", f"127.0.0.1:{proxy.port}")
+        r = u.api.raw("POST", "/v1/sandboxes", {"image": target}, timeout=600)
+        assert r.status == 403, r
+        assert "--registry-trust-erofs 127.0.0.1:%d" % proxy.port in r.json()["error"]["message"], r
+        assert not [i for i in u.api.raw("GET", "/v1/images").json()["images"]
+                    if i["name"].endswith("cluster/bb:v1")]
+        # node B trusts it: fetch on first use, the EROFS layers taken as they are
+        b = daemons("--registry-insecure", f"127.0.0.1:{proxy.port}",
+                    "--registry-trust-erofs", f"127.0.0.1:{proxy.port}")
         r = b.api.raw("POST", "/v1/sandboxes", {"image": target}, timeout=600)
         assert r.status == 201, r
         sid = r.json()["id"]
@@ -532,7 +541,8 @@ def test_push_with_auth(work, rootfs, tls_basic, daemons):
     assert r.status == 200, r
     assert r.json()["uploaded"] == 2, r.json()
     # and back, on a node with the same credentials
-    d2 = daemons("--registry-ca", ca, "--registry-auth", good)
+    d2 = daemons("--registry-ca", ca, "--registry-auth", good, "--registry-trust-erofs",
+                 host.split(":")[0])
     r = pull(d2, f"{host}/auth/small:v1")
     assert r.status == 201, r
     # wrong credentials: a clear 401
