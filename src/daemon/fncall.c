@@ -24,6 +24,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
 
@@ -99,6 +100,7 @@ struct fn_pool
   unsigned start_failures; /* in a row */
   char last_error[300];
   uint64_t calls, retries, rejected, replaced, failed;
+  uint64_t abandoned; /* calls whose caller hung up before the answer */
   struct fn_pool *next;
 };
 
@@ -107,6 +109,7 @@ struct fn_call
   struct wrd *d;
   struct evhttp_request *req;
   struct evhttp_connection *evcon;
+  struct event *hangup; /* the caller's socket closed (EV_CLOSED) */
   struct fn_pool *pool;
   struct fn_member *m;
   json_t *body; /* agent EXEC body (cmd) or zygote request (python) */
@@ -144,6 +147,8 @@ call_free (struct fn_call *c)
 {
   if (c->evcon)
     evhttp_connection_set_closecb (c->evcon, NULL, NULL);
+  if (c->hangup)
+    event_free (c->hangup);
   json_decref (c->body);
   free (c->in);
   if (c->out)
@@ -204,12 +209,22 @@ call_reply (struct fn_call *c, json_t *r)
   call_free (c);
 }
 
+/* The caller went away: a queued call is dropped, a running one is
+ * stopped so that its member serves the next call now, not after the
+ * call's own timeout. */
 static void
 client_closed (struct evhttp_connection *evcon WR_UNUSED, void *arg)
 {
   struct fn_call *c = arg;
   c->client_gone = true;
   c->evcon = NULL;
+  if (c->hangup)
+    {
+      event_free (c->hangup); /* its fd is evhttp's, and may be closed now */
+      c->hangup = NULL;
+    }
+  if (c->pool)
+    c->pool->abandoned++;
   if (c->queued)
     {
       struct fn_pool *p = c->pool;
@@ -229,9 +244,39 @@ client_closed (struct evhttp_connection *evcon WR_UNUSED, void *arg)
       call_free (c);
       return;
     }
-  /* Running: a command can be stopped now; a Python call ends at its timeout. */
-  if (c->m && c->sid && c->m->sb && c->m->sb->conn)
-    agent_send (c->m->sb->conn, c->sid, WR_MSG_SIGNAL, "{\"signal\":9}", 12);
+  struct fn_member *m = c->m;
+  if (m == NULL)
+    return; /* between members (a retry being queued): call_lost frees it */
+  /* A command: SIGKILL its process group; the agent sweeps the call uid and
+   * answers, and the member takes the next call. */
+  if (c->sid && m->sb && m->sb->conn)
+    {
+      agent_send (m->sb->conn, c->sid, WR_MSG_SIGNAL, "{\"signal\":9}", 12);
+      return;
+    }
+  /* A Python call runs in the zygote, which reads no request until the call
+   * ends: the member is replaced (call_lost frees the call). */
+  if (m->cur == c)
+    {
+      struct fn_pool *p = c->pool;
+      member_kill (c->d, m, "its caller hung up"); /* frees c */
+      p->replaced--;                               /* the caller's doing, not damage */
+    }
+}
+
+/* evhttp does not read a connection while it answers it, so its close
+ * callback fires only once the answer is written: without this, a call
+ * whose caller hung up would hold its member until its own timeout. Watch
+ * the socket for the peer's close (EPOLLRDHUP), as compat_sf.c does. */
+static void
+client_hangup (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
+{
+  struct fn_call *c = arg;
+  struct evhttp_connection *evcon = c->evcon;
+  wrd_log (WRD_LOG_DEBUG, "fncall: the caller hung up; stopping its call");
+  evhttp_connection_set_closecb (evcon, NULL, NULL);
+  client_closed (evcon, c);       /* may free c */
+  evhttp_connection_free (evcon); /* and the request it holds: never answered */
 }
 
 /* ---- members ---- */
@@ -1242,6 +1287,9 @@ wrd_fncall_http_calls (struct wrd *d, struct evhttp_request *req)
     p->start_failures = 2; /* demand again: allow one more attempt before failing */
   c->evcon = evhttp_request_get_connection (req);
   evhttp_connection_set_closecb (c->evcon, client_closed, c);
+  int cfd = bufferevent_getfd (evhttp_connection_get_bufferevent (c->evcon));
+  if (cfd >= 0 && (c->hangup = event_new (d->base, cfd, EV_CLOSED, client_hangup, c)))
+    event_add (c->hangup, NULL);
   c->queued = true;
   if (p->qtail)
     p->qtail->qnext = c;
@@ -1285,14 +1333,14 @@ pools_json (struct wrd *d)
                            (json_int_t)m->sb->c.pid, "zygote_pid", (json_int_t)m->zpid, "mode",
                            m->reuse ? "reuse" : "fork"));
       json_array_append_new (
-          a, json_pack ("{s:s,s:s,s:s,s:I,s:s,s:I,s:I,s:b,s:o,s:I,s:I,s:I,s:I,s:I,s:I,s:s}", "key",
-                        p->key, "image", p->image, "lang", lang_name (p->lang), "memory_mb",
+          a, json_pack ("{s:s,s:s,s:s,s:I,s:s,s:I,s:I,s:b,s:o,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:s}",
+                        "key", p->key, "image", p->image, "lang", lang_name (p->lang), "memory_mb",
                         (json_int_t)p->memory_mb, "mode", p->reuse ? "reuse" : "fork", "size",
                         (json_int_t)p->size, "min", (json_int_t)p->min, "configured", p->configured,
                         "members", ms, "queued", (json_int_t)p->qlen, "calls", (json_int_t)p->calls,
                         "retries", (json_int_t)p->retries, "rejected", (json_int_t)p->rejected,
                         "replaced", (json_int_t)p->replaced, "failed", (json_int_t)p->failed,
-                        "last_error", p->last_error));
+                        "abandoned", (json_int_t)p->abandoned, "last_error", p->last_error));
     }
   struct wrd_fncall *f = d->fncall;
   return json_pack ("{s:o,s:{s:I,s:I,s:I,s:I,s:b}}", "pools", a, "config", "default_size",

@@ -493,6 +493,59 @@ def test_queue_full_429(fn):
     assert sorted(s for s, _ in results) == [200] * 5
 
 
+def start_call(api, **req):
+    """Send a call on a raw socket and return the socket without reading the answer."""
+    import json
+    import socket
+    body = json.dumps(req).encode()
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(api.sock)
+    s.sendall(b"POST /v1/calls HTTP/1.1\r\nHost: warren\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    return s
+
+
+def test_caller_hangup_frees_the_member(fn):
+    """A caller that closes its connection cancels its call: on a pool of
+    one sandbox, the next call runs at once instead of after the abandoned
+    call's 600 s (issue 11: evhttp does not see the close on its own)."""
+    key = set_pool(fn.api, "python:latest", 1, 211)
+    busy = lambda: pool(fn.api, key)["members"][0]["state"] == "busy"
+    a = start_call(fn.api, image="python:latest", memory_mb=211, cmd=["sleep", "600"],
+                   timeout_s=600)
+    assert wait_for(busy)
+    # a queued call whose caller leaves is dropped from the queue
+    b = start_call(fn.api, image="python:latest", memory_mb=211, cmd=["echo", "never"])
+    assert wait_for(lambda: pool(fn.api, key)["queued"] == 1)
+    b.close()
+    assert wait_for(lambda: pool(fn.api, key)["queued"] == 0)
+    assert pool(fn.api, key)["abandoned"] == 1
+    a.close()
+    assert wait_for(lambda: pool(fn.api, key)["abandoned"] == 2)
+    # the running command was killed: its member is free for the next call,
+    # which is answered long before the 600 s the abandoned one asked for
+    j = ok(fn.api, timeout=120, image="python:latest", memory_mb=211, cmd=["echo", "next"])
+    assert j["stdout"] == "next\n"
+    p = pool(fn.api, key)
+    assert p["replaced"] == 0 and len(p["members"]) == 1 and p["calls"] == 2, p
+
+
+def test_caller_hangup_frees_a_python_member(fn):
+    """A Python call cannot be stopped inside the zygote: its member is
+    replaced, so the pool serves the next call without waiting 600 s."""
+    key = set_pool(fn.api, "python:latest", 1, 212, lang="python")
+    a = start_call(fn.api, image="python:latest", lang="python", memory_mb=212,
+                   code="import time\ntime.sleep(600)", timeout_s=600)
+    assert wait_for(lambda: pool(fn.api, key)["members"][0]["state"] == "busy")
+    a.close()
+    assert wait_for(lambda: pool(fn.api, key)["abandoned"] == 1)
+    j = ok(fn.api, timeout=120, image="python:latest", lang="python", memory_mb=212,
+           code="print(7)")
+    assert j["stdout"] == "7\n"
+    p = pool(fn.api, key)
+    assert p["replaced"] == 0 and p["failed"] == 0, p
+
+
 def test_cold_key_refill_and_shrink(fn):
     # a memory size no other test uses: a cold key
     t = time.time()
