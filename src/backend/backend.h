@@ -101,8 +101,9 @@ void wr_container_fill (struct wr_container *ret, const char *id, pid_t pid, int
 #define WR_UID_CLAIM_DIR "/run/warren-uids"
 /* Claim the lowest free block of the range for sandbox id. */
 int wr_uid_block_alloc (struct wr_runtime *rt, const char *id, uid_t *ret, wr_err_t *err);
-/* Release the block(s) claimed for id; call only when no process of it is left. */
-void wr_uid_block_free (struct wr_runtime *rt, const char *id);
+/* Release the block claimed for id (base: its first uid, or 0 when unknown:
+ * then every claim is looked at); call only when no process of it is left. */
+void wr_uid_block_free (struct wr_runtime *rt, const char *id, uid_t base);
 /* After a restart: the block in pid's uid_map, its claim checked (or renewed). */
 int wr_uid_block_adopt (struct wr_runtime *rt, const char *id, pid_t pid, uid_t *ret,
                         wr_err_t *err);
@@ -120,6 +121,7 @@ struct wr_runtime
   int agent_fd;
   uid_t uid_range_start; /* sandboxes take WR_UID_BLOCK ids each from here */
   uint32_t uid_blocks;
+  uint32_t uid_hint; /* blocks below were claimed when last scanned (atomic) */
   int cap_last;
   struct sock_fprog seccomp;
   struct wr_cgroups cg;

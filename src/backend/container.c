@@ -537,6 +537,26 @@ wr_pidfd_if_ours (pid_t pid, uint64_t start_time)
 }
 
 int
+wr_container_pidfd (struct wr_container *c)
+{
+  if (c->pidfd < 0)
+    c->pidfd = wr_pidfd_if_ours (c->pid, c->start_time);
+  return c->pidfd;
+}
+
+void
+wr_container_drop_pidfd (struct wr_container *c)
+{
+  /* pid + start time find the very process again (wr_container_pidfd): an
+   * idle sandbox costs the daemon one descriptor, its agent socket */
+  if (c->pidfd >= 0 && c->pid > 0 && c->start_time)
+    {
+      close (c->pidfd);
+      c->pidfd = -1;
+    }
+}
+
+int
 wr_adopt_open (const char *what, const char *id, pid_t pid, uint64_t start_time,
                const char *state_dir, int *ret_pidfd, int *ret_dirfd, wr_err_t *err)
 {
@@ -885,7 +905,7 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
   if ((r = layer_mounts_prepare (rt, spec, &lm, err)) < 0)
     {
       layer_mounts_clear (&lm);
-      wr_uid_block_free (rt, spec->id);
+      wr_uid_block_free (rt, spec->id, base);
       unlinkat (dirfd, AGENT_SOCK, 0);
       return r;
     }
@@ -899,7 +919,7 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
   if (r < 0)
     {
       layer_mounts_clear (&lm);
-      wr_uid_block_free (rt, spec->id);
+      wr_uid_block_free (rt, spec->id, base);
       unlinkat (dirfd, AGENT_SOCK, 0);
       return r;
     }
@@ -1064,7 +1084,7 @@ fail_cg:
   layer_mounts_clear (&lm);
   /* the block is free only once no process of the sandbox is left */
   if (wr_cg_kill (&rt->cg, &cgs, NULL) == 0)
-    wr_uid_block_free (rt, spec->id);
+    wr_uid_block_free (rt, spec->id, base);
   wr_cg_sandbox_close (&cgs);
   wr_cg_remove (&rt->cg, spec->id, NULL);
   unlinkat (dirfd, AGENT_SOCK, 0);
@@ -1080,7 +1100,7 @@ wr_container_destroy (struct wr_runtime *rt, struct wr_container *c, const char 
   int r = wr_sandbox_kill (rt, c, err);
   if (r < 0)
     return r; /* processes may be left: the uid block stays claimed */
-  wr_uid_block_free (rt, c->id);
+  wr_uid_block_free (rt, c->id, c->uid_base);
   c->uid_base = 0;
   r = wr_cg_remove (&rt->cg, c->id, err);
   if (state_dir)

@@ -97,6 +97,13 @@ struct wr_container
   char id[65];
 };
 
+/* The agent's pidfd, opened again (pid + start time checked) when it was
+ * dropped; -1 if the process is gone. */
+int wr_container_pidfd (struct wr_container *c);
+/* Close the pidfd while the sandbox is idle (kept when the process could
+ * not be recognised again without it). */
+void wr_container_drop_pidfd (struct wr_container *c);
+
 /* Create and start a sandbox whose PID 1 is warren-agent. On success the
  * agent is running and ret->agent_fd is a connected channel to it. */
 /* Can containers get their own time namespace (CLONE_NEWTIME)? */

@@ -23,6 +23,7 @@
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/http.h>
+#include <event2/listener.h>
 
 #include "common/util.h"
 
@@ -467,6 +468,8 @@ wr_httpd_bind (struct wr_httpd *h, const char *spec, wr_err_t *err)
       = evhttp_bind_socket_with_handle (h->http, host, (ev_uint16_t)port);
   if (bs == NULL)
     return wr_error (err, errno, WR_E_INTERNAL, "bind %s", spec);
+  if (wr_accept_guard (h->http, bs, err) < 0)
+    return -1;
   /* small request/answer exchanges: no Nagle delay (accepted sockets
    * inherit the option from the listener on Linux) */
   int one = 1, fd = evhttp_bound_socket_get_fd (bs);
@@ -480,6 +483,94 @@ wr_httpd_bind (struct wr_httpd *h, const char *spec, wr_err_t *err)
   return 0;
 }
 
+/* ---- accept errors ---- */
+
+/* Out of descriptors (or memory), accept() fails while the connection waits
+ * in the backlog, so the listener stays readable: libevent would call
+ * accept() again at once, forever, and log each failure. Instead the
+ * listener rests for WR_ACCEPT_PAUSE_MS and tries again; the waiting client
+ * is served as soon as a descriptor is free, and the loop keeps serving
+ * the connections it has. evconnlistener hands the error callback the
+ * listener's own argument (evhttp's), hence the list to find the guard. */
+#define WR_ACCEPT_PAUSE_MS 100
+
+struct accept_guard
+{
+  struct evconnlistener *l;
+  struct evhttp *owner;
+  struct event *resume;
+  struct accept_guard *next;
+};
+static struct accept_guard *accept_guards;
+static uint64_t accept_pauses;
+
+static void
+accept_resume (evutil_socket_t fd, short what, void *arg)
+{
+  (void)fd;
+  (void)what;
+  struct accept_guard *g = arg;
+  evconnlistener_enable (g->l);
+}
+
+static void
+accept_error (struct evconnlistener *l, void *arg)
+{
+  (void)arg;
+  int e = EVUTIL_SOCKET_ERROR ();
+  struct accept_guard *g = accept_guards;
+  while (g && g->l != l)
+    g = g->next;
+  if (g == NULL || (e != EMFILE && e != ENFILE && e != ENOBUFS && e != ENOMEM))
+    return; /* anything else is the connection's own failure: go on */
+  evconnlistener_disable (l);
+  struct timeval tv = { 0, WR_ACCEPT_PAUSE_MS * 1000 };
+  evtimer_add (g->resume, &tv);
+  accept_pauses++;
+}
+
+int
+wr_accept_guard (struct evhttp *owner, struct evhttp_bound_socket *bs, wr_err_t *err)
+{
+  struct evconnlistener *l = evhttp_bound_socket_get_listener (bs);
+  struct accept_guard *g = calloc (1, sizeof *g);
+  if (g == NULL
+      || (g->resume = evtimer_new (evconnlistener_get_base (l), accept_resume, g)) == NULL)
+    {
+      free (g);
+      return wr_error (err, ENOMEM, WR_E_INTERNAL, "accept guard");
+    }
+  g->l = l;
+  g->owner = owner;
+  g->next = accept_guards;
+  accept_guards = g;
+  evconnlistener_set_error_cb (g->l, accept_error);
+  return 0;
+}
+
+void
+wr_accept_guards_free (struct evhttp *owner)
+{
+  for (struct accept_guard **l = &accept_guards; *l;)
+    {
+      struct accept_guard *g = *l;
+      if (g->owner != owner)
+        {
+          l = &g->next;
+          continue;
+        }
+      *l = g->next;
+      event_free (g->resume);
+      free (g);
+    }
+}
+
+uint64_t
+wr_accept_pauses (void)
+{
+  return accept_pauses;
+}
+
 int
 wr_httpd_port (const struct wr_httpd *h)
 {
@@ -491,6 +582,7 @@ wr_httpd_free (struct wr_httpd *h)
 {
   if (h == NULL)
     return;
+  wr_accept_guards_free (h->http);
   evhttp_free (h->http);
   /* connections' filters are finalized later, maybe after the base: their
    * timers go now, and they forget the guard */

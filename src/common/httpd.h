@@ -57,6 +57,14 @@ const struct wr_httpd_config *wr_httpd_config (const struct wr_httpd *h);
 bool wr_httpd_owns (struct wr_httpd *h, struct evhttp_request *req);
 void wr_httpd_free (struct wr_httpd *h); /* accepts NULL */
 
+/* Listeners that rest WR_ACCEPT_PAUSE_MS (httpd.c) when accept() fails for
+ * want of descriptors or memory, instead of spinning on it. wr_httpd_bind
+ * guards its own; other evhttp listeners call wr_accept_guard once bound
+ * and wr_accept_guards_free (owner) before evhttp_free (owner). */
+int wr_accept_guard (struct evhttp *owner, struct evhttp_bound_socket *bs, wr_err_t *err);
+void wr_accept_guards_free (struct evhttp *owner); /* accepts NULL */
+uint64_t wr_accept_pauses (void);                  /* times a listener rested */
+
 /* The listener flags warrend and warren-gateway share, as getopt_long
  * entries (include <getopt.h>), and their parser: opt is the entry's code,
  * the value a number in [1, 1000000] stored in the matching field. */

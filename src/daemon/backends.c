@@ -49,7 +49,7 @@ ct_stats (struct wrd *d, struct wr_container *c, struct wr_container_stats *ret,
 static int
 ct_upper_fd (struct wrd *d, struct wr_container *c, wr_err_t *err)
 {
-  if (c->pidfd < 0)
+  if (wr_container_pidfd (c) < 0)
     return wr_error (err, 0, WR_E_UNSUPPORTED, "sandbox %s has no pidfd", c->id);
   int fd = (int)syscall (SYS_pidfd_getfd, c->pidfd, WR_AGENT_UPPER_FD, 0);
   if (fd < 0)

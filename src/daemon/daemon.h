@@ -46,8 +46,9 @@ struct sandbox
   double created_at, expires_at; /* unix seconds; expires_at 0 = none */
   struct pool *pool;             /* set while waiting in a warm pool */
   struct sandbox *pool_next;
-  struct sandbox *hnext;     /* hash chain */
-  struct sandbox *reap_next; /* in wrd.reaping while SB_DESTROYING */
+  struct sandbox *hnext;       /* hash chain */
+  struct sandbox *reap_next;   /* in wrd.reaping while SB_DESTROYING */
+  struct sandbox **reap_pprev; /* unlinked in O(1) when its exit is reaped */
   struct event *reap_ev;
   unsigned reap_tries;
   uint64_t oom_seen;
@@ -105,6 +106,13 @@ struct wrd
   struct pool *pools;
   unsigned creating;       /* client creates being built (WARREN_MAX_SANDBOXES) */
   struct sandbox *reaping; /* destroyed, waiting for their processes to exit */
+  size_t n_reaping;
+  /* limits.c: --max-sandboxes (or $WARREN_MAX_SANDBOXES; 0: none) and what
+   * the kernel limits allow, budgeted at start */
+  unsigned max_sandboxes, kernel_max_sandboxes;
+  const char *kernel_max_by;
+  long long mem_reserve_kb, mem_avail_kb;
+  double mem_checked_at;
   struct event *pool_ev;
   bool pool_building;
   struct wrd_metrics m;
@@ -148,6 +156,13 @@ int wrd_db_delete (struct wrd *d, const char *id, wr_err_t *err);
 typedef int (*wrd_db_row_cb) (struct wrd *d, json_t *row, void *ud);
 int wrd_db_each (struct wrd *d, wrd_db_row_cb cb, void *ud, wr_err_t *err);
 int wrd_db_pool_put (struct wrd *d, const char *image, unsigned size, wr_err_t *err);
+
+/* limits.c: raise RLIMIT_NOFILE (and fs.nr_open) and kernel.pid_max at
+ * start; budget the sandboxes the node can hold and log every number;
+ * admit a create (0) or refuse it with the reason (429 or 503) */
+void wrd_limits_raise (void);
+void wrd_limits_budget (struct wrd *d, unsigned configured);
+int wrd_limits_admit (struct wrd *d, size_t client_held, wr_err_t *err);
 
 /* http.c */
 int wrd_http_listen (struct wrd *d, const char *spec, wr_err_t *err);

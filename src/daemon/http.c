@@ -1384,12 +1384,13 @@ wrd_http_listen (struct wrd *d, const char *spec, wr_err_t *err)
         }
       if (d->http_unix == NULL)
         d->http_unix = http_new_unix (d);
-      if (evhttp_accept_socket_with_handle (d->http_unix, fd) == NULL)
+      struct evhttp_bound_socket *bs = evhttp_accept_socket_with_handle (d->http_unix, fd);
+      if (bs == NULL)
         {
           close (fd);
           return wr_error (err, 0, WR_E_INTERNAL, "cannot serve %s", path);
         }
-      return 0;
+      return wr_accept_guard (d->http_unix, bs, err); /* no spinning on EMFILE */
     }
   if (strncmp (spec, "tcp:", 4) == 0)
     {
@@ -1424,6 +1425,7 @@ wrd_http_listen (struct wrd *d, const char *spec, wr_err_t *err)
 void
 wrd_http_free (struct wrd *d)
 {
+  wr_accept_guards_free (d->http_unix);
   if (d->http_unix)
     evhttp_free (d->http_unix);
   d->http_unix = NULL;

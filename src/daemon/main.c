@@ -33,6 +33,7 @@ usage (FILE *f)
       "               [--fncall-queue N] [--fncall-max-calls N] [--fncall-idle S]\n"
       "               [--fncall-zygote PATH] [--fncall-preload MOD,...]\n"
       "               [--max-connections N] [--http-header-timeout S] [--http-idle-timeout S]\n"
+      "               [--max-sandboxes N]\n"
       "               [--allow-host-paths] [--allow-host-network] [--version]\n"
       "               [--log-level error|warning|info|debug]\n"
       "               [--listen-compat tcp:ADDR:PORT [--compat-token-file F]]\n"
@@ -124,6 +125,7 @@ main (int argc, char **argv)
     { "registry-trust-erofs", required_argument, NULL, 2204 },
     { "log-retention", required_argument, NULL, 2100 }, /* trajectory log */
     { "listen-e2b", required_argument, NULL, 2300 },    /* E2B API */
+    { "max-sandboxes", required_argument, NULL, 2400 }, /* limits.c */
     { NULL, 0, NULL, 0 },
   };
   const char *fn_pools[64];
@@ -134,6 +136,7 @@ main (int argc, char **argv)
   /* trajectory log */
   double traj_retention = WRD_TRAJ_DEFAULT_RETENTION_S;
   char *traj_end = NULL;
+  unsigned max_sandboxes = 0; /* limits.c */
   int c;
   while ((c = getopt_long (argc, argv, "h", opts, NULL)) != -1)
     switch (c)
@@ -191,6 +194,18 @@ main (int argc, char **argv)
       case 2300: /* E2B API */
         e2b_listen = optarg;
         break;
+      case 2400: /* limits.c */
+        {
+          char *end;
+          unsigned long v = strtoul (optarg, &end, 10);
+          if (*optarg == '\0' || *end || v == 0 || v > 10000000)
+            {
+              wrd_log (WRD_LOG_ERROR, "--max-sandboxes wants a number in [1, 10000000]");
+              return 2;
+            }
+          max_sandboxes = (unsigned)v;
+          break;
+        }
       case 2002:
         if (sfcfg.n_images < WRD_COMPAT_SF_MAX_IMAGES)
           sfcfg.images[sfcfg.n_images++] = optarg;
@@ -318,13 +333,9 @@ main (int argc, char **argv)
       snprintf (d.token, sizeof d.token, "%s", tok);
       free (tok);
     }
-  /* Many sandboxes and many client connections: raise the fd limit. */
-  struct rlimit rl;
-  if (getrlimit (RLIMIT_NOFILE, &rl) == 0)
-    {
-      rl.rlim_cur = rl.rlim_max;
-      setrlimit (RLIMIT_NOFILE, &rl);
-    }
+  /* Many sandboxes and many client connections: raise the fd limit and
+   * pid_max (budgeted below, once the runtime and the registry are up). */
+  wrd_limits_raise ();
   signal (SIGPIPE, SIG_IGN);
   /* A private mount namespace: layer mounts stay out of the host's table and
    * every clone copies a short mount list. */
@@ -355,6 +366,7 @@ main (int argc, char **argv)
       wrd_log (WRD_LOG_ERROR, "%s", err.msg);
       return 1;
     }
+  wrd_limits_budget (&d, max_sandboxes);
   char defsock[1200];
   snprintf (defsock, sizeof defsock, "unix:%s/warrend.sock", d.root);
   /* The owner-only unix socket is always served (local administration),

@@ -590,6 +590,8 @@ build_finish (struct build *b, struct sandbox **ret, wr_err_t *err)
   if (r < 0)
     goto fail_destroy;
   table_insert (d, sb);
+  if (strcmp (sb->ops->name, "container") == 0)
+    wr_container_drop_pidfd (&sb->c); /* idle: one daemon descriptor, the agent socket */
   build_free (b);
   *ret = sb;
   return 0;
@@ -1009,32 +1011,19 @@ create_built (struct wrd *d, struct sandbox *sb, wr_err_t *err, void *ud)
   free (c);
 }
 
-/* $WARREN_MAX_SANDBOXES: the node's cap on sandboxes a client can hold
- * (warm-pool and fncall members not counted, creates under way counted);
- * over it a create is 429, an
- * infra failure (docs/errors.md): the platform is full, the task did
- * nothing wrong. */
+/* --max-sandboxes (or $WARREN_MAX_SANDBOXES) caps the sandboxes a client
+ * can hold (warm-pool and fncall members not counted, creates under way
+ * counted); the kernel budget (limits.c) caps everything held. Over either
+ * a create is 429, an infra failure (docs/errors.md): the platform is full,
+ * the task did nothing wrong. O(1): a count, not a walk of the table. */
 static int
 check_capacity (struct wrd *d, wr_err_t *err)
 {
-  const char *s = getenv ("WARREN_MAX_SANDBOXES");
-  char *end;
-  if (s == NULL || *s == '\0')
-    return 0;
-  unsigned long long max = strtoull (s, &end, 10);
-  if (*end != '\0')
-    return 0;
-  size_t n = 0;
-  for (size_t i = 0; i < d->table_size; i++)
-    for (struct sandbox *sb = d->table[i]; sb; sb = sb->hnext)
-      if (sb->state != SB_POOLED && sb->state != SB_DESTROYING)
-        n++;
-  if (n + d->creating >= max)
-    return wr_error (err, 0, WR_E_EXHAUSTED,
-                     "this node holds its maximum of %llu sandboxes (WARREN_MAX_SANDBOXES); "
-                     "retry later",
-                     max);
-  return 0;
+  size_t pooled = 0;
+  for (struct pool *p = d->pools; p; p = p->next)
+    pooled += p->ready;
+  size_t held = d->count > pooled ? d->count - pooled : 0;
+  return wrd_limits_admit (d, held + d->creating, err);
 }
 
 int
@@ -1101,12 +1090,13 @@ sandbox_release (struct wrd *d, struct sandbox *sb, wr_err_t *err)
 static void
 reaping_unlink (struct wrd *d, struct sandbox *sb)
 {
-  for (struct sandbox **l = &d->reaping; *l; l = &(*l)->reap_next)
-    if (*l == sb)
-      {
-        *l = sb->reap_next;
-        return;
-      }
+  if (sb->reap_pprev == NULL)
+    return;
+  *sb->reap_pprev = sb->reap_next;
+  if (sb->reap_next)
+    sb->reap_next->reap_pprev = sb->reap_pprev;
+  sb->reap_pprev = NULL;
+  d->n_reaping--;
 }
 
 static void
@@ -1160,7 +1150,7 @@ wrd_sandbox_destroy (struct wrd *d, struct sandbox *sb, wr_err_t *err)
    * at once, and release cgroups and state when its pidfd reports the exit.
    * Nothing waits on the request path. If the daemon dies before that, the
    * registry row is still there and the restart reaps it. */
-  if (!d->stopping && sb->has_container && sb->c.pidfd >= 0
+  if (!d->stopping && sb->has_container && wr_container_pidfd (&sb->c) >= 0
       && syscall (SYS_pidfd_send_signal, sb->c.pidfd, SIGKILL, NULL, 0) == 0)
     {
       sb->reap_ev = event_new (d->base, sb->c.pidfd, EV_READ, reap_cb, sb);
@@ -1169,7 +1159,11 @@ wrd_sandbox_destroy (struct wrd *d, struct sandbox *sb, wr_err_t *err)
           table_remove (d, sb);
           sb->state = SB_DESTROYING;
           sb->reap_next = d->reaping;
+          if (d->reaping)
+            d->reaping->reap_pprev = &sb->reap_next;
+          sb->reap_pprev = &d->reaping;
           d->reaping = sb;
+          d->n_reaping++;
           return 0;
         }
     }
@@ -1302,6 +1296,8 @@ recover_row (struct wrd *d, json_t *row, void *ud WR_UNUSED)
       if (sb->conn)
         sb->c.agent_fd = -1; /* owned by the connection now */
       table_insert (d, sb);
+      if (strcmp (sb->ops->name, "container") == 0)
+        wr_container_drop_pidfd (&sb->c);
       arm_ttl (sb);
       wrd_log (WRD_LOG_INFO, "re-adopted sandbox %s (pid %d)\n", id, (int)pid);
       return 0;
@@ -1373,7 +1369,7 @@ wrd_shutdown (struct wrd *d)
   while (d->reaping)
     {
       struct sandbox *sb = d->reaping;
-      d->reaping = sb->reap_next;
+      reaping_unlink (d, sb);
       sandbox_release (d, sb, NULL);
       sb_free (sb);
     }
