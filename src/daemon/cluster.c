@@ -22,6 +22,7 @@
 #include "cluster/member.h"
 #include "common/util.h"
 #include "daemon/backends.h"
+#include "daemon/compat_sf.h"
 
 #define IMAGES_EVERY 5
 #define IMAGES_MAX 256
@@ -178,6 +179,8 @@ status_json (struct wrd *d)
     .lost_at_ms = atomic_load (&g.lost_at_ms),
   };
   json_t *j = wr_node_status_json (&st);
+  if (wrd_compat_sf_port () > 0) /* gateways' --listen-compat forwards here */
+    json_object_set_new (j, "compat_port", json_integer (wrd_compat_sf_port ()));
   json_decref (backends);
   json_decref (projects);
   json_decref (images);

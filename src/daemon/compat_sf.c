@@ -96,6 +96,7 @@ struct sf
   struct sockaddr_un loop; /* our private socket on the daemon's unix server */
   struct sf_image images[WRD_COMPAT_SF_MAX_IMAGES];
   size_t n_images;
+  int port; /* bound: published in the node's cluster status (compat_port) */
 };
 
 static struct sf *g_sf;
@@ -1307,6 +1308,11 @@ listen_open (struct sf *s, const char *spec, wr_err_t *err)
       || setsockopt (fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0
       || bind (fd, (struct sockaddr *)&ss, sl) < 0 || listen (fd, 4096) < 0)
     return wr_sys_error (err, "listen on %s", spec);
+  struct sockaddr_storage bound;
+  socklen_t bl = sizeof bound;
+  if (getsockname (fd, (struct sockaddr *)&bound, &bl) == 0)
+    s->port = ntohs (bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                 : ((struct sockaddr_in *)&bound)->sin_port);
   s->http = evhttp_new (s->d->base);
   if (s->http == NULL)
     return wr_error (err, ENOMEM, WR_E_INTERNAL, "evhttp_new");
@@ -1401,6 +1407,8 @@ wrd_compat_sf_start (struct wrd *d, const struct wrd_compat_sf_config *cfg, wr_e
       r = wr_httpd_new (d->base, &hc, &s->guard, err);
       if (r == 0)
         r = wr_httpd_bind (s->guard, spec, err);
+      if (r == 0)
+        s->port = wr_httpd_port (s->guard);
     }
   else if (r == 0)
     r = listen_open (s, spec, err);
@@ -1418,6 +1426,12 @@ wrd_compat_sf_start (struct wrd *d, const struct wrd_compat_sf_config *cfg, wr_e
     }
   wrd_log (WRD_LOG_INFO, "SandboxFusion and E2B APIs on %s%s", spec, s->token[0] ? " (token)" : "");
   return 0;
+}
+
+int
+wrd_compat_sf_port (void)
+{
+  return g_sf ? g_sf->port : 0;
 }
 
 void

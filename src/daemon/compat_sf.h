@@ -20,5 +20,8 @@ struct wrd_compat_sf_config
 /* Start serving (after the daemon's unix listener exists). */
 int wrd_compat_sf_start (struct wrd *d, const struct wrd_compat_sf_config *cfg, wr_err_t *err);
 void wrd_compat_sf_stop (struct wrd *d); /* accepts a daemon without one */
+/* The listener's TCP port, 0 when none: a node publishes it in its cluster
+ * status so that gateways forward compat requests to it (docs/cluster.md). */
+int wrd_compat_sf_port (void);
 
 #endif

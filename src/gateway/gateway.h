@@ -29,6 +29,8 @@
 /* Outside /warren/, so their writes do not wake every gateway's watch. */
 #define GW_KEY_RESERVE "/warren-reserve/"  /* PROJECT/GATEWAY-ID -> {"sandboxes","memory_mb"} */
 #define GW_KEY_LEADER "/warren-reconciler" /* the elected reconciler's id, under its lease */
+/* gw_place's "backend" for nodes serving the compat APIs (compat_port) */
+#define GW_COMPAT "compat"
 
 struct gw_node
 {
@@ -43,6 +45,7 @@ struct gw_node
   unsigned long gen; /* bumped when status changes */
   /* parsed from status when it arrives, so placement reads no JSON */
   long long sandboxes, memory_free_mb;
+  int compat_port; /* the node's --listen-compat port, 0 when none (compat.c) */
   char backends[GW_NODE_BACKENDS][16];
   unsigned n_backends;
   uint64_t *images; /* FNV-1a hashes of the status's "images", sorted */
@@ -127,6 +130,7 @@ struct gw
   long long idle_return_ms;         /* an unused reserve goes back after this (default 2 s) */
   long long priority_headroom_mb;   /* --priority-headroom: kept free for priority > 0 */
   pthread_t reconcile_thread;
+  struct gw_compat *compat; /* compat.c, NULL without --listen-compat */
 };
 
 /* nodes.c */
@@ -175,6 +179,10 @@ int gw_http_listen (struct gw *g, const char *spec, wr_err_t *err);
 void gw_reply_json (struct evhttp_request *req, int status, json_t *j);
 void gw_reply_error (struct evhttp_request *req, int status, const char *code, const char *fmt, ...)
     __attribute__ ((format (printf, 4, 5)));
+
+/* compat.c: --listen-compat, SandboxFusion and E2B through the cluster */
+int gw_compat_listen (struct gw *g, const char *spec, wr_err_t *err);
+void gw_compat_free (struct gw *g);
 
 /* jobs.c */
 /* Exec and file requests: a paused sandbox is resumed first, then the request runs. */

@@ -20,10 +20,12 @@ usage (FILE *f)
               "                      --token-file F --node-token-file F2 [--quota-chunk N]\n"
               "                      [--max-connections N] [--http-header-timeout S]\n"
               "                      [--http-idle-timeout S] [--quota-idle-return S]\n"
-              "                      [--priority-headroom MB]\n"
+              "                      [--priority-headroom MB] [--listen-compat tcp:ADDR:PORT]\n"
               "Serves the Warren API for a cluster: places creates on nodes, routes every\n"
               "other sandbox request to the node named in its id. F holds the admin token\n"
-              "clients present; F2 the token the nodes' TCP listeners accept.\n");
+              "clients present; F2 the token the nodes' TCP listeners accept.\n"
+              "--listen-compat serves SandboxFusion's and E2B's APIs (no token) by forwarding\n"
+              "to the nodes' own --listen-compat ports.\n");
 }
 
 static int
@@ -78,8 +80,8 @@ main (int argc, char **argv)
                          .session_mu = PTHREAD_MUTEX_INITIALIZER,
                          .idle_return_ms = 2000 };
   const char *urls = NULL, *token_file = NULL, *node_token_file = NULL;
-  const char *listens[8];
-  size_t n_listen = 0;
+  const char *listens[8], *compat_listens[8];
+  size_t n_listen = 0, n_compat = 0;
   static const struct option opts[] = {
     { "cluster", required_argument, NULL, 'c' },
     { "listen", required_argument, NULL, 'l' },
@@ -89,6 +91,7 @@ main (int argc, char **argv)
     WR_HTTPD_LONG_OPTIONS,
     { "quota-idle-return", required_argument, NULL, 'r' },
     { "priority-headroom", required_argument, NULL, 'p' },
+    { "listen-compat", required_argument, NULL, 'C' },
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 },
   };
@@ -102,6 +105,10 @@ main (int argc, char **argv)
       case 'l':
         if (n_listen < WR_ARRAY_SIZE (listens))
           listens[n_listen++] = optarg;
+        break;
+      case 'C':
+        if (n_compat < WR_ARRAY_SIZE (compat_listens))
+          compat_listens[n_compat++] = optarg;
         break;
       case 't':
         token_file = optarg;
@@ -184,6 +191,12 @@ main (int argc, char **argv)
         fprintf (stderr, "warren-gateway: %s\n", err.msg);
         return 1;
       }
+  for (size_t i = 0; i < n_compat; i++)
+    if (gw_compat_listen (&g, compat_listens[i], &err) < 0)
+      {
+        fprintf (stderr, "warren-gateway: %s\n", err.msg);
+        return 1;
+      }
   if (gw_watch_start (&g, &err) < 0 || gw_reconcile_start (&g, &err) < 0)
     {
       fprintf (stderr, "warren-gateway: %s\n", err.msg);
@@ -200,6 +213,7 @@ main (int argc, char **argv)
   fprintf (stderr, "warren-gateway: serving %s (cluster %s)\n", listens[0], urls);
   event_base_dispatch (g.base);
   wr_httpd_free (g.httpd);
+  gw_compat_free (&g);
   gw_watch_stop (&g);
   gw_quota_release_all (&g);
   gw_reconcile_stop (&g);

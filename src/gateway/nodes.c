@@ -120,6 +120,7 @@ parse_status (struct gw_node *n, const json_t *j)
 {
   n->sandboxes = json_integer_value (json_object_get (j, "sandboxes"));
   n->memory_free_mb = json_integer_value (json_object_get (j, "memory_free_mb"));
+  n->compat_port = (int)json_integer_value (json_object_get (j, "compat_port"));
   n->n_backends = 0;
   size_t i;
   json_t *v;
@@ -153,6 +154,8 @@ node_holds (const struct gw_node *n, uint64_t image)
 static bool
 node_offers (const struct gw_node *n, const char *backend)
 {
+  if (strcmp (backend, GW_COMPAT) == 0)
+    return n->compat_port > 0;
   for (unsigned i = 0; i < n->n_backends; i++)
     if (strcmp (n->backends[i], backend) == 0)
       return true;

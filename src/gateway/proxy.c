@@ -37,6 +37,8 @@ struct fwd
   bool client_gone;
   bool out_done;
   bool lost;             /* cancelled because the node's lease expired */
+  bool hung_up;          /* the client's socket closed while we waited (hangup) */
+  struct event *hangup;  /* EV_CLOSED on the client's socket */
   gw_fwd_hook on_paused; /* a 409 "is paused" goes here instead of to the client */
   void *paused_ud;
   void (*paused_free) (void *);
@@ -95,6 +97,13 @@ conn_get (struct gw *g, struct gw_node *n, bool fresh, bool *ret_reused)
   return c;
 }
 
+/* Request headers of the compat APIs (compat.c) a node must see too. */
+static const char *const pass_headers[] = {
+  "E2b-Sandbox-Id",
+  "Connect-Timeout-Ms",
+  "Connect-Protocol-Version",
+};
+
 /* Small requests and answers in several writes: without this, Nagle and
  * delayed ACKs add ~40 ms to a round trip. A socket libevent (re)created
  * gets it on its first use after connecting. */
@@ -132,6 +141,8 @@ fwd_free (struct fwd *f)
     f->inflight_next->inflight_prev = f->inflight_prev;
   if (f->client_conn && !f->client_gone)
     evhttp_connection_set_closecb (f->client_conn, NULL, NULL);
+  if (f->hangup)
+    event_free (f->hangup);
   if (f->body)
     evbuffer_free (f->body);
   free (f->uri);
@@ -146,6 +157,14 @@ copy_header (struct evhttp_request *from, struct evhttp_request *to, const char 
   const char *v = evhttp_find_header (evhttp_request_get_input_headers (from), name);
   if (v)
     evhttp_add_header (evhttp_request_get_output_headers (to), name, v);
+}
+
+static void
+copy_header_in (struct evhttp_request *from, struct evkeyvalq *to, const char *name)
+{
+  const char *v = evhttp_find_header (evhttp_request_get_input_headers (from), name);
+  if (v)
+    evhttp_add_header (to, name, v);
 }
 
 static void
@@ -274,6 +293,15 @@ cancel_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
     }
   else if (f->conn)
     conn_release (f->g, f->node, f->conn);
+  if (f->hung_up)
+    {
+      /* evhttp still holds the connection (it does not read it while we
+       * answer): free it, and the request with it; nobody reads an answer */
+      evhttp_connection_free (f->client_conn);
+      f->client_conn = NULL;
+      fwd_free (f);
+      return;
+    }
   /* the client request is detached from its dead connection; replying frees it */
   if (f->streaming)
     evhttp_send_reply_end (f->client);
@@ -290,7 +318,25 @@ client_closed (struct evhttp_connection *c WR_UNUSED, void *arg)
   if (f->client_gone || f->out_done)
     return;
   f->client_gone = true;
+  if (f->hangup)
+    event_del (f->hangup);
   event_base_once (f->g->base, -1, EV_TIMEOUT, cancel_cb, f, &(struct timeval){ 0, 0 });
+}
+
+/* evhttp does not read a connection while it answers it, so the close
+ * callback fires only when an answer is written: a client that hangs up
+ * during a long buffered request (a call, a SandboxFusion run) is seen by
+ * its socket's close (EPOLLRDHUP) instead, and the node request is
+ * cancelled as for a closed connection. */
+static void
+client_hangup (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
+{
+  struct fwd *f = arg;
+  if (f->client_gone || f->out_done || f->client_conn == NULL)
+    return;
+  evhttp_connection_set_closecb (f->client_conn, NULL, NULL);
+  f->hung_up = true;
+  client_closed (f->client_conn, f);
 }
 
 void
@@ -343,6 +389,8 @@ forward (struct gw *g, struct gw_node *n, struct evhttp_request *client,
   const char *ct = evhttp_find_header (evhttp_request_get_input_headers (client), "Content-Type");
   if (ct)
     evhttp_add_header (h, "Content-Type", ct);
+  for (size_t i = 0; i < WR_ARRAY_SIZE (pass_headers); i++)
+    copy_header_in (client, h, pass_headers[i]);
   struct evbuffer *ob = evhttp_request_get_output_buffer (out);
   if (body)
     {
@@ -355,7 +403,13 @@ forward (struct gw *g, struct gw_node *n, struct evhttp_request *client,
     {
       f->client_conn = evhttp_request_get_connection (client);
       if (f->client_conn)
-        evhttp_connection_set_closecb (f->client_conn, client_closed, f);
+        {
+          evhttp_connection_set_closecb (f->client_conn, client_closed, f);
+          struct bufferevent *cb = evhttp_connection_get_bufferevent (f->client_conn);
+          int cfd = cb ? bufferevent_getfd (cb) : -1;
+          if (cfd >= 0 && (f->hangup = event_new (g->base, cfd, EV_CLOSED, client_hangup, f)))
+            event_add (f->hangup, NULL);
+        }
     }
   gw_nodelay (conn);
   f->inflight_next = n->inflight;
