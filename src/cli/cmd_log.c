@@ -47,6 +47,11 @@ event_what (json_t *ev, char *buf, size_t n)
     }
   else if (strcmp (kind, "create") == 0)
     snprintf (buf, n, "%s", json_string_value (json_object_get (res, "image")));
+  else if (strcmp (kind, "checkpoint") == 0 || strcmp (kind, "restore") == 0)
+    snprintf (buf, n, "%s", json_string_value (json_object_get (res, "name")) ?: "");
+  else if (strcmp (kind, "fork") == 0)
+    snprintf (buf, n, "%lld children",
+              (long long)json_integer_value (json_object_get (res, "count")));
   else
     snprintf (buf, n, "%s", json_string_value (json_object_get (res, "reason")) ?: "");
 }
@@ -108,22 +113,37 @@ cmd_log (cli_t *cli, int argc, char **argv)
   if (as_json)
     return cli_print_json (log);
   double t0 = json_number_value (json_object_get (log, "created_at"));
+  json_t *parent = json_object_get (log, "forked_from");
+  json_t *inherited = json_object_get (log, "inherited");
+  if (json_is_object (parent))
+    {
+      /* provenance: the ancestors' events up to the fork, oldest first */
+      printf ("forked from %s at its seq %lld; inherited:\n",
+              json_string_value (json_object_get (parent, "id")),
+              (long long)json_integer_value (json_object_get (parent, "seq")));
+      if (json_array_size (inherited))
+        t0 = json_number_value (json_object_get (json_array_get (inherited, 0), "at"));
+    }
   printf ("%-6s %-9s %-8s %-16s %-40s %s\n", "SEQ", "AT", "KIND", "STEP", "WHAT", "RESULT");
-  size_t i;
+  size_t i, n_inherited = json_array_size (inherited);
   json_t *ev;
-  json_array_foreach (json_object_get (log, "events"), i, ev)
-  {
-    char what[256], outcome[128], at[32];
-    event_what (ev, what, sizeof what);
-    event_outcome (ev, outcome, sizeof outcome);
-    snprintf (at, sizeof at, "+%.3fs", json_number_value (json_object_get (ev, "at")) - t0);
-    const char *step = json_string_value (json_object_get (ev, "step"));
-    _cleanup_free_ char *pstep = cli_printable (step ? step : "-");
-    _cleanup_free_ char *pwhat = cli_printable (what);
-    printf ("%-6lld %-9s %-8s %-16s %-40s %s\n",
-            (long long)json_integer_value (json_object_get (ev, "seq")), at,
-            json_string_value (json_object_get (ev, "kind")), pstep, pwhat, outcome);
-  }
+  for (i = 0; i < n_inherited + json_array_size (json_object_get (log, "events")); i++)
+    {
+      if (i == n_inherited && n_inherited)
+        printf ("-- %s --\n", id);
+      ev = i < n_inherited ? json_array_get (inherited, i)
+                           : json_array_get (json_object_get (log, "events"), i - n_inherited);
+      char what[256], outcome[128], at[32];
+      event_what (ev, what, sizeof what);
+      event_outcome (ev, outcome, sizeof outcome);
+      snprintf (at, sizeof at, "+%.3fs", json_number_value (json_object_get (ev, "at")) - t0);
+      const char *step = json_string_value (json_object_get (ev, "step"));
+      _cleanup_free_ char *pstep = cli_printable (step ? step : "-");
+      _cleanup_free_ char *pwhat = cli_printable (what);
+      printf ("%-6lld %-9s %-8s %-16s %-40s %s\n",
+              (long long)json_integer_value (json_object_get (ev, "seq")), at,
+              json_string_value (json_object_get (ev, "kind")), pstep, pwhat, outcome);
+    }
   return 0;
 }
 

@@ -28,6 +28,7 @@
 #include "daemon/http_util.h"
 #include "daemon/images.h"
 #include "daemon/log.h"
+#include "daemon/trajlog.h"
 
 #define CKPT_PREFIX "warren-checkpoint/"
 #define FORK_PREFIX "warren-fork/"
@@ -183,6 +184,8 @@ struct fjob
   json_t *child_req, *children;
   wr_err_t child_err;
   uint64_t t0, t_snap;
+  int64_t fork_seq; /* the parent's "fork" event in the trajectory log */
+  int64_t ev_seq;   /* a checkpoint's or restore's event */
   wr_err_t err;
   int r;
 };
@@ -338,6 +341,23 @@ job_work (void *arg)
 
 static void fork_children (struct fjob *j);
 
+/* Checkpoints and restores are trajectory events, logged when the sandbox
+ * is frozen (what ran before is in them, what runs after is not) and
+ * completed when they end: a replay starts from the latest one at or
+ * before its step (trajlog.c). */
+static void
+log_begin (struct fjob *j, struct sandbox *sb, const char *kind)
+{
+  j->ev_seq = wrd_traj_lifecycle (j->d, sb, kind,
+                                  json_pack ("{s:s,s:s}", "name", j->name, "image", j->ref));
+}
+
+static void
+log_done (struct fjob *j, json_t *add)
+{
+  wrd_traj_event_update (j->d, j->ev_seq, add);
+}
+
 static void
 job_done (void *arg)
 {
@@ -349,6 +369,9 @@ job_done (void *arg)
     }
   if (j->r < 0)
     {
+      if (j->kind == JOB_CHECKPOINT || j->kind == JOB_RESTORE)
+        log_done (
+            j, json_pack ("{s:{s:s?,s:s}}", "error", "code", j->err.code, "message", j->err.msg));
       wrd_reply_error (j->req, &j->err);
       fjob_free (j);
       return;
@@ -358,6 +381,7 @@ job_done (void *arg)
     case JOB_CHECKPOINT:
       if (owners (j->d))
         json_object_set_new (ckpt_owners, j->id, json_true ());
+      log_done (j, json_pack ("{s:s}", "digest", j->img->digest));
       wrd_reply_json (j->req, 201,
                       json_pack ("{s:s,s:s,s:s,s:s,s:I,s:f}", "id", j->id, "name", j->name, "image",
                                  j->ref, "digest", j->img->digest, "files",
@@ -368,6 +392,8 @@ job_done (void *arg)
       fork_children (j);
       return; /* replies when every child is there */
     case JOB_RESTORE:
+      log_done (j, json_pack ("{s:O}", "changes", json_object_get (j->result, "changes")));
+      /* fall through */
     case JOB_DIFF:
       wrd_reply_json (j->req, 200, json_incref (j->result));
       break;
@@ -469,6 +495,7 @@ http_checkpoint (struct wrd *d, struct evhttp_request *req, struct sandbox *sb)
       fjob_free (j);
       return;
     }
+  log_begin (j, sb, "checkpoint");
   job_start (j);
 }
 
@@ -544,6 +571,8 @@ http_restore (struct wrd *d, struct evhttp_request *req, struct sandbox *sb)
       goto fail;
     }
   json_decref (body);
+  ckpt_ref (j->ref, sizeof j->ref, sb->id, j->name);
+  log_begin (j, sb, "restore");
   job_start (j);
   return;
 fail:
@@ -622,7 +651,10 @@ child_built (struct wrd *d, struct sandbox *sb, wr_err_t *err, void *ud)
 {
   struct fjob *j = ud;
   if (sb)
-    json_array_append_new (j->children, wrd_sandbox_json (d, sb, false));
+    {
+      json_array_append_new (j->children, wrd_sandbox_json (d, sb, false));
+      wrd_traj_forked (d, sb->id, j->id, j->fork_seq);
+    }
   else if (j->failed++ == 0)
     j->child_err = *err;
   if (--j->pending == 0)
@@ -699,6 +731,7 @@ http_fork (struct wrd *d, struct evhttp_request *req, struct sandbox *sb)
       goto fail;
     }
   j->count = (unsigned)json_integer_value (count);
+  json_int_t count_v = json_integer_value (count);
   char rnd[13];
   wr_random_hex (rnd, 12);
   snprintf (j->ref, sizeof j->ref, FORK_PREFIX "%s:%s", sb->id, rnd);
@@ -741,6 +774,8 @@ http_fork (struct wrd *d, struct evhttp_request *req, struct sandbox *sb)
   json_decref (norm);
   if (begin_snap (j, sb, &err) < 0)
     goto fail;
+  /* the fork point: the parent's events before it are in the children */
+  j->fork_seq = wrd_traj_lifecycle (d, sb, "fork", json_pack ("{s:I}", "count", count_v));
   json_decref (body);
   job_start (j);
   return;

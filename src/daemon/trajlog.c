@@ -20,6 +20,7 @@
 #include "daemon/http_util.h"
 #include "daemon/log.h"
 #include "image/sha256.h"
+#include "image/store.h"
 
 struct wrd_traj
 {
@@ -47,7 +48,7 @@ static const char schema[]
     = "CREATE TABLE IF NOT EXISTS logs ("
       " id TEXT PRIMARY KEY, image TEXT NOT NULL, image_digest TEXT NOT NULL,"
       " backend TEXT NOT NULL, spec TEXT NOT NULL, created_at REAL NOT NULL,"
-      " destroyed_at REAL, replay_of TEXT);"
+      " destroyed_at REAL, replay_of TEXT, parent TEXT, parent_seq INTEGER);"
       "CREATE TABLE IF NOT EXISTS events ("
       " seq INTEGER PRIMARY KEY AUTOINCREMENT, sandbox TEXT NOT NULL, kind TEXT NOT NULL,"
       " at REAL NOT NULL, step TEXT, request_hash TEXT, request TEXT, agent TEXT, input BLOB,"
@@ -138,6 +139,10 @@ column_json (sqlite3_stmt *st, int i)
 
 /* ---- retention ---- */
 
+/* A forked child's log refers to its parent's up to the fork: the parent's
+ * is kept as long as a child's is (a chain goes one generation a pass). */
+#define KEEP_PARENTS "id NOT IN (SELECT parent FROM logs WHERE parent IS NOT NULL)"
+
 static void
 reap (struct wrd_traj *t)
 {
@@ -145,11 +150,13 @@ reap (struct wrd_traj *t)
   double before = now_s () - t->retention_s;
   if (prepare (t,
                "DELETE FROM events WHERE sandbox IN (SELECT id FROM logs WHERE destroyed_at"
-               " IS NOT NULL AND destroyed_at < ?)",
+               " IS NOT NULL AND destroyed_at < ?1 AND " KEEP_PARENTS ")",
                &ev, NULL)
           < 0
-      || prepare (t, "DELETE FROM logs WHERE destroyed_at IS NOT NULL AND destroyed_at < ?", &lg,
-                  NULL)
+      || prepare (t,
+                  "DELETE FROM logs WHERE destroyed_at IS NOT NULL AND destroyed_at < ?1"
+                  " AND " KEEP_PARENTS,
+                  &lg, NULL)
              < 0)
     return;
   sqlite3_exec (t->db, "BEGIN", NULL, NULL, NULL);
@@ -188,6 +195,13 @@ wrd_traj_open (struct wrd *d, double retention_s, wr_err_t *err)
                        NULL, NULL, &msg);
   if (rc == SQLITE_OK)
     rc = sqlite3_exec (t->db, schema, NULL, NULL, &msg);
+  /* a database from before fork provenance: add its columns (an error
+   * here only says they are there) */
+  if (rc == SQLITE_OK)
+    {
+      sqlite3_exec (t->db, "ALTER TABLE logs ADD COLUMN parent TEXT", NULL, NULL, NULL);
+      sqlite3_exec (t->db, "ALTER TABLE logs ADD COLUMN parent_seq INTEGER", NULL, NULL, NULL);
+    }
   /* What was running when the previous daemon died: its outcome is unknown. */
   if (rc == SQLITE_OK)
     rc = sqlite3_exec (t->db,
@@ -261,18 +275,22 @@ insert_event (struct wrd_traj *t, const char *sandbox, const char *kind, const c
   return sqlite3_last_insert_rowid (t->db);
 }
 
-void
+int64_t
 wrd_traj_lifecycle (struct wrd *d, struct sandbox *sb, const char *kind, json_t *detail)
 {
   _cleanup_json_ json_t *res = detail ? detail : json_object ();
   struct wrd_traj *t = d->traj;
   if (t == NULL)
-    return;
+    return -1;
   wr_err_t err;
   _cleanup_stmt_ sqlite3_stmt *st = NULL;
   if (strcmp (kind, "create") == 0)
     {
-      if (prepare (t, "INSERT OR REPLACE INTO logs VALUES (?,?,?,?,?,?,NULL,NULL)", &st, &err) < 0)
+      if (prepare (t,
+                   "INSERT OR REPLACE INTO logs (id, image, image_digest, backend, spec,"
+                   " created_at) VALUES (?,?,?,?,?,?)",
+                   &st, &err)
+          < 0)
         goto fail;
       sqlite3_bind_text (st, 1, sb->id, -1, SQLITE_STATIC);
       sqlite3_bind_text (st, 2, sb->image, -1, SQLITE_STATIC);
@@ -308,12 +326,54 @@ wrd_traj_lifecycle (struct wrd *d, struct sandbox *sb, const char *kind, json_t 
           goto fail;
         }
       if (sqlite3_changes (t->db) == 0)
-        return;
+        return -1;
     }
-  if (insert_event (t, sb->id, kind, NULL, NULL, NULL, NULL, NULL, 0, res, &err) >= 0)
-    return;
+  sqlite3_int64 seq = insert_event (t, sb->id, kind, NULL, NULL, NULL, NULL, NULL, 0, res, &err);
+  if (seq >= 0)
+    return seq;
 fail:
   wrd_log (WRD_LOG_ERROR, "%s %s: %s", kind, sb->id, err.msg);
+  return -1;
+}
+
+void
+wrd_traj_event_update (struct wrd *d, int64_t seq, json_t *add)
+{
+  _cleanup_json_ json_t *patch = add;
+  struct wrd_traj *t = d->traj;
+  _cleanup_stmt_ sqlite3_stmt *st = NULL;
+  wr_err_t err;
+  if (t == NULL || seq < 0 || patch == NULL)
+    return;
+  if (prepare (t, "UPDATE events SET result = json_patch(result, ?) WHERE seq = ?", &st, &err) < 0)
+    {
+      wrd_log (WRD_LOG_ERROR, "log seq %lld: %s", (long long)seq, err.msg);
+      return;
+    }
+  bind_json (st, 1, patch);
+  sqlite3_bind_int64 (st, 2, seq);
+  if (sqlite3_step (st) != SQLITE_DONE)
+    wrd_log (WRD_LOG_ERROR, "log seq %lld: %s", (long long)seq, sqlite3_errmsg (t->db));
+}
+
+void
+wrd_traj_forked (struct wrd *d, const char *child, const char *parent, int64_t fork_seq)
+{
+  struct wrd_traj *t = d->traj;
+  _cleanup_stmt_ sqlite3_stmt *st = NULL;
+  wr_err_t err;
+  if (t == NULL || fork_seq < 0)
+    return;
+  if (prepare (t, "UPDATE logs SET parent = ?, parent_seq = ? WHERE id = ?", &st, &err) < 0)
+    {
+      wrd_log (WRD_LOG_ERROR, "fork %s: %s", child, err.msg);
+      return;
+    }
+  sqlite3_bind_text (st, 1, parent, -1, SQLITE_STATIC);
+  sqlite3_bind_int64 (st, 2, fork_seq);
+  sqlite3_bind_text (st, 3, child, -1, SQLITE_STATIC);
+  if (sqlite3_step (st) != SQLITE_DONE)
+    wrd_log (WRD_LOG_ERROR, "fork %s: %s", child, sqlite3_errmsg (t->db));
 }
 
 /* ---- steps ---- */
@@ -659,6 +719,53 @@ event_json (sqlite3_stmt *st)
   return ev;
 }
 
+/* A sandbox's fork ancestry, root first, ending with itself: each link's
+ * events up to seq upto (INT64_MAX for the sandbox itself) make its state. */
+#define CHAIN_MAX 16
+struct wr_chain
+{
+  struct
+  {
+    char id[65];
+    int64_t upto;
+  } link[CHAIN_MAX];
+  size_t n;
+};
+
+static int
+chain_load (struct wrd_traj *t, const char *id, struct wr_chain *ch, wr_err_t *err)
+{
+  _cleanup_stmt_ sqlite3_stmt *st = NULL;
+  if (prepare (t, "SELECT parent, parent_seq FROM logs WHERE id = ?", &st, err) < 0)
+    return -1;
+  /* walked from the sandbox up, then reversed */
+  char cur[65];
+  int64_t upto = INT64_MAX;
+  snprintf (cur, sizeof cur, "%s", id);
+  ch->n = 0;
+  for (;;)
+    {
+      if (ch->n == CHAIN_MAX)
+        return wr_error (err, 0, WR_E_INVALID, "sandbox %s: forked more than %d generations deep",
+                         id, CHAIN_MAX);
+      snprintf (ch->link[ch->n].id, sizeof ch->link[ch->n].id, "%s", cur);
+      ch->link[ch->n++].upto = upto;
+      sqlite3_reset (st);
+      sqlite3_bind_text (st, 1, cur, -1, SQLITE_TRANSIENT);
+      if (sqlite3_step (st) != SQLITE_ROW || sqlite3_column_type (st, 0) == SQLITE_NULL)
+        break;
+      snprintf (cur, sizeof cur, "%s", (const char *)sqlite3_column_text (st, 0));
+      upto = sqlite3_column_int64 (st, 1);
+    }
+  for (size_t a = 0, b = ch->n - 1; a < b; a++, b--)
+    {
+      __typeof__ (ch->link[0]) tmp = ch->link[a];
+      ch->link[a] = ch->link[b];
+      ch->link[b] = tmp;
+    }
+  return 0;
+}
+
 static int
 log_json (struct wrd_traj *t, const char *id, json_t **ret, wr_err_t *err)
 {
@@ -687,9 +794,12 @@ log_json (struct wrd_traj *t, const char *id, json_t **ret, wr_err_t *err)
   json_object_set_new (j, "replay_of", of ? json_string (of) : json_null ());
   json_t *events = json_array ();
   json_object_set_new (j, "events", events);
+  json_t *inherited = json_array ();
+  json_object_set_new (j, "inherited", inherited);
+  json_object_set_new (j, "forked_from", json_null ());
   if (prepare (t,
                "SELECT seq, kind, at, step, request, result, stdout, stderr, replayed_from, rerun"
-               " FROM events WHERE sandbox = ? ORDER BY seq",
+               " FROM events WHERE sandbox = ?1 AND seq <= ?2 ORDER BY seq",
                &ev, err)
       < 0)
     {
@@ -697,8 +807,32 @@ log_json (struct wrd_traj *t, const char *id, json_t **ret, wr_err_t *err)
       return -1;
     }
   sqlite3_bind_text (ev, 1, id, -1, SQLITE_STATIC);
+  sqlite3_bind_int64 (ev, 2, INT64_MAX);
   while (sqlite3_step (ev) == SQLITE_ROW)
     json_array_append_new (events, event_json (ev));
+  /* Provenance: each ancestor's events up to its fork, oldest first. */
+  struct wr_chain ch;
+  if (chain_load (t, id, &ch, err) < 0)
+    {
+      json_decref (j);
+      return -1;
+    }
+  if (ch.n > 1)
+    json_object_set_new (j, "forked_from",
+                         json_pack ("{s:s,s:I}", "id", ch.link[ch.n - 2].id, "seq",
+                                    (json_int_t)ch.link[ch.n - 2].upto));
+  for (size_t k = 0; k + 1 < ch.n; k++)
+    {
+      sqlite3_reset (ev);
+      sqlite3_bind_text (ev, 1, ch.link[k].id, -1, SQLITE_TRANSIENT);
+      sqlite3_bind_int64 (ev, 2, ch.link[k].upto);
+      while (sqlite3_step (ev) == SQLITE_ROW)
+        {
+          json_t *e = event_json (ev);
+          json_object_set_new (e, "sandbox", json_string (ch.link[k].id));
+          json_array_append_new (inherited, e);
+        }
+    }
   *ret = j;
   return 0;
 }
@@ -742,6 +876,9 @@ struct replay
   /* the event being re-run */
   struct wr_sha256 h[2];
   uint64_t len[2];
+  /* events before first_live are in the checkpoint the replay starts from */
+  size_t first_live, rerun;
+  char checkpoint[160];
 };
 
 static char *
@@ -782,11 +919,38 @@ replay_free (struct replay *rp)
   free (rp);
 }
 
-/* The original's spec and its execs and file changes up to the step. */
-static int
-replay_load (struct wrd_traj *t, struct replay *rp, json_t **ret_spec, wr_err_t *err)
+/* Whether a checkpoint's image is still in the store as it was taken. */
+static bool
+checkpoint_usable (struct wrd *d, const char *kind, const json_t *res)
 {
+  /* failed, or (a checkpoint) never finished: warrend stopped meanwhile */
+  if (json_object_get (res, "error")
+      || (strcmp (kind, "checkpoint") == 0 && json_object_get (res, "digest") == NULL))
+    return false;
+  const char *ref = json_string_value (json_object_get (res, "image"));
+  const char *digest = json_string_value (json_object_get (res, "digest"));
+  struct wr_image *img = NULL;
+  wr_err_t e;
+  if (ref == NULL || wr_image_resolve (d->store, ref, &img, &e) < 0)
+    return false;
+  bool same = digest == NULL || strcmp (img->digest, digest) == 0;
+  wr_image_free (img);
+  return same;
+}
+
+/* The original's spec and its execs and file changes up to the step,
+ * through its fork ancestry (a child's state starts as its parent's at the
+ * fork). The replay starts from the latest usable checkpoint taken (or
+ * restored) at or before the step: the events before it are copied, not
+ * re-run. */
+static int
+replay_load (struct wrd *d, struct replay *rp, json_t **ret_spec, wr_err_t *err)
+{
+  struct wrd_traj *t = d->traj;
   _cleanup_stmt_ sqlite3_stmt *lg = NULL, *ev = NULL;
+  struct wr_chain ch;
+  if (chain_load (t, rp->of, &ch, err) < 0)
+    return -1;
   if (prepare (t, "SELECT spec, image_digest FROM logs WHERE id = ?", &lg, err) < 0)
     return -1;
   sqlite3_bind_text (lg, 1, rp->of, -1, SQLITE_STATIC);
@@ -794,43 +958,109 @@ replay_load (struct wrd_traj *t, struct replay *rp, json_t **ret_spec, wr_err_t 
     return wr_error (err, 0, WR_E_NOT_FOUND,
                      "sandbox %s: no trajectory log (never created here, or past retention)",
                      rp->of);
+  _cleanup_json_ json_t *spec = column_json (lg, 0);
   snprintf (rp->image_digest, sizeof rp->image_digest, "%s",
             (const char *)sqlite3_column_text (lg, 1));
+  if (ch.n > 1)
+    {
+      /* a fork child's spec names the fork's snapshot, which is gone: start
+       * from the root ancestor's image and layers */
+      sqlite3_reset (lg);
+      sqlite3_bind_text (lg, 1, ch.link[0].id, -1, SQLITE_TRANSIENT);
+      if (sqlite3_step (lg) != SQLITE_ROW)
+        return wr_error (err, 0, WR_E_NOT_FOUND, "sandbox %s was forked from %s, whose log is gone",
+                         rp->of, ch.link[0].id);
+      _cleanup_json_ json_t *root = column_json (lg, 0);
+      json_object_set (spec, "image", json_object_get (root, "image"));
+      json_object_set (spec, "layers", json_object_get (root, "layers"));
+      snprintf (rp->image_digest, sizeof rp->image_digest, "%s",
+                (const char *)sqlite3_column_text (lg, 1));
+    }
   if (prepare (t,
                "SELECT seq, kind, step, request_hash, request, agent, input, result, stdout,"
-               " stderr FROM events WHERE sandbox = ? AND kind IN ('exec', 'file')"
+               " stderr FROM events WHERE sandbox = ?1 AND seq <= ?2"
+               " AND kind IN ('exec', 'file', 'checkpoint', 'restore')"
                " AND result IS NOT NULL ORDER BY seq",
                &ev, err)
       < 0)
     return -1;
-  sqlite3_bind_text (ev, 1, rp->of, -1, SQLITE_STATIC);
   bool found = rp->until == NULL;
-  while (!(found && rp->until) && sqlite3_step (ev) == SQLITE_ROW)
+  ssize_t base = -1;                      /* the event the replay starts after */
+  _cleanup_json_ json_t *base_res = NULL; /* its checkpoint */
+  const char *lost = NULL;                /* a restore of a checkpoint that is gone */
+  char lost_name[160] = "";
+  for (size_t k = 0; k < ch.n && !(found && rp->until); k++)
     {
-      struct replay_event *grown = realloc (rp->ev, (rp->n + 1) * sizeof *grown);
-      if (grown == NULL)
-        return wr_error (err, ENOMEM, WR_E_INTERNAL, "replay");
-      rp->ev = grown;
-      struct replay_event *e = &rp->ev[rp->n++];
-      memset (e, 0, sizeof *e);
-      e->seq = sqlite3_column_int64 (ev, 0);
-      snprintf (e->kind, sizeof e->kind, "%s", (const char *)sqlite3_column_text (ev, 1));
-      e->step = column_strdup (ev, 2);
-      e->hash = column_strdup (ev, 3);
-      e->request = column_strdup (ev, 4);
-      e->agent = column_json (ev, 5);
-      if (sqlite3_column_type (ev, 6) != SQLITE_NULL)
-        e->input = column_memdup (ev, 6, &e->input_len);
-      e->result = column_strdup (ev, 7);
-      e->out[0] = column_memdup (ev, 8, &e->out_len[0]);
-      e->out[1] = column_memdup (ev, 9, &e->out_len[1]);
-      if (rp->until && e->step && strcmp (e->step, rp->until) == 0)
-        found = true;
+      sqlite3_reset (ev);
+      sqlite3_bind_text (ev, 1, ch.link[k].id, -1, SQLITE_TRANSIENT);
+      sqlite3_bind_int64 (ev, 2, ch.link[k].upto);
+      while (!(found && rp->until) && sqlite3_step (ev) == SQLITE_ROW)
+        {
+          const char *kind = (const char *)sqlite3_column_text (ev, 1);
+          if (strcmp (kind, "checkpoint") == 0 || strcmp (kind, "restore") == 0)
+            {
+              json_t *res = column_json (ev, 7);
+              bool usable = checkpoint_usable (d, kind, res);
+              if (usable)
+                {
+                  json_decref (base_res);
+                  base_res = res;
+                  base = (ssize_t)rp->n - 1;
+                  lost = NULL;
+                }
+              else
+                {
+                  if (strcmp (kind, "restore") == 0)
+                    {
+                      snprintf (lost_name, sizeof lost_name, "%s",
+                                json_string_value (json_object_get (res, "name")) ?: "?");
+                      lost = lost_name;
+                    }
+                  json_decref (res);
+                }
+              continue;
+            }
+          struct replay_event *grown = realloc (rp->ev, (rp->n + 1) * sizeof *grown);
+          if (grown == NULL)
+            return wr_error (err, ENOMEM, WR_E_INTERNAL, "replay");
+          rp->ev = grown;
+          struct replay_event *e = &rp->ev[rp->n++];
+          memset (e, 0, sizeof *e);
+          e->seq = sqlite3_column_int64 (ev, 0);
+          snprintf (e->kind, sizeof e->kind, "%s", kind);
+          e->step = column_strdup (ev, 2);
+          e->hash = column_strdup (ev, 3);
+          e->request = column_strdup (ev, 4);
+          e->agent = column_json (ev, 5);
+          if (sqlite3_column_type (ev, 6) != SQLITE_NULL)
+            e->input = column_memdup (ev, 6, &e->input_len);
+          e->result = column_strdup (ev, 7);
+          e->out[0] = column_memdup (ev, 8, &e->out_len[0]);
+          e->out[1] = column_memdup (ev, 9, &e->out_len[1]);
+          if (rp->until && e->step && strcmp (e->step, rp->until) == 0)
+            found = true;
+        }
     }
   if (!found)
     return wr_error (err, 0, WR_E_NOT_FOUND, "sandbox %s: no step \"%.200s\" in its log", rp->of,
                      rp->until);
-  *ret_spec = column_json (lg, 0);
+  if (lost)
+    return wr_error (err, 0, WR_E_CONFLICT,
+                     "sandbox %s: its log restores checkpoint %s before that step, and the "
+                     "checkpoint is gone (checkpoints go with their sandbox): the state after "
+                     "the restore cannot be rebuilt",
+                     rp->of, lost);
+  rp->first_live = (size_t)(base + 1);
+  if (base_res)
+    {
+      snprintf (rp->checkpoint, sizeof rp->checkpoint, "%s",
+                json_string_value (json_object_get (base_res, "name")) ?: "");
+      json_object_set (spec, "image", json_object_get (base_res, "image"));
+      json_object_set_new (spec, "layers", json_array ());
+      snprintf (rp->image_digest, sizeof rp->image_digest, "%s",
+                json_string_value (json_object_get (base_res, "digest")) ?: "");
+    }
+  *ret_spec = json_incref (spec);
   return 0;
 }
 
@@ -955,6 +1185,9 @@ replay_next (struct replay *rp)
                                 "diverged", (json_int_t)rp->diverged, "image_changed",
                                 strcmp (rp->image_digest, sb->image_digest) != 0);
       json_object_set_new (info, "until", rp->until ? json_string (rp->until) : json_null ());
+      json_object_set_new (info, "checkpoint",
+                           rp->checkpoint[0] ? json_string (rp->checkpoint) : json_null ());
+      json_object_set_new (info, "rerun", json_integer ((json_int_t)rp->rerun));
       json_object_set_new (j, "replay", info);
       json_object_set_new (j, "infra_failure", json_false ());
       wrd_reply_json (rp->req, 201, j);
@@ -969,6 +1202,16 @@ replay_next (struct replay *rp)
     }
   bool exec = strcmp (e->kind, "exec") == 0;
   _cleanup_json_ json_t *was = e->result ? json_loads (e->result, 0, NULL) : NULL;
+  if (rp->next < rp->first_live)
+    {
+      /* its effect is in the checkpoint the new sandbox starts from */
+      json_t *from = json_pack ("{s:s}", "from_checkpoint", rp->checkpoint);
+      replay_record (rp, from);
+      json_decref (from);
+      rp->next++;
+      replay_next (rp);
+      return;
+    }
   if (json_object_get (was, "error"))
     {
       /* it never ran, or its outcome is unknown: recorded, not re-run */
@@ -977,6 +1220,7 @@ replay_next (struct replay *rp)
       replay_next (rp);
       return;
     }
+  rp->rerun++;
   if (!agent_conn_alive (sb->conn))
     {
       replay_on_error (rp, WR_E_GONE, "the new sandbox's agent is gone");
@@ -1049,7 +1293,7 @@ wrd_traj_http_replay (struct wrd *d, struct evhttp_request *req, const char *id)
   if (json_is_string (until))
     rp->until = strdup (json_string_value (until));
   json_t *spec = NULL;
-  if (replay_load (d->traj, rp, &spec, &err) < 0)
+  if (replay_load (d, rp, &spec, &err) < 0)
     {
       wrd_reply_error (req, &err);
       replay_free (rp);

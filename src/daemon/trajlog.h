@@ -8,6 +8,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <event2/buffer.h>
 #include <event2/http.h>
 #include <jansson.h>
@@ -28,9 +29,18 @@ int wrd_traj_open (struct wrd *d, double retention_s, wr_err_t *err);
 void wrd_traj_close (struct wrd *d);
 
 /* Lifecycle: "create" starts a sandbox's log; "pause", "resume", "ttl",
- * "lost" and "destroy" append to an existing one ("destroy" starts the
- * retention clock). detail (consumed, may be NULL) is the event's result. */
-void wrd_traj_lifecycle (struct wrd *d, struct sandbox *sb, const char *kind, json_t *detail);
+ * "lost", "checkpoint", "restore", "fork" and "destroy" append to an
+ * existing one ("destroy" starts the retention clock). detail (consumed,
+ * may be NULL) is the event's result. Returns the event's seq, or -1 when
+ * nothing was logged. */
+int64_t wrd_traj_lifecycle (struct wrd *d, struct sandbox *sb, const char *kind, json_t *detail);
+/* A fork child's log continues its parent's up to the parent's "fork"
+ * event fork_seq: `log` shows it as the child's provenance, `replay`
+ * fast-forwards through it. */
+/* Merge add (consumed) into the result of event seq: how a checkpoint or
+ * restore logged when it began ended. */
+void wrd_traj_event_update (struct wrd *d, int64_t seq, json_t *add);
+void wrd_traj_forked (struct wrd *d, const char *child, const char *parent, int64_t fork_seq);
 
 /* Before an exec runs. Returns 1 when the request was answered here (a
  * recorded step replayed, a conflicting or running step, a log failure), 0

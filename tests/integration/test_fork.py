@@ -257,3 +257,48 @@ def test_python_sdk_fork_checkpoint_restore_diff(fd):
         assert sb.exec(["cat", "/f"]).stdout == "one\n"
         with pytest.raises(warren.errors.WarrenError):
             sb.checkpoint("a/b")
+
+
+def test_fork_children_carry_the_parents_log(fd, api):
+    """A child's log names its parent and the fork point and shows the
+    parent's events up to it (provenance); replay of a child goes through
+    them."""
+    parent = api.create()
+    kids = []
+    try:
+        r = api.raw("POST", f"/v1/sandboxes/{parent}/exec",
+                    {"shell": "mkdir -p /work && echo base > /work/x", "step": "p1"})
+        assert r.status == 200 and r.json()["exit_code"] == 0, r
+        r = api.raw("POST", f"/v1/sandboxes/{parent}/fork", {"count": 2})
+        assert r.status == 201, r
+        kids = [c["id"] for c in r.json()["sandboxes"]]
+        # the parent moves on after the fork: not the children's history
+        out(api, parent, "echo later >> /work/x")
+        plog = api.raw("GET", f"/v1/sandboxes/{parent}/log").json()
+        fork_ev = [e for e in plog["events"] if e["kind"] == "fork"]
+        assert len(fork_ev) == 1 and fork_ev[0]["result"]["count"] == 2
+        for k in kids:
+            r = api.raw("POST", f"/v1/sandboxes/{k}/exec",
+                        {"shell": "echo kid >> /work/x", "step": "k1"})
+            assert r.status == 200, r
+            lg = api.raw("GET", f"/v1/sandboxes/{k}/log").json()
+            assert lg["forked_from"] == {"id": parent, "seq": fork_ev[0]["seq"]}, lg
+            assert [(e["sandbox"], e["kind"], e["step"]) for e in lg["inherited"]] == \
+                [(parent, "create", None), (parent, "exec", "p1"), (parent, "fork", None)], \
+                lg["inherited"]
+            assert [e["kind"] for e in lg["events"]] == ["create", "exec"]
+        assert api.raw("GET", f"/v1/sandboxes/{parent}/log").json()["forked_from"] is None
+        # the CLI shows it
+        r = fd.cli("log", kids[0], check=True)
+        text = r.stdout.decode()
+        assert f"forked from {parent}" in text and "echo base > /work/x" in text, text
+        assert text.index("echo base") < text.index("echo kid") and "echo later" not in text
+        # a child replays from its root's image through the parent's events
+        r = api.raw("POST", f"/v1/sandboxes/{kids[0]}/replay", {}, timeout=300)
+        assert r.status == 201, r
+        kids.append(r.json()["id"])
+        assert r.json()["replay"]["rerun"] == 2, r.json()
+        assert out(api, kids[-1], "cat /work/x") == "base\nkid\n"
+    finally:
+        for s in kids + [parent]:
+            api.delete(s)

@@ -189,6 +189,79 @@ def test_replay_until(api):
             api.delete(n)
 
 
+def checkpoint(api, sid, name):
+    r = api.raw("POST", f"/v1/sandboxes/{sid}/checkpoints", {"name": name}, timeout=120)
+    assert r.status == 201, r
+    return r.json()
+
+
+def test_replay_from_nearest_checkpoint(api):
+    """replay --until STEP starts from the latest checkpoint taken (or
+    restored) at or before STEP: what came before is not re-run."""
+    sid = api.create()
+    news = []
+    try:
+        assert execute(api, sid, "cat /proc/sys/kernel/random/uuid > /tmp/id; echo 1 > /tmp/f",
+                       step="a").status == 200
+        orig_id = read(api, sid, "/tmp/id")
+        checkpoint(api, sid, "c1")
+        assert execute(api, sid, "echo 2 >> /tmp/f", step="b").status == 200
+        checkpoint(api, sid, "c2")
+        assert execute(api, sid, "echo 3 >> /tmp/f", step="c").status == 200
+        kinds = [e["kind"] for e in log(api, sid)["events"]]
+        assert kinds == ["create", "exec", "checkpoint", "exec", "checkpoint", "exec"], kinds
+        ck = [e for e in log(api, sid)["events"] if e["kind"] == "checkpoint"]
+        assert ck[0]["result"]["name"] == "c1" and ck[0]["result"]["digest"].startswith("sha256:")
+
+        j = replay(api, sid, until="b")
+        news.append(j["id"])
+        assert j["replay"]["checkpoint"] == "c1", j["replay"]
+        assert j["replay"]["events"] == 2 and j["replay"]["rerun"] == 1, j["replay"]
+        # step a came from the checkpoint, not from running it again
+        assert read(api, j["id"], "/tmp/id") == orig_id
+        assert read(api, j["id"], "/tmp/f") == b"1\n2\n"
+        assert execute(api, j["id"], "cat /proc/sys/kernel/random/uuid > /tmp/id; echo 1 > /tmp/f",
+                       step="a").json()["replayed"] is True
+        ev = [e for e in log(api, j["id"])["events"] if e["kind"] == "exec"]
+        assert ev[0]["rerun"] == {"from_checkpoint": "c1"} and ev[1]["rerun"]["same"] is True
+
+        # a checkpoint after the step is not used
+        j = replay(api, sid, until="a")
+        news.append(j["id"])
+        assert j["replay"]["checkpoint"] is None and j["replay"]["rerun"] == 1
+        assert read(api, j["id"], "/tmp/id") != orig_id
+
+        # the latest one wins; everything after it re-runs
+        j = replay(api, sid)
+        news.append(j["id"])
+        assert j["replay"]["checkpoint"] == "c2" and j["replay"]["rerun"] == 1
+        assert read(api, j["id"], "/tmp/f") == b"1\n2\n3\n"
+
+        # a restore is a starting point too: the state after it is c1's
+        r = api.raw("POST", f"/v1/sandboxes/{sid}/restore", {"name": "c1"}, timeout=120)
+        assert r.status == 200, r
+        assert execute(api, sid, "echo 4 >> /tmp/f", step="d").status == 200
+        assert read(api, sid, "/tmp/f") == b"1\n4\n"
+        j = replay(api, sid, until="d")
+        news.append(j["id"])
+        assert j["replay"]["checkpoint"] == "c1" and j["replay"]["rerun"] == 1, j["replay"]
+        assert read(api, j["id"], "/tmp/f") == b"1\n4\n"
+        assert read(api, j["id"], "/tmp/id") == orig_id
+
+        # once the sandbox and its checkpoints are gone, a log that restores
+        # one cannot be rebuilt past the restore; before it, from the image
+        assert api.delete(sid).status == 204
+        replay(api, sid, until="d", status=409)
+        j = replay(api, sid, until="c")
+        news.append(j["id"])
+        assert j["replay"]["checkpoint"] is None and j["replay"]["rerun"] == 3
+        assert read(api, j["id"], "/tmp/f") == b"1\n2\n3\n"
+    finally:
+        for n in news:
+            api.delete(n)
+        api.delete(sid)
+
+
 def test_cli_log_and_replay(daemon):
     api = daemon.api
     sid = api.create()
