@@ -521,7 +521,9 @@ vm_params (enum wr_vm_kind kind, const struct wr_container_spec *spec, struct vm
   if (ncpu > 0 && c > (double)ncpu)
     c = (double)ncpu;
   p->vcpus = c < 1 ? 1 : (unsigned)c;
-  snprintf (p->hostname, sizeof p->hostname, "%s", spec->id);
+  /* a deterministic sandbox's fixed hostname, else its id: on the kernel
+   * command line of a boot, in the restore ping of a clone */
+  snprintf (p->hostname, sizeof p->hostname, "%s", spec->hostname ? spec->hostname : spec->id);
   int r = wr_vm_disk_from_config (vm.rt->root, spec->image_config, p->disk, sizeof p->disk,
                                   p->disk_fmt, err);
   if (r < 0)

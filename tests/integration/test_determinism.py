@@ -97,3 +97,36 @@ def test_cli_seed(daemon):
         assert (host, seed, epoch) == ("sandbox", "5", "99") and up < 60
     finally:
         daemon.api.delete(j["id"])
+
+
+def test_microvm_fixed_hostname_and_seeds(rootfs):
+    """microvm: the fixed hostname reaches the guest (kernel command line on
+    a boot, the restore ping on a clone) and the seeds every exec's
+    environment; the guest's clocks are its own (docs/vm.md)."""
+    import shutil
+    from test_vm import vm_daemon
+    d = vm_daemon(rootfs)
+    try:
+        ids = []
+        for _ in range(2):
+            j = create(d.api, backend="microvm", memory_mb=192,
+                       deterministic={"seed": 9, "epoch": 1700000000, "hostname": "env-9"})
+            ids.append(j["id"])
+            assert j["deterministic"]["hostname"] == "env-9", j
+            assert j["deterministic"]["time_namespace"] is False, j  # the guest's own clocks
+        views = []
+        for sid in ids:
+            r = d.api.sh(sid, "hostname; cat /proc/sys/kernel/hostname; echo $PYTHONHASHSEED;"
+                              " echo $SOURCE_DATE_EPOCH")
+            assert r["exit_code"] == 0, r
+            views.append(r["stdout"])
+        assert views[0] == views[1] == "env-9\nenv-9\n9\n1700000000\n", views
+        # without it, the guest is named after its sandbox
+        plain = d.api.create(backend="microvm", memory_mb=192)
+        r = d.api.sh(plain, "hostname")
+        assert r["stdout"] == plain + "\n", r
+        for sid in ids + [plain]:
+            assert d.api.delete(sid).status == 204
+    finally:
+        d.stop()
+        shutil.rmtree(d.root, ignore_errors=True)
