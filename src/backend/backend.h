@@ -51,6 +51,7 @@ struct wr_cg_limits
   uint64_t memory_bytes; /* 0 = unlimited */
   uint64_t pids_max;
   double cpus;
+  bool best_effort; /* CPU QoS class (set_qos in cgroup.c) */
 };
 
 /* name: the parent group under each hierarchy, one per daemon root
@@ -67,6 +68,13 @@ int wr_cg_attach_v1 (struct wr_cgroups *cg, struct wr_cg_sandbox *s, pid_t pid, 
 /* Kill every process and wait until the cgroups are empty (bounded). */
 int wr_cg_kill (struct wr_cgroups *cg, struct wr_cg_sandbox *s, wr_err_t *err);
 int wr_cg_freeze (struct wr_cgroups *cg, struct wr_cg_sandbox *s, bool frozen, wr_err_t *err);
+/* The sandbox's pids (the whole v2 subtree, else its v1 memory group):
+ * how many there are; at most max stored. */
+int wr_cg_pids (struct wr_cgroups *cg, struct wr_cg_sandbox *s, pid_t *pids, int max);
+/* Pause: reclaim the frozen sandbox's memory (into swap where there is
+ * some); resume: deny new swap-outs again. */
+int wr_cg_reclaim (struct wr_cgroups *cg, struct wr_cg_sandbox *s, wr_err_t *err);
+int wr_cg_unreclaim (struct wr_cgroups *cg, struct wr_cg_sandbox *s, wr_err_t *err);
 int wr_cg_stats (struct wr_cgroups *cg, struct wr_cg_sandbox *s, struct wr_container_stats *ret,
                  wr_err_t *err);
 /* rmdir the sandbox cgroups (retrying briefly on EBUSY); idempotent. */

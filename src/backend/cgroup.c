@@ -201,6 +201,25 @@ knob (int dfd, const char *name, const char *val, wr_err_t *err)
   return 0;
 }
 
+/* CPU QoS (docs/performance.md, "CPU QoS"): a best-effort sandbox's group
+ * is an idle entity (cpu.idle, kernel >= 5.15, v1 and v2), or where the
+ * kernel lacks it the lowest weight (cpu.weight 1, cpu.shares 2). Always
+ * written, so a reused cgroup never keeps another sandbox's class. The
+ * kernel refuses a weight while the group is idle: idle goes first. */
+static int
+set_qos (int dfd, bool v2, bool best_effort, wr_err_t *err)
+{
+  if (dfd < 0)
+    return 0;
+  bool has_idle = faccessat (dfd, "cpu.idle", F_OK, 0) == 0;
+  int r = has_idle ? knob (dfd, "cpu.idle", best_effort ? "1" : "0", err) : 0;
+  if (r < 0 || (has_idle && best_effort))
+    return r;
+  if (v2)
+    return knob (dfd, "cpu.weight", best_effort ? "1" : "100", err);
+  return knob (dfd, "cpu.shares", best_effort ? "2" : "1024", err);
+}
+
 int
 wr_cg_create (struct wr_cgroups *cg, const char *id, const struct wr_cg_limits *lim,
               struct wr_cg_sandbox *s, wr_err_t *err)
@@ -252,6 +271,8 @@ wr_cg_create (struct wr_cgroups *cg, const char *id, const struct wr_cg_limits *
           if ((r = knob (s->v2_fd, "cpu.max", buf, err)) < 0)
             goto fail;
         }
+      if ((r = set_qos (s->v2_fd, true, lim->best_effort, err)) < 0)
+        goto fail;
       return 0;
     }
   if (lim->memory_bytes)
@@ -278,6 +299,8 @@ wr_cg_create (struct wr_cgroups *cg, const char *id, const struct wr_cg_limits *
       if ((r = knob (s->v1_fd[WR_V1_CPU], "cpu.cfs_quota_us", buf, err)) < 0)
         goto fail;
     }
+  if ((r = set_qos (s->v1_fd[WR_V1_CPU], false, lim->best_effort, err)) < 0)
+    goto fail;
   return 0;
 fail:
   wr_cg_sandbox_close (s);
@@ -372,6 +395,16 @@ read_procs_subtree (int dfd, pid_t *pids, int max)
   return n;
 }
 
+int
+wr_cg_pids (struct wr_cgroups *cg WR_UNUSED, struct wr_cg_sandbox *s, pid_t *pids, int max)
+{
+  int track = s->v2_fd >= 0 ? s->v2_fd : s->v1_fd[WR_V1_MEMORY];
+  if (track < 0)
+    return 0;
+  int n = track == s->v2_fd ? read_procs_subtree (track, pids, max) : read_procs (track, pids, max);
+  return n < 0 ? 0 : n;
+}
+
 /* rmdir the children of a delegated v2 sandbox cgroup (empty by now) */
 static void
 remove_children (int parent, const char *id)
@@ -456,6 +489,63 @@ wr_cg_freeze (struct wr_cgroups *cg, struct wr_cg_sandbox *s, bool frozen, wr_er
   if (r < 0)
     return wr_error (err, -r, WR_E_INTERNAL, "freeze");
   return 0;
+}
+
+static uint64_t read_u64 (int dfd, const char *name);
+
+/* Pause (docs/containers.md, "Pause"): with the sandbox frozen, push what
+ * its cgroup charges (anonymous memory, tmpfs, page cache) out: to swap
+ * where there is some (zram, warrend --zram-size), dropped where clean.
+ * v2: memory.reclaim of everything, with the swap the sandbox is otherwise
+ * denied (memory.swap.max 0) let through while it is paused. v1:
+ * memory.force_empty, which reclaims with swap until the group is empty or
+ * makes no more progress, tasks or not; memsw (memory + swap) stays what
+ * it was, so its limit is no obstacle. Neither fails because something
+ * stayed (unreclaimable kernel memory, no swap): the caller measures. */
+int
+wr_cg_reclaim (struct wr_cgroups *cg, struct wr_cg_sandbox *s, wr_err_t *err)
+{
+  int r;
+  bool v2 = cg->v2_limits && s->v2_fd >= 0;
+  int m = v2 ? s->v2_fd : s->v1_fd[WR_V1_MEMORY];
+  const char *usage = v2 ? "memory.current" : "memory.usage_in_bytes";
+  if (m < 0)
+    return wr_error (err, ENOTSUP, WR_E_UNSUPPORTED, "no memory cgroup for this sandbox");
+  if (v2 && faccessat (m, "memory.swap.max", F_OK, 0) == 0
+      && (r = knob (m, "memory.swap.max", "max", err)) < 0)
+    return r;
+  /* Recently used pages (a file just read) are referenced: a kernel pass
+   * may only age them, giving up after a few rounds without progress, so
+   * go again while a round frees anything. */
+  uint64_t cur = read_u64 (m, usage);
+  for (int round = 0; round < 8 && cur > (1u << 20); round++)
+    {
+      char buf[32];
+      snprintf (buf, sizeof buf, "%" PRIu64, cur);
+      r = wr_write_file_at (m, v2 ? "memory.reclaim" : "memory.force_empty", v2 ? buf : "0");
+      /* EAGAIN (v2): less than asked could be reclaimed, the expected end */
+      if (r < 0 && r != -EAGAIN && r != -EBUSY)
+        return wr_error (err, -r, WR_E_INTERNAL, "write %s",
+                         v2 ? "memory.reclaim" : "memory.force_empty");
+      uint64_t now = read_u64 (m, usage);
+      if (now >= cur) /* nothing freed: nothing more to get */
+        break;
+      cur = now;
+    }
+  return 0;
+}
+
+/* Resume on v2: new swap-outs denied again (what was swapped comes back as
+ * it is touched or prefetched); nothing to undo on v1. */
+int
+wr_cg_unreclaim (struct wr_cgroups *cg, struct wr_cg_sandbox *s, wr_err_t *err)
+{
+  _cleanup_free_ char *max = NULL;
+  if (!cg->v2_limits || s->v2_fd < 0 || faccessat (s->v2_fd, "memory.swap.max", F_OK, 0) < 0
+      || wr_read_file_at (s->v2_fd, "memory.max", &max, NULL, 64) < 0
+      || strncmp (max, "max", 3) == 0)
+    return 0;
+  return knob (s->v2_fd, "memory.swap.max", "0", err);
 }
 
 static uint64_t

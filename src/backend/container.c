@@ -16,16 +16,19 @@
 #include <linux/seccomp.h>
 #include <net/if.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 
@@ -912,8 +915,10 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
   char uid_map[64];
   snprintf (uid_map, sizeof uid_map, "0 %u %u\n", (unsigned)base, WR_UID_BLOCK);
 
-  struct wr_cg_limits lim
-      = { .memory_bytes = spec->memory_mb << 20, .pids_max = spec->pids_max, .cpus = spec->cpus };
+  struct wr_cg_limits lim = { .memory_bytes = spec->memory_mb << 20,
+                              .pids_max = spec->pids_max,
+                              .cpus = spec->cpus,
+                              .best_effort = spec->best_effort };
   struct wr_cg_sandbox cgs;
   r = wr_cg_create (&rt->cg, spec->id, &lim, &cgs, err);
   if (r < 0)
@@ -1027,6 +1032,14 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
     r = layer_mounts_make (spec, (pid_t)pid, &lm, err);
   if (r == 0)
     r = wr_cg_attach_v1 (&rt->cg, &cgs, (pid_t)pid, err);
+  /* best-effort: the agent and everything it starts (the policy is
+   * inherited) also yield inside the sandbox's group */
+  if (r == 0 && spec->best_effort)
+    {
+      struct sched_param prm = { 0 };
+      if (sched_setscheduler ((pid_t)pid, SCHED_IDLE, &prm) < 0)
+        r = wr_sys_error (err, "SCHED_IDLE");
+    }
   bool released = false;
   if (r == 0)
     {
@@ -1148,6 +1161,94 @@ wr_container_freeze (struct wr_runtime *rt, struct wr_container *c, bool frozen,
   int r = wr_cg_freeze (&rt->cg, &cgs, frozen, err);
   wr_cg_sandbox_close (&cgs);
   return r;
+}
+
+/* Ask the kernel to read back (MADV_WILLNEED) the private writable memory
+ * of every process in the sandbox, so that the first requests after a
+ * resume do not fault it in page by page. Best effort: a process that
+ * exits meanwhile or a kernel without process_madvise just thaws. */
+static void
+prefetch_pid (pid_t pid)
+{
+  int pidfd = (int)syscall (SYS_pidfd_open, pid, 0);
+  if (pidfd < 0)
+    return;
+  char path[64];
+  snprintf (path, sizeof path, "/proc/%d/maps", (int)pid);
+  FILE *f = fopen (path, "re");
+  if (f == NULL)
+    {
+      close (pidfd);
+      return;
+    }
+  struct iovec iov[64];
+  size_t n = 0;
+  char line[512];
+  while (fgets (line, sizeof line, f))
+    {
+      unsigned long lo, hi;
+      char perms[8];
+      if (sscanf (line, "%lx-%lx %7s", &lo, &hi, perms) != 3 || perms[1] != 'w' || perms[3] != 'p')
+        continue;
+      iov[n++] = (struct iovec){ (void *)lo, hi - lo };
+      if (n == WR_ARRAY_SIZE (iov))
+        {
+          syscall (SYS_process_madvise, pidfd, iov, n, MADV_WILLNEED, 0);
+          n = 0;
+        }
+    }
+  if (n)
+    syscall (SYS_process_madvise, pidfd, iov, n, MADV_WILLNEED, 0);
+  fclose (f);
+  close (pidfd);
+}
+
+int
+wr_container_pause (struct wr_runtime *rt, struct wr_container *c, bool pause,
+                    struct wr_pause_stats *ret, wr_err_t *err)
+{
+  if (c == NULL || !wr_valid_id (c->id))
+    return wr_error (err, EINVAL, WR_E_INVALID, "invalid sandbox id");
+  struct wr_cg_sandbox cgs;
+  if (wr_cg_open (&rt->cg, c->id, &cgs) == 0)
+    return wr_error (err, ENOENT, WR_E_GONE, "sandbox %s has no cgroup", c->id);
+  struct wr_pause_stats st = { 0 };
+  struct wr_container_stats cs;
+  if (wr_cg_stats (&rt->cg, &cgs, &cs, NULL) == 0)
+    st.memory_before_bytes = cs.memory_bytes;
+  uint64_t t0 = wr_now_ns ();
+  int r = 0;
+  if (pause)
+    {
+      r = wr_cg_freeze (&rt->cg, &cgs, true, err);
+      st.freeze_ns = wr_now_ns () - t0;
+      t0 = wr_now_ns ();
+      if (r == 0 && wr_cg_reclaim (&rt->cg, &cgs, err) < 0)
+        {
+          wr_cg_freeze (&rt->cg, &cgs, false, NULL);
+          r = -1;
+        }
+      st.reclaim_ns = wr_now_ns () - t0;
+    }
+  else
+    {
+      r = wr_cg_unreclaim (&rt->cg, &cgs, err);
+      pid_t pids[64];
+      int n = r == 0 ? wr_cg_pids (&rt->cg, &cgs, pids, (int)WR_ARRAY_SIZE (pids)) : 0;
+      for (int i = 0; i < n && i < (int)WR_ARRAY_SIZE (pids); i++)
+        prefetch_pid (pids[i]);
+      st.reclaim_ns = wr_now_ns () - t0;
+      t0 = wr_now_ns ();
+      if (r == 0)
+        r = wr_cg_freeze (&rt->cg, &cgs, false, err);
+      st.freeze_ns = wr_now_ns () - t0;
+    }
+  if (wr_cg_stats (&rt->cg, &cgs, &cs, NULL) == 0)
+    st.memory_after_bytes = cs.memory_bytes;
+  wr_cg_sandbox_close (&cgs);
+  if (ret)
+    *ret = st;
+  return r < 0 ? r : 0;
 }
 
 int

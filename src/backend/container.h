@@ -78,6 +78,9 @@ struct wr_container_spec
   const char **layer_files;
   size_t n_layer_files;
   json_t *image_config; /* image config (env, workdir, ...); may be NULL */
+  /* CPU QoS "best-effort" (docs/performance.md): the sandbox's cpu group
+   * idle (or weight 1) and its processes SCHED_IDLE */
+  bool best_effort;
 };
 
 /* fd number at which the agent of a container holds its writable upper dir
@@ -126,6 +129,19 @@ int wr_container_adopt (struct wr_runtime *rt, const char *id, pid_t pid, uint64
 
 /* Freeze / thaw every process (pause / resume). */
 int wr_container_freeze (struct wr_runtime *rt, struct wr_container *c, bool frozen, wr_err_t *err);
+
+/* Pause that frees memory (docs/containers.md, "Pause"): freeze, then
+ * reclaim what the sandbox's cgroup holds into swap (zram when warrend
+ * sets it up); resume: prefetch the processes' swapped-out memory
+ * (MADV_WILLNEED through process_madvise) and thaw. ret (may be NULL)
+ * gets the cgroup's memory before and after, and the time each step took. */
+struct wr_pause_stats
+{
+  uint64_t memory_before_bytes, memory_after_bytes;
+  uint64_t freeze_ns, reclaim_ns;
+};
+int wr_container_pause (struct wr_runtime *rt, struct wr_container *c, bool pause,
+                        struct wr_pause_stats *ret, wr_err_t *err);
 
 struct wr_container_stats
 {

@@ -100,12 +100,16 @@ int cli_create_opt (int opt, const char *arg, json_t *req, const char *verb);
 /* --seed / --epoch: "deterministic" in the create request (docs/api.md) */
 #define CLI_OPT_SEED 3000
 #define CLI_OPT_EPOCH 3001
+#define CLI_OPT_QOS 3002
+#define CLI_OPT_IDLE_PAUSE 3003
 #define CLI_CREATE_LONGOPTS                                                                        \
   { "backend", required_argument, NULL, 'B' }, { "image", required_argument, NULL, 'I' },          \
       { "layer", required_argument, NULL, 'L' }, { "memory", required_argument, NULL, 'M' },       \
       { "cpus", required_argument, NULL, 'C' }, { "disk", required_argument, NULL, 'D' },          \
       { "ttl", required_argument, NULL, 'T' }, { "seed", required_argument, NULL, CLI_OPT_SEED },  \
       { "epoch", required_argument, NULL, CLI_OPT_EPOCH },                                         \
+      { "qos", required_argument, NULL, CLI_OPT_QOS },                                             \
+      { "idle-pause", required_argument, NULL, CLI_OPT_IDLE_PAUSE },                               \
   {                                                                                                \
     "net", required_argument, NULL, 'N'                                                            \
   }

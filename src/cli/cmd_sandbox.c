@@ -81,6 +81,16 @@ cli_create_opt (int opt, const char *arg, json_t *req, const char *verb)
         return cli_usage (verb, "--net must be none or host"), -1;
       json_object_set_new (req, "network", json_string (arg));
       return 1;
+    case CLI_OPT_QOS:
+      if (strcmp (arg, "latency") && strcmp (arg, "best-effort"))
+        return cli_usage (verb, "--qos must be latency or best-effort"), -1;
+      json_object_set_new (req, "qos", json_string (arg));
+      return 1;
+    case CLI_OPT_IDLE_PAUSE:
+      if (!cli_parse_u64 (arg, 0, 30 * 86400, &u))
+        return cli_usage (verb, "--idle-pause: expected seconds, got '%.32s'", arg), -1;
+      json_object_set_new (req, "idle_pause_s", json_integer ((json_int_t)u));
+      return 1;
     case CLI_OPT_SEED:
     case CLI_OPT_EPOCH:
       {

@@ -31,7 +31,9 @@ struct help
   "  --ttl SEC       destroy the sandbox after SEC seconds\n"                                      \
   "  --net MODE      none (loopback only, default) | host\n"                                       \
   "  --seed N        deterministic sandbox: fixed hostname, uptime from 0, PYTHONHASHSEED=N\n"     \
-  "  --epoch T       with --seed: SOURCE_DATE_EPOCH=T (default 0)\n"
+  "  --epoch T       with --seed: SOURCE_DATE_EPOCH=T (default 0)\n"                               \
+  "  --qos CLASS     latency (default) | best-effort: yields the CPU to latency sandboxes\n"       \
+  "  --idle-pause S  pause after S seconds without requests; the next one resumes it\n"
 
 #define EXEC_FLAGS                                                                                 \
   "  --timeout S     kill the command after S seconds (default 600); exit status 124\n"            \
@@ -66,8 +68,10 @@ static const struct help helps[] = {
   { "inspect", "Usage: warren inspect ID\nPrint a sandbox as JSON.\n" },
   { "rm", "Usage: warren rm ID...\n"
           "Remove sandboxes; keeps going after a failure and exits 1 if any failed.\n" },
-  { "pause", "Usage: warren pause ID\nFreeze a sandbox (its memory may be reclaimed).\n" },
-  { "resume", "Usage: warren resume ID\nThaw a paused sandbox.\n" },
+  { "pause", "Usage: warren pause ID\n"
+             "Freeze a sandbox and reclaim its memory (into the node's compressed swap when\n"
+             "warrend runs with --zram-size). Any exec or file request resumes it.\n" },
+  { "resume", "Usage: warren resume ID\nPrefetch a paused sandbox's memory and thaw it.\n" },
   { "pack", "Usage: warren pack ID NAME[:TAG]\n"
             "Snapshot the sandbox's writable layer into a new image.\n" },
   { "image",

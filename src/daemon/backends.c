@@ -39,6 +39,13 @@ ct_freeze (struct wrd *d, struct wr_container *c, bool frozen, wr_err_t *err)
 }
 
 static int
+ct_pause (struct wrd *d, struct wr_container *c, bool pause, struct wr_pause_stats *ret,
+          wr_err_t *err)
+{
+  return wr_container_pause (d->rt, c, pause, ret, err);
+}
+
+static int
 ct_stats (struct wrd *d, struct wr_container *c, struct wr_container_stats *ret, wr_err_t *err)
 {
   return wr_container_stats (d->rt, c, ret, err);
@@ -77,6 +84,7 @@ static const struct wrd_backend container_backend = {
   .destroy = ct_destroy,
   .adopt = ct_adopt,
   .freeze = ct_freeze,
+  .pause = ct_pause,
   .stats = ct_stats,
 };
 

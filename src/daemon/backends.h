@@ -26,6 +26,9 @@ struct wrd_backend
   int (*adopt) (struct wrd *d, const char *id, pid_t pid, uint64_t start_time,
                 const char *state_dir, struct wr_container *ret, wr_err_t *err);
   int (*freeze) (struct wrd *d, struct wr_container *c, bool frozen, wr_err_t *err);
+  /* pause that frees memory and resume (NULL: pause is freeze) */
+  int (*pause) (struct wrd *d, struct wr_container *c, bool pause, struct wr_pause_stats *ret,
+                wr_err_t *err);
   int (*stats) (struct wrd *d, struct wr_container *c, struct wr_container_stats *ret,
                 wr_err_t *err);
   /* the writable layer as a directory fd, for pack (NULL: no pack) */

@@ -54,6 +54,12 @@ struct sandbox
   uint64_t oom_seen;
   bool from_pool; /* handed out by a warm pool */
   unsigned busy;  /* requests in flight */
+  /* pause (docs/containers.md): idle-pause timer, last request's end,
+   * what the last pause gave back and how long the last resume took */
+  struct event *idle_ev;
+  double last_used;
+  struct wr_pause_stats last_pause;
+  uint64_t resume_ns;
   struct wrd *d;
 };
 
@@ -122,6 +128,7 @@ struct wrd
   struct wr_httpd *tcp;    /* the TCP listener's guard (common/httpd.h) */
   unsigned n_tcp_conns;    /* open TCP connections under the limit */
   bool allow_host_network; /* --allow-host-network: "network": "host" for sandboxes and builds */
+  unsigned idle_pause_s;   /* --idle-pause: default "idle_pause_s" of a create (0: never) */
   bool stopping;
 };
 
@@ -137,6 +144,10 @@ int wrd_sandbox_destroy (struct wrd *d, struct sandbox *sb, wr_err_t *err);
 struct sandbox *wrd_sandbox_find (struct wrd *d, const char *id);
 json_t *wrd_sandbox_json (struct wrd *d, struct sandbox *sb, bool detail);
 int wrd_sandbox_pause (struct wrd *d, struct sandbox *sb, bool pause, wr_err_t *err);
+/* A request for sb starts: resume it first when paused (idle or not). */
+int wrd_sandbox_wake (struct wrd *d, struct sandbox *sb, wr_err_t *err);
+/* A request for sb ended: its idle-pause countdown restarts. */
+void wrd_sandbox_touch (struct sandbox *sb);
 /* Expire ttl_s seconds from now (recorded, so a restarted daemon keeps it). */
 int wrd_sandbox_set_ttl (struct wrd *d, struct sandbox *sb, double ttl_s, wr_err_t *err);
 int wrd_recover (struct wrd *d, wr_err_t *err);

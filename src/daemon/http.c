@@ -199,7 +199,10 @@ exec_ctx_free (struct exec_ctx *x)
   if (x->evcon)
     evhttp_connection_set_closecb (x->evcon, NULL, NULL);
   if (x->sb)
-    x->sb->busy--;
+    {
+      x->sb->busy--;
+      wrd_sandbox_touch (x->sb); /* idle-pause counts from here */
+    }
   if (x->out)
     evbuffer_free (x->out);
   if (x->errb)
@@ -777,9 +780,8 @@ sandbox_usable (struct sandbox *sb, wr_err_t *err)
 {
   if (sb->state == SB_DEAD || !agent_conn_alive (sb->conn))
     return wr_error (err, 0, WR_E_GONE, "sandbox %s is dead (its agent exited); delete it", sb->id);
-  if (sb->state == SB_PAUSED)
-    return wr_error (err, 0, WR_E_CONFLICT, "sandbox %s is paused; resume it first", sb->id);
-  return 0;
+  /* paused (by hand, a job or idle-pause): resumed first, transparently */
+  return wrd_sandbox_wake (sb->d, sb, err);
 }
 
 static void
@@ -895,7 +897,10 @@ static void
 file_ctx_free (struct file_ctx *f)
 {
   if (f->sb)
-    f->sb->busy--;
+    {
+      f->sb->busy--;
+      wrd_sandbox_touch (f->sb);
+    }
   wrd_traj_op_error (f->traj, WR_E_GONE, "the request ended without a result"); /* traj */
   if (f->data)
     evbuffer_free (f->data);

@@ -21,6 +21,7 @@
 #include "daemon/log.h"
 #include "daemon/trajlog.h"
 #include "daemon/cluster.h" /* cluster mode */
+#include "daemon/zram.h"    /* pause */
 
 static void
 usage (FILE *f)
@@ -40,7 +41,8 @@ usage (FILE *f)
       "               [--listen-e2b tcp:ADDR:PORT]\n"
       "               [--registry-ca FILE] [--registry-auth FILE] [--registry-mirror H=M]...\n"
       "               [--registry-insecure HOST:PORT]... [--registry-trust-erofs HOST[:PORT]]...\n"
-      "               [--compat-image [LANG=]REF]... [--log-retention S]\n" WRD_CLUSTER_USAGE
+      "               [--compat-image [LANG=]REF]... [--log-retention S]\n"
+      "               [--zram-size MB [--zram-priority N]] [--idle-pause S]\n" WRD_CLUSTER_USAGE
       "Runs the Warren node daemon in the foreground; all state lives under DIR.\n"
       "Default listener: unix:DIR/warrend.sock (owner-only).\n");
 }
@@ -126,6 +128,10 @@ main (int argc, char **argv)
     { "log-retention", required_argument, NULL, 2100 }, /* trajectory log */
     { "listen-e2b", required_argument, NULL, 2300 },    /* E2B API */
     { "max-sandboxes", required_argument, NULL, 2400 }, /* limits.c */
+    /* pause that frees memory (docs/containers.md, "Pause") */
+    { "zram-size", required_argument, NULL, 2500 },
+    { "zram-priority", required_argument, NULL, 2501 },
+    { "idle-pause", required_argument, NULL, 2502 },
     { NULL, 0, NULL, 0 },
   };
   const char *fn_pools[64];
@@ -137,6 +143,8 @@ main (int argc, char **argv)
   double traj_retention = WRD_TRAJ_DEFAULT_RETENTION_S;
   char *traj_end = NULL;
   unsigned max_sandboxes = 0; /* limits.c */
+  unsigned long long zram_mb = 0, zram_prio = 100; /* pause */
+  struct wrd_zram zram = { .dev = -1 };
   int c;
   while ((c = getopt_long (argc, argv, "h", opts, NULL)) != -1)
     switch (c)
@@ -185,6 +193,27 @@ main (int argc, char **argv)
             return 2;
           }
         break;
+      case 2500: /* pause */
+      case 2501:
+      case 2502:
+        {
+          char *end;
+          unsigned long long v = strtoull (optarg, &end, 10);
+          if (*end || optarg[0] == '\0' || (c == 2501 && v > 32767)
+              || (c == 2502 && v > 30 * 86400))
+            {
+              static const char *const names[] = { "zram-size", "zram-priority", "idle-pause" };
+              wrd_log (WRD_LOG_ERROR, "--%s wants a number in range", names[c - 2500]);
+              return 2;
+            }
+          if (c == 2500)
+            zram_mb = v;
+          else if (c == 2501)
+            zram_prio = v;
+          else
+            d.idle_pause_s = (unsigned)v;
+          break;
+        }
       case 2000: /* SandboxFusion API */
         sfcfg.listen = optarg;
         break;
@@ -344,6 +373,18 @@ main (int argc, char **argv)
       wrd_log (WRD_LOG_ERROR, "private mount namespace: %m");
       return 1;
     }
+  /* compressed swap for paused sandboxes: a node without it still pauses */
+  if (zram_mb)
+    {
+      wr_err_t zerr;
+      if (wrd_zram_setup (&zram, d.root, zram_mb, (int)zram_prio, &zerr) < 0)
+        wrd_log (WRD_LOG_WARN,
+                 "zram: %s; paused sandboxes keep their anonymous memory (no swap to move it to)",
+                 zerr.msg);
+      else
+        wrd_log (WRD_LOG_INFO, "zram: zram%d, %llu MB of compressed swap at priority %llu",
+                 zram.dev, zram_mb, zram_prio);
+    }
   evthread_use_pthreads ();
   d.base = event_base_new ();
   /* 0: urgent, 1: requests (the default), 2: background work such as pool
@@ -440,6 +481,7 @@ main (int argc, char **argv)
   wrd_traj_close (&d);
   wr_store_close (d.store);
   wr_runtime_free (d.rt);
+  wrd_zram_teardown (&zram); /* pause */
   sqlite3_close (d.db);
   event_free (sigint);
   event_free (sigterm);

@@ -278,6 +278,21 @@ wrd_parse_create (struct wrd *d, json_t *req, json_t **ret, wr_err_t *err)
                          "\"network\": \"host\" is not permitted on this node (warrend runs "
                          "without --allow-host-network)");
     }
+  /* CPU QoS and idle-pause (docs/api.md) */
+  const char *qos = "latency";
+  v = json_object_get (req, "qos");
+  if (v && !json_is_null (v))
+    {
+      if (!json_is_string (v)
+          || (strcmp (json_string_value (v), "latency") != 0
+              && strcmp (json_string_value (v), "best-effort") != 0))
+        return wr_error (err, 0, WR_E_INVALID,
+                         "field \"qos\" must be \"latency\" or \"best-effort\"");
+      qos = json_string_value (v);
+    }
+  uint64_t idle_pause;
+  if (get_uint (req, "idle_pause_s", d->idle_pause_s, 0, MAX_TTL_S, &idle_pause, err) < 0)
+    return -EINVAL;
   if (check_string_map (json_object_get (req, "env"), "env", err) < 0
       || check_string_map (json_object_get (req, "labels"), "labels", err) < 0)
     return -EINVAL;
@@ -285,6 +300,8 @@ wrd_parse_create (struct wrd *d, json_t *req, json_t **ret, wr_err_t *err)
       = json_pack ("{s:s,s:s,s:I,s:I,s:I,s:I,s:f,s:s}", "backend", backend, "image", image,
                    "memory_mb", (json_int_t)mem, "disk_mb", (json_int_t)disk, "pids_max",
                    (json_int_t)pids, "ttl_s", (json_int_t)ttl, "cpus", cpus, "network", net);
+  json_object_set_new (out, "qos", json_string (qos));
+  json_object_set_new (out, "idle_pause_s", json_integer ((json_int_t)idle_pause));
   json_t *env = json_object_get (req, "env"), *labels = json_object_get (req, "labels");
   json_object_set_new (out, "layers", layers ? json_deep_copy (layers) : json_array ());
   json_object_set_new (out, "env", json_is_object (env) ? json_deep_copy (env) : json_object ());
@@ -313,6 +330,8 @@ sb_free (struct sandbox *sb)
     event_free (sb->ttl_ev);
   if (sb->reap_ev)
     event_free (sb->reap_ev);
+  if (sb->idle_ev)
+    event_free (sb->idle_ev);
   agent_conn_free (sb->conn);
   for (size_t i = 0; i < sb->n_layers; i++)
     wr_layer_release (sb->d->store, sb->layers[i]);
@@ -539,6 +558,7 @@ build_prepare (struct wrd *d, json_t *spec, enum sb_state state, struct build **
     .layer_files = b->file_ptrs,
     .n_layer_files = sb->n_layers,
     .image_config = sb->img_conf,
+    .best_effort = strcmp (json_string_value (json_object_get (spec, "qos")), "best-effort") == 0,
   };
   json_t *det = json_object_get (spec, "deterministic");
   if (det)
@@ -751,13 +771,14 @@ static void pool_kick (struct wrd *d);
 static void
 pool_key (json_t *spec, char *buf, size_t len)
 {
-  snprintf (buf, len, "%s|%lld|%lld|%lld|%g|%s",
+  snprintf (buf, len, "%s|%lld|%lld|%lld|%g|%s|%s",
             json_string_value (json_object_get (spec, "image")),
             json_integer_value (json_object_get (spec, "memory_mb")),
             json_integer_value (json_object_get (spec, "disk_mb")),
             json_integer_value (json_object_get (spec, "pids_max")),
             json_number_value (json_object_get (spec, "cpus")),
-            json_string_value (json_object_get (spec, "network")));
+            json_string_value (json_object_get (spec, "network")),
+            json_string_value (json_object_get (spec, "qos")));
 }
 
 static bool
@@ -937,6 +958,7 @@ create_complete (struct wrd *d, struct sandbox *sb, uint64_t t0, wr_err_t *err)
   uint64_t ttl = (uint64_t)json_integer_value (json_object_get (sb->spec, "ttl_s"));
   sb->expires_at = ttl ? sb->created_at + (double)ttl : 0;
   arm_ttl (sb);
+  wrd_sandbox_touch (sb);
   int r = wrd_db_put (d, sb, err);
   if (r < 0)
     {
@@ -1145,6 +1167,8 @@ wrd_sandbox_destroy (struct wrd *d, struct sandbox *sb, wr_err_t *err)
   sb->conn = NULL;
   if (sb->ttl_ev)
     evtimer_del (sb->ttl_ev);
+  if (sb->idle_ev)
+    evtimer_del (sb->idle_ev);
   /* Fast path: SIGKILL the sandbox's first process (for a container, init of
    * its pid namespace: the kernel kills every other process with it), answer
    * at once, and release cgroups and state when its pidfd reports the exit.
@@ -1182,12 +1206,80 @@ wrd_sandbox_pause (struct wrd *d, struct sandbox *sb, bool pause, wr_err_t *err)
     return wr_error (err, 0, WR_E_GONE, "sandbox %s is dead (its agent exited)", sb->id);
   if ((pause && sb->state == SB_PAUSED) || (!pause && sb->state == SB_RUNNING))
     return 0;
-  int r = sb->ops->freeze (d, &sb->c, pause, err);
+  /* containers: freeze and reclaim into swap, prefetch and thaw
+   * (docs/containers.md, "Pause"); other backends just freeze */
+  struct wr_pause_stats st = { 0 };
+  uint64_t t0 = wr_now_ns ();
+  int r = sb->ops->pause ? sb->ops->pause (d, &sb->c, pause, &st, err)
+                         : sb->ops->freeze (d, &sb->c, pause, err);
   if (r < 0)
     return r;
+  if (pause)
+    sb->last_pause = st;
+  else
+    sb->resume_ns = wr_now_ns () - t0;
   sb->state = pause ? SB_PAUSED : SB_RUNNING;
-  wrd_traj_lifecycle (d, sb, pause ? "pause" : "resume", NULL);
+  json_t *info
+      = pause && sb->ops->pause
+            ? json_pack ("{s:I,s:I,s:f}", "memory_before_bytes", (json_int_t)st.memory_before_bytes,
+                         "memory_after_bytes", (json_int_t)st.memory_after_bytes, "ms",
+                         (double)(wr_now_ns () - t0) / 1e6)
+            : NULL;
+  wrd_traj_lifecycle (d, sb, pause ? "pause" : "resume", info);
+  if (!pause)
+    wrd_sandbox_touch (sb);
   return wrd_db_put (d, sb, err);
+}
+
+/* ---- idle-pause ---- */
+
+static void
+idle_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
+{
+  struct sandbox *sb = arg;
+  double idle = (double)json_integer_value (json_object_get (sb->spec, "idle_pause_s"));
+  if (sb->state != SB_RUNNING || idle <= 0)
+    return; /* the next request (or resume) re-arms */
+  double left = sb->last_used + idle - now_s ();
+  if (sb->busy || left > 0)
+    {
+      /* a request under way, or one ended since the timer was set */
+      left = sb->busy || left > idle ? idle : left;
+      struct timeval tv = { (time_t)left, (suseconds_t)((left - floor (left)) * 1e6) };
+      evtimer_add (sb->idle_ev, &tv);
+      return;
+    }
+  wr_err_t err;
+  if (wrd_sandbox_pause (sb->d, sb, true, &err) < 0)
+    wrd_log (WRD_LOG_WARN, "idle-pause %s: %s\n", sb->id, err.msg);
+  else
+    wrd_log (WRD_LOG_DEBUG, "idle-pause %s after %.0f s without requests\n", sb->id, idle);
+}
+
+void
+wrd_sandbox_touch (struct sandbox *sb)
+{
+  sb->last_used = now_s ();
+  double idle = (double)json_integer_value (json_object_get (sb->spec, "idle_pause_s"));
+  if (idle <= 0 || sb->state != SB_RUNNING)
+    return;
+  if (sb->idle_ev == NULL)
+    sb->idle_ev = evtimer_new (sb->d->base, idle_cb, sb);
+  /* armed once; idle_cb looks at last_used and waits out the rest */
+  if (sb->idle_ev && !evtimer_pending (sb->idle_ev, NULL))
+    {
+      struct timeval tv = { (time_t)idle, (suseconds_t)((idle - floor (idle)) * 1e6) };
+      evtimer_add (sb->idle_ev, &tv);
+    }
+}
+
+int
+wrd_sandbox_wake (struct wrd *d, struct sandbox *sb, wr_err_t *err)
+{
+  int r = sb->state == SB_PAUSED ? wrd_sandbox_pause (d, sb, false, err) : 0;
+  if (r == 0)
+    wrd_sandbox_touch (sb);
+  return r;
 }
 
 int
@@ -1215,6 +1307,21 @@ wrd_sandbox_json (struct wrd *d, struct sandbox *sb, bool detail)
                        sb->expires_at > 0 ? json_real (sb->expires_at) : json_null ());
   json_object_set_new (j, "image_digest", json_string (sb->image_digest));
   json_object_set_new (j, "pooled", json_boolean (sb->from_pool));
+  json_t *qos = json_object_get (sb->spec, "qos");
+  json_object_set_new (j, "qos", qos ? json_incref (qos) : json_string ("latency"));
+  json_object_set_new (
+      j, "idle_pause_s",
+      json_integer (json_integer_value (json_object_get (sb->spec, "idle_pause_s"))));
+  if (sb->state == SB_PAUSED && sb->last_pause.memory_before_bytes)
+    json_object_set_new (j, "pause",
+                         json_pack ("{s:I,s:I,s:f,s:f}", "memory_before_bytes",
+                                    (json_int_t)sb->last_pause.memory_before_bytes,
+                                    "memory_after_bytes",
+                                    (json_int_t)sb->last_pause.memory_after_bytes, "freeze_ms",
+                                    (double)sb->last_pause.freeze_ns / 1e6, "reclaim_ms",
+                                    (double)sb->last_pause.reclaim_ns / 1e6));
+  else if (sb->state == SB_RUNNING && sb->resume_ns)
+    json_object_set_new (j, "resume", json_pack ("{s:f}", "ms", (double)sb->resume_ns / 1e6));
   json_t *det = json_object_get (sb->spec, "deterministic");
   if (det)
     {
@@ -1299,6 +1406,7 @@ recover_row (struct wrd *d, json_t *row, void *ud WR_UNUSED)
       if (strcmp (sb->ops->name, "container") == 0)
         wr_container_drop_pidfd (&sb->c);
       arm_ttl (sb);
+      wrd_sandbox_touch (sb); /* idle-pause counts from the restart */
       wrd_log (WRD_LOG_INFO, "re-adopted sandbox %s (pid %d)\n", id, (int)pid);
       return 0;
     }
