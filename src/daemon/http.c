@@ -1138,6 +1138,11 @@ handle_sandboxes (struct wrd *d, struct evhttp_request *req, const char *rest, s
               wrd_reply_error (req, &err);
               return;
             }
+          /* the header's key, as the body's: creates are deduplicated by it */
+          const char *key
+              = evhttp_find_header (evhttp_request_get_input_headers (req), "Idempotency-Key");
+          if (key && json_is_object (body) && !json_object_get (body, "idempotency_key"))
+            json_object_set_new (body, "idempotency_key", json_string (key));
           int r = wrd_sandbox_create_async (d, body, create_done, req, &err);
           json_decref (body);
           if (r < 0)

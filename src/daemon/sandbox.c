@@ -26,6 +26,7 @@
 #define DEFAULT_PIDS 1024
 #define DEFAULT_CPUS 1.0
 #define MAX_TTL_S (30 * 86400)
+#define LABEL_IDEM "warren.idem" /* a create's idempotency key (docs/cluster.md) */
 
 const char *
 sb_state_name (enum sb_state s)
@@ -198,6 +199,18 @@ parse_deterministic (json_t *v, json_t *env, json_t **ret, wr_err_t *err)
   return 0;
 }
 
+/* An idempotency key: [A-Za-z0-9._:-]{1,128}, as the gateway takes it. */
+static bool
+key_chars_ok (const char *s)
+{
+  size_t n = s ? strlen (s) : 0;
+  bool ok = n > 0 && n <= 128;
+  for (size_t i = 0; ok && i < n; i++)
+    ok = (s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z')
+         || (s[i] >= '0' && s[i] <= '9') || strchr ("._:-", s[i]);
+  return ok;
+}
+
 int
 wrd_parse_create (struct wrd *d, json_t *req, json_t **ret, wr_err_t *err)
 {
@@ -307,6 +320,18 @@ wrd_parse_create (struct wrd *d, json_t *req, json_t **ret, wr_err_t *err)
   json_object_set_new (out, "env", json_is_object (env) ? json_deep_copy (env) : json_object ());
   json_object_set_new (out, "labels",
                        json_is_object (labels) ? json_deep_copy (labels) : json_object ());
+  /* an idempotency key (the body's, or the Idempotency-Key header's): kept
+   * as the label the gateway sets, so creates are deduplicated by it */
+  v = json_object_get (req, "idempotency_key");
+  if (v && !json_is_null (v))
+    {
+      if (!key_chars_ok (json_string_value (v)))
+        {
+          json_decref (out);
+          return wr_error (err, 0, WR_E_INVALID, "idempotency key must be [A-Za-z0-9._:-]{1,128}");
+        }
+      json_object_set (json_object_get (out, "labels"), LABEL_IDEM, v);
+    }
   json_t *det;
   if (parse_deterministic (json_object_get (req, "deterministic"), json_object_get (out, "env"),
                            &det, err)
@@ -1009,12 +1034,57 @@ wrd_sandbox_create (struct wrd *d, json_t *req, struct sandbox **ret, wr_err_t *
   return 0;
 }
 
+/* A create carrying an idempotency key (label warren.idem) while it is
+ * built: a create with the same key waits for it and gets its outcome. */
+struct idem_waiter
+{
+  wrd_create_cb cb;
+  void *ud;
+  struct idem_waiter *next;
+};
+
 struct create_req
 {
   wrd_create_cb cb;
   void *ud;
   uint64_t t0;
+  char idem[129]; /* "" when the create carries no key */
+  struct idem_waiter *waiters;
+  struct create_req *next; /* in keyed_inflight when idem[0] */
 };
+
+/* Keyed creates being built; warrend serves one daemon (as uploads.c). */
+static struct create_req *keyed_inflight;
+
+static const char *
+spec_idem (json_t *spec)
+{
+  return json_string_value (json_object_get (json_object_get (spec, "labels"), LABEL_IDEM));
+}
+
+/* A create with this key already made (any state but pooled or being
+ * destroyed) or being built here: the sandbox, or the build to wait on.
+ * A walk of the table: keyed creates pay O(sandboxes), a few µs each. */
+static struct sandbox *
+idem_find (struct wrd *d, const char *key, struct create_req **ret_building)
+{
+  *ret_building = NULL;
+  for (struct create_req *c = keyed_inflight; c; c = c->next)
+    if (strcmp (c->idem, key) == 0)
+      {
+        *ret_building = c;
+        return NULL;
+      }
+  for (size_t i = 0; i < d->table_size; i++)
+    for (struct sandbox *s = d->table[i]; s; s = s->hnext)
+      if (s->state != SB_POOLED && s->state != SB_DESTROYING)
+        {
+          const char *k = spec_idem (s->spec);
+          if (k && strcmp (k, key) == 0)
+            return s;
+        }
+  return NULL;
+}
 
 static void
 create_built (struct wrd *d, struct sandbox *sb, wr_err_t *err, void *ud)
@@ -1022,6 +1092,13 @@ create_built (struct wrd *d, struct sandbox *sb, wr_err_t *err, void *ud)
   struct create_req *c = ud;
   wr_err_t e2;
   d->creating--;
+  if (c->idem[0])
+    for (struct create_req **l = &keyed_inflight; *l; l = &(*l)->next)
+      if (*l == c)
+        {
+          *l = c->next;
+          break;
+        }
   if (sb == NULL)
     d->m.create_failures++;
   else if (create_complete (d, sb, c->t0, &e2) < 0)
@@ -1030,6 +1107,13 @@ create_built (struct wrd *d, struct sandbox *sb, wr_err_t *err, void *ud)
       err = &e2;
     }
   c->cb (d, sb, err, c->ud);
+  /* retries of the same key get the same outcome: the sandbox, or the error */
+  for (struct idem_waiter *w = c->waiters, *next; w; w = next)
+    {
+      next = w->next;
+      w->cb (d, sb, err, w->ud);
+      free (w);
+    }
   free (c);
 }
 
@@ -1058,8 +1142,27 @@ wrd_sandbox_create_async (struct wrd *d, json_t *req, wrd_create_cb cb, void *ud
   r = wrd_parse_create (d, req, &spec, err);
   if (r < 0)
     return r;
+  const char *key = spec_idem (spec);
+  struct create_req *building = NULL;
+  struct sandbox *sb = key ? idem_find (d, key, &building) : NULL;
+  if (sb || building)
+    {
+      /* a retry of a create made or being made here: never a second sandbox */
+      json_decref (spec);
+      if (sb)
+        {
+          cb (d, sb, NULL, ud);
+          return 0;
+        }
+      struct idem_waiter *w = calloc (1, sizeof *w);
+      if (w == NULL)
+        return wr_error (err, ENOMEM, WR_E_INTERNAL, "create");
+      *w = (struct idem_waiter){ .cb = cb, .ud = ud, .next = building->waiters };
+      building->waiters = w;
+      return 0;
+    }
   uint64_t t0 = wr_now_ns ();
-  struct sandbox *sb = claim_pooled (d, spec);
+  sb = claim_pooled (d, spec);
   if (sb)
     {
       json_decref (spec);
@@ -1079,12 +1182,20 @@ wrd_sandbox_create_async (struct wrd *d, json_t *req, wrd_create_cb cb, void *ud
   c->cb = cb;
   c->ud = ud;
   c->t0 = t0;
+  if (key)
+    {
+      snprintf (c->idem, sizeof c->idem, "%s", key);
+      c->next = keyed_inflight;
+      keyed_inflight = c;
+    }
   d->creating++; /* before: build_async may finish (create_built) at once */
   r = build_async (d, spec, SB_RUNNING, true, create_built, c, err);
   json_decref (spec);
   if (r < 0)
     {
       d->creating--;
+      if (key)
+        keyed_inflight = c->next; /* nothing was pushed since */
       free (c);
       d->m.create_failures++;
     }

@@ -7,7 +7,9 @@
  * An upload is an O_TMPFILE file (mode 0600) in ROOT/uploads held open by
  * the daemon: it has no name, so nothing is left behind by a crash and no
  * path can be raced; where the filesystem has no O_TMPFILE, a file created
- * O_EXCL and unlinked at once. Ids are 128 random bits; an upload belongs
+ * O_EXCL and unlinked at once. Ids are 128 random bits (in cluster mode
+ * "NODE-" takes the place of the first hex digits, so a gateway routes by
+ * the id as for sandboxes); an upload belongs
  * to the credential that created it (the TCP bearer token, by its sha256,
  * or the owner-only unix socket, which may touch any). Idle uploads are
  * reaped by a timer. State is per process: warrend serves one daemon. */
@@ -27,6 +29,7 @@
 #include <event2/event.h>
 
 #include "common/util.h"
+#include "daemon/cluster.h" /* cluster mode: node-named ids */
 #include "daemon/http_util.h"
 #include "daemon/log.h"
 #include "image/internal.h" /* wr_unpack: the confined extractor */
@@ -38,7 +41,7 @@
 
 struct upload
 {
-  char id[33];
+  char id[33];    /* 32 hex; cluster mode: "NODE-" and the rest hex */
   char owner[65]; /* "unix", or the sha256 (hex) of the Authorization header */
   int fd;
   uint64_t size;
@@ -180,7 +183,15 @@ owner_of (struct evhttp_request *req, char owner[65])
       return;
     }
   const char *h = evhttp_find_header (evhttp_request_get_input_headers (req), "Authorization");
-  wr_sha256_hex (h ? h : "", h ? strlen (h) : 0, owner);
+  /* a gateway (holding the node token) names its client: uploads of one
+   * project are not another's through the gateways */
+  const char *via = evhttp_find_header (evhttp_request_get_input_headers (req), "Warren-Owner");
+  char both[1024];
+  int n = snprintf (both, sizeof both, "%s\n%s", h ? h : "", via ? via : "");
+  if (via && n > 0 && (size_t)n < sizeof both)
+    wr_sha256_hex (both, (size_t)n, owner);
+  else
+    wr_sha256_hex (h ? h : "", h ? strlen (h) : 0, owner);
 }
 
 /* The caller's upload id, or NULL (unknown and foreign ids alike). */
@@ -199,7 +210,7 @@ static int
 not_found (const char *id, wr_err_t *err)
 {
   return wr_error (err, 0, WR_E_NOT_FOUND,
-                   "no upload %.40s (expired, consumed, removed or never created)", id);
+                   "no upload %.64s (expired, consumed, removed or never created)", id);
 }
 
 static int
@@ -265,7 +276,8 @@ handle_create (struct evhttp_request *req)
   else
     {
       struct upload *u = calloc (1, sizeof *u);
-      if (u == NULL || wr_random_hex (u->id, 32) < 0 || (u->fd = new_file (u->id, &err)) < 0)
+      char rnd[33];
+      if (u == NULL || wr_random_hex (rnd, 32) < 0 || (u->fd = new_file (rnd, &err)) < 0)
         {
           if (u && u->fd < 0)
             wrd_reply_error (req, &err);
@@ -274,12 +286,16 @@ handle_create (struct evhttp_request *req)
           free (u);
           return;
         }
+      const char *prefix = wrd_cluster_id_prefix ();
+      /* 32 characters either way: clients keep their id buffers */
+      snprintf (u->id, sizeof u->id, "%s%s", prefix ? prefix : "",
+                rnd + (prefix ? strlen (prefix) : 0));
       owner_of (req, u->owner);
       u->used_ns = wr_now_ns ();
       u->next = U.head;
       U.head = u;
       U.n++;
-      char loc[64];
+      char loc[96];
       snprintf (loc, sizeof loc, "/v1/uploads/%s", u->id);
       evhttp_add_header (evhttp_request_get_output_headers (req), "Location", loc);
       wrd_reply_json (req, 201, upload_json (u));
@@ -460,7 +476,7 @@ wrd_http_uploads (struct wrd *d, struct evhttp_request *req, const char *rest, s
         wrd_reply_error_code (req, WR_E_NOT_FOUND, "no such route");
       return;
     }
-  struct upload *u = strlen (rest) == 32 ? find_upload (req, rest) : NULL;
+  struct upload *u = find_upload (req, rest);
   if (u == NULL)
     {
       not_found (rest, &err);
@@ -493,7 +509,7 @@ wrd_upload_take (struct wrd *d, struct evhttp_request *req, const char *id, int 
 {
   if (id == NULL || uploads_init (d, err) < 0)
     return id == NULL ? wr_error (err, 0, WR_E_INVALID, "an upload id is required") : -1;
-  struct upload *u = strlen (id) == 32 ? find_upload (req, id) : NULL;
+  struct upload *u = find_upload (req, id);
   if (u == NULL)
     return not_found (id, err);
   unlink_upload (u);

@@ -241,6 +241,10 @@ out_done (struct evhttp_request *out, void *arg)
       else
         {
           copy_header (out, f->client, "Content-Type");
+          /* an upload's answers (daemon/uploads.c) */
+          copy_header (out, f->client, "Location");
+          copy_header (out, f->client, "Range");
+          copy_header (out, f->client, "Upload-Offset");
           evhttp_send_reply (f->client, status, evhttp_request_get_response_code_line (out),
                              f->body);
         }
@@ -391,6 +395,11 @@ forward (struct gw *g, struct gw_node *n, struct evhttp_request *client,
     evhttp_add_header (h, "Content-Type", ct);
   for (size_t i = 0; i < WR_ARRAY_SIZE (pass_headers); i++)
     copy_header_in (client, h, pass_headers[i]);
+  /* an upload's owner (routes.c set_owner; a client's own is removed) */
+  const char *owner
+      = evhttp_find_header (evhttp_request_get_input_headers (client), "Warren-Owner");
+  if (owner)
+    evhttp_add_header (h, "Warren-Owner", owner);
   struct evbuffer *ob = evhttp_request_get_output_buffer (out);
   if (body)
     {

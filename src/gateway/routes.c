@@ -877,6 +877,104 @@ handle_sandbox (struct gw *g, struct evhttp_request *req, const char *rest,
   dispatch (g, n, req, id, sub);
 }
 
+/* ---- uploads: an upload lives on one node, which names itself in the id
+ * ("NODE-" + 32 hex, as sandbox ids); the imports and builds that consume
+ * one go to that node ---- */
+
+/* The node of an upload id: 32 characters, "NODE-" and hex digits. */
+static struct gw_node *
+upload_node (struct gw *g, struct evhttp_request *req, const char *id)
+{
+  char node[WR_NODE_NAME_MAX + 1];
+  const char *dash = id ? strrchr (id, '-') : NULL;
+  size_t k = dash ? (size_t)(dash - id) : 0;
+  bool ok = dash && strlen (id) == 32 && k < sizeof node
+            && strspn (dash + 1, "0123456789abcdef") == 31 - k;
+  if (ok)
+    {
+      memcpy (node, id, k);
+      node[k] = '\0';
+      ok = wr_node_name_valid (node);
+    }
+  if (!ok)
+    {
+      gw_reply_error (req, 404, WR_E_NOT_FOUND, "no upload %.64s: not a cluster upload id",
+                      id ? id : "");
+      return NULL;
+    }
+  pthread_mutex_lock (&g->mu);
+  struct gw_node *nd = gw_node_find (g, node);
+  bool known = nd && nd->status, present = nd && nd->present;
+  pthread_mutex_unlock (&g->mu);
+  if (!known)
+    gw_reply_error (req, 404, WR_E_NOT_FOUND, "no upload %s: no node %s in the cluster", id, node);
+  else if (!present)
+    {
+      g->m.node_lost++;
+      gw_reply_error (req, 503, "node_lost", "upload %s: node %s left the cluster", id, node);
+    }
+  return known && present ? nd : NULL;
+}
+
+/* Uploads belong to the client that made them (the node keys them by this
+ * header from a gateway): the admin, or a project. */
+static void
+set_owner (struct evhttp_request *req, struct gw_project *proj)
+{
+  char owner[128];
+  snprintf (owner, sizeof owner, "%s%s", proj ? "project:" : "admin", proj ? proj->name : "");
+  evhttp_add_header (evhttp_request_get_input_headers (req), "Warren-Owner", owner);
+}
+
+static void
+handle_uploads (struct gw *g, struct evhttp_request *req, const char *rest, struct gw_project *proj)
+{
+  enum evhttp_cmd_type m = evhttp_request_get_command (req);
+  set_owner (req, proj);
+  if (rest == NULL && m == EVHTTP_REQ_POST)
+    {
+      /* any node that takes images will do: the usual placement */
+      struct gw_node *n = gw_place (g, "container", 0, NULL, NULL, NULL);
+      if (n == NULL)
+        gw_reply_error (req, 503, "unavailable", "no ready node takes uploads");
+      else
+        gw_forward (g, n, req, m, evhttp_request_get_uri (req), NULL, NULL, NULL);
+      return;
+    }
+  if (rest == NULL)
+    {
+      gw_reply_error (req, 501, WR_E_UNSUPPORTED,
+                      "listing uploads is not served by the gateway; GET /v1/uploads/ID works");
+      return;
+    }
+  struct gw_node *n = upload_node (g, req, rest);
+  if (n)
+    gw_forward (g, n, req, m, evhttp_request_get_uri (req), NULL, NULL, NULL);
+}
+
+/* POST /v1/images/import {"upload"} and /v1/images/build {"context_upload"}:
+ * to the upload's node, where the image then is. */
+static void
+handle_image_upload (struct gw *g, struct evhttp_request *req, const char *field,
+                     struct gw_project *proj)
+{
+  set_owner (req, proj);
+  json_t *body = body_json (evhttp_request_get_input_buffer (req));
+  const char *id = json_string_value (json_object_get (body, field));
+  if (id == NULL)
+    gw_reply_error (req, 501, WR_E_UNSUPPORTED,
+                    "through a gateway an image comes from an upload (\"%s\": ID); address a "
+                    "node for paths on it",
+                    field);
+  else
+    {
+      struct gw_node *n = upload_node (g, req, id);
+      if (n)
+        gw_forward (g, n, req, EVHTTP_REQ_POST, evhttp_request_get_uri (req), NULL, NULL, NULL);
+    }
+  json_decref (body);
+}
+
 /* POST /v1/calls: stateless, so any node with fncall pools will do; the
  * nodes holding the image first, power of two among them. */
 static void
@@ -1034,6 +1132,8 @@ route (struct evhttp_request *req, void *arg)
   enum evhttp_cmd_type m = evhttp_request_get_command (req);
   if (path == NULL)
     path = "/";
+  /* only the gateway names an upload's owner to a node (set_owner) */
+  evhttp_remove_header (evhttp_request_get_input_headers (req), "Warren-Owner");
   if (strcmp (path, "/healthz") == 0)
     {
       size_t ready = 0;
@@ -1060,6 +1160,12 @@ route (struct evhttp_request *req, void *arg)
     handle_images (g, req);
   else if (strcmp (path, "/v1/calls") == 0 && m == EVHTTP_REQ_POST)
     handle_call (g, req);
+  else if (strcmp (path, "/v1/uploads") == 0 || strncmp (path, "/v1/uploads/", 12) == 0)
+    handle_uploads (g, req, path[11] ? path + 12 : NULL, proj);
+  else if (strcmp (path, "/v1/images/import") == 0 && m == EVHTTP_REQ_POST)
+    handle_image_upload (g, req, "upload", proj);
+  else if (strcmp (path, "/v1/images/build") == 0 && m == EVHTTP_REQ_POST)
+    handle_image_upload (g, req, "context_upload", proj);
   else if (strncmp (path, "/v1/jobs/", 9) == 0)
     gw_jobs (g, req, path + 9, proj ? proj->name : NULL);
   else if (who != WHO_ADMIN

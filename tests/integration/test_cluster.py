@@ -1058,3 +1058,158 @@ def test_priority_headroom(cluster):
         for sid, tok in made:
             g1.api.raw("DELETE", f"/v1/sandboxes/{sid}", token=tok)
         gp.stop()
+
+
+# ---- uploads through a gateway; node-side create dedup (issue 10) ----
+
+def sdk():
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+    import warren
+    return warren
+
+
+def test_uploads_route_to_their_node(cluster, rootfs):
+    """POST /v1/uploads through a gateway lands on a node that names itself
+    in the id; the chunks, the size and the delete go there through either
+    gateway, and an import of the upload (the SDK over TCP) happens there, so
+    a create of the image on that node works."""
+    all_ready(cluster)
+    g1, g2 = cluster["gws"]
+    st, u = g1.api.raw("POST", "/v1/uploads", {"size": 3})
+    assert st == 201, u
+    uid = u["id"]
+    # 32 characters as on a node (clients keep their buffers), the node first
+    assert len(uid) == 32 and uid.rsplit("-", 1)[0] in ("node-a", "node-b"), uid
+    st, j = g2.api.raw("PUT", f"/v1/uploads/{uid}?offset=0", body=b"abc")
+    assert st == 202 and j["size"] == 3, j
+    st, j = g2.api.raw("PUT", f"/v1/uploads/{uid}?offset=1", body=b"x")
+    assert st == 416 and j["size"] == 3, j  # the node's answer, relayed
+    st, j = g1.api.raw("GET", f"/v1/uploads/{uid}")
+    assert st == 200 and j["size"] == 3, j
+    assert g2.api.raw("DELETE", f"/v1/uploads/{uid}")[0] == 204
+    assert g1.api.raw("GET", f"/v1/uploads/{uid}")[0] == 404
+    assert g1.api.raw("GET", "/v1/uploads/" + "0" * 32)[0] == 404  # not a cluster upload id
+    assert g1.api.raw("GET", "/v1/uploads/nope-" + "0" * 27)[0] == 404  # no such node
+    # an upload is its maker's: a project does not see the admin's
+    st, u = g1.api.raw("POST", "/v1/uploads", {})
+    assert st == 201, u
+    proj = make_project(g1, f"up-{os.getpid()}", 1)
+    wait_for("the project token on g2", lambda: g2.api.raw("GET", "/healthz", token=proj)[0] == 200)
+    assert g2.api.raw("GET", f"/v1/uploads/{u['id']}", token=proj)[0] == 404
+    assert g2.api.raw("GET", f"/v1/uploads/{u['id']}")[0] == 200
+    assert g2.api.raw("DELETE", f"/v1/uploads/{u['id']}")[0] == 204
+
+    warren = sdk()
+    with warren.Client(f"http://127.0.0.1:{g2.port}", token=ADMIN) as c:
+        img = c.images.import_("gw-upload:1", rootfs)
+        assert img.name == "gw-upload:1", img
+    st, imgs = g1.api.raw("GET", "/v1/images")
+    held = {i["name"]: i["nodes"] for i in imgs["images"]}["gw-upload:1"]
+    assert len(held) == 1, held
+    st, j = g1.api.raw("POST", "/v1/sandboxes", {"image": "gw-upload:1", "memory_mb": 64,
+                                                 "node_labels": {"zone": held[0][-1]}})
+    assert st == 201 and node_of(j["id"]) == held[0], j
+    try:
+        st, r = g2.api.raw("POST", f"/v1/sandboxes/{j['id']}/exec", {"cmd": ["cat", "/etc/hostname"]})
+        assert st == 200 and r["exit_code"] == 0, r
+    finally:
+        assert g1.api.raw("DELETE", f"/v1/sandboxes/{j['id']}")[0] == 204
+    # an import naming a path, not an upload, is for a node
+    st, j = g1.api.raw("POST", "/v1/images/import", {"name": "x:1", "path": rootfs})
+    assert st == 501, j
+
+
+def keyed(sandboxes, key):
+    return [x["id"] for x in sandboxes if x["labels"].get("warren.idem") == key]
+
+
+def test_node_dedups_keyed_creates(cluster):
+    """warrend itself: a create whose idempotency key (header or warren.idem
+    label) matches a sandbox being built or alive on the node gets that
+    sandbox, never a second one."""
+    all_ready(cluster)
+    node = cluster["nodes"]["node-a"]
+    port = int(node.extra[node.extra.index("--listen") + 1].rsplit(":", 1)[1])
+    api = Http(port, NODE_TOKEN)
+    key = f"node-k-{os.getpid()}"
+    results = []
+    lock = threading.Lock()
+
+    def create(i):
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        try:
+            hdr = {"Authorization": "Bearer " + NODE_TOKEN}
+            body = {"memory_mb": 64}
+            if i % 2:
+                hdr["Idempotency-Key"] = key  # the clients' header
+            else:
+                body["labels"] = {"warren.idem": key}  # what a gateway sends
+            c.request("POST", "/v1/sandboxes", body=json.dumps(body), headers=hdr)
+            r = c.getresponse()
+            with lock:
+                results.append((r.status, json.loads(r.read())))
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(8)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(180)
+        assert len(results) == 8 and all(st == 201 for st, _ in results), results
+        ids = {j["id"] for _, j in results}
+        assert len(ids) == 1, results
+        # a later retry too, and the sandbox carries the key as its label
+        st, again = api.raw("POST", "/v1/sandboxes", {"memory_mb": 64, "idempotency_key": key})
+        assert st == 201 and again["id"] in ids and again["labels"]["warren.idem"] == key, again
+        st, lst = api.raw("GET", "/v1/sandboxes")
+        assert keyed(lst["sandboxes"], key) == list(ids), lst
+        st, j = api.raw("POST", "/v1/sandboxes", {"idempotency_key": "bad key!"})
+        assert st == 400, j
+    finally:
+        st, lst = api.raw("GET", "/v1/sandboxes")
+        for sid in keyed(lst["sandboxes"], key):
+            api.raw("DELETE", f"/v1/sandboxes/{sid}")
+
+
+def test_gateway_create_joins_a_create_in_flight_on_its_node(cluster):
+    """The window docs/cluster.md described: a first attempt still being made
+    on its node (here sent straight to the node, as a dead gateway left it)
+    while a retry with the key comes through a gateway to that node: the
+    node answers the retry with the first attempt's sandbox."""
+    all_ready(cluster)
+    g1, g2 = cluster["gws"]
+    node = cluster["nodes"]["node-b"]
+    port = int(node.extra[node.extra.index("--listen") + 1].rsplit(":", 1)[1])
+    api = Http(port, NODE_TOKEN)
+    key = f"gw-inflight-{os.getpid()}"
+    out = {}
+
+    def direct():
+        out["direct"] = api.raw("POST", "/v1/sandboxes",
+                                {"memory_mb": 64, "labels": {"warren.idem": key}}, timeout=120)
+
+    def through(g, name):
+        out[name] = g.api.raw("POST", "/v1/sandboxes", {"memory_mb": 64, "idempotency_key": key,
+                                                        "node_labels": {"zone": "b"}}, timeout=120)
+
+    threads = [threading.Thread(target=direct), threading.Thread(target=through, args=(g1, "g1"))]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(180)
+        through(g2, "g2")  # and a retry through the other gateway
+        st, first = out["direct"]
+        assert st == 201, first
+        for name in ("g1", "g2"):
+            st, j = out[name]
+            assert st in (200, 201) and j["id"] == first["id"], (name, out)
+        st, lst = g1.api.raw("GET", "/v1/sandboxes")
+        assert keyed(lst["sandboxes"], key) == [first["id"]], lst
+    finally:
+        st, lst = api.raw("GET", "/v1/sandboxes")
+        for sid in keyed(lst["sandboxes"], key):
+            g1.api.raw("DELETE", f"/v1/sandboxes/{sid}")
