@@ -87,17 +87,19 @@ def test_fork_hostile_inputs(api):
         api.delete(sid)
 
 
-def test_fork_processes_named_skip(api):
-    """Process state through CRIU: opt-in; where this node cannot do it the
-    answer is a clear 501 naming why, and the test skips by that name."""
+def test_fork_processes_is_refused_clearly(api):
+    """Process state through CRIU is not implemented (docs/rl.md): the
+    opt-in answers a clear 501 naming why, and nothing is created."""
     sid = api.create()
     try:
+        before = api.raw("GET", "/v1/sandboxes").json()["sandboxes"]
         r = api.raw("POST", f"/v1/sandboxes/{sid}/fork", {"count": 1, "processes": True})
-        if r.status == 501:
-            assert r.json()["error"]["code"] == "unsupported"
-            assert "CRIU" in r.json()["error"]["message"]
-            pytest.skip("fork with processes: " + r.json()["error"]["message"])
-        assert r.status == 201, r
+        assert r.status == 501, r
+        assert r.json()["error"]["code"] == "unsupported", r.json()
+        assert "CRIU" in r.json()["error"]["message"], r.json()
+        assert api.raw("GET", "/v1/sandboxes").json()["sandboxes"] == before
+        # the parent is unharmed (not left frozen)
+        assert out(api, sid, "echo alive") == "alive\n"
     finally:
         api.delete(sid)
 
