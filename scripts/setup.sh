@@ -7,7 +7,7 @@ PKGS=(
   libevent-dev libsqlite3-dev libjansson-dev libseccomp-dev libarchive-dev libzstd-dev zlib1g-dev
   libcurl4-openssl-dev ca-certificates openssl
   erofs-utils e2fsprogs busybox-static tar gzip zstd util-linux iproute2 procps
-  python3 python3-pytest python3-pytest-timeout python3-pip python3-setuptools python3-venv
+  python3 python3-pytest python3-pytest-timeout python3-pip python3-setuptools python3-venv python3-yaml
   crun bubblewrap clang-format clang libclang-rt-14-dev
   docker-registry apache2-utils python3-cryptography debootstrap etcd-server
   qemu-system-x86 qemu-utils seabios cpio fdisk extlinux syslinux-common
