@@ -789,6 +789,7 @@ usage (FILE *f)
          "       warren bench image [options]  (layers; see warren bench image --help)\n"
          "       warren bench vm [options]     (VM boot/restore; see warren bench vm --help)\n"
          "       warren bench cluster [options] (simulated nodes; warren bench cluster --help)\n"
+         "       warren bench density [options] (idle sandboxes; warren bench density --help)\n"
          "  -n, --count N          warren iterations (default 200)\n"
          "  -c, --concurrency C    client threads (default 4; exec: 1)\n"
          "      --image REF        image (default: the daemon's default image)\n"
@@ -962,6 +963,11 @@ wr_cli_bench (warren_client_t *c, int argc, char **argv)
     {
       int wr_cli_bench_fork (warren_client_t * c, int argc, char **argv); /* bench_fork.c */
       return c ? wr_cli_bench_fork (c, argc, argv) : 1;
+    }
+  if (strcmp (sub, "density") == 0)
+    {
+      int wr_cli_bench_density (warren_client_t * c, int argc, char **argv); /* bench_density.c */
+      return c ? wr_cli_bench_density (c, argc, argv) : 1;
     }
   if (strcmp (sub, "cluster") == 0)
     return wr_cli_bench_cluster (argc, argv); /* bench_cluster.c: needs no daemon */

@@ -18,10 +18,11 @@
 
 /* What one idle container sandbox takes of each limit (measured, see
  * docs/performance.md "Density"): the daemon keeps its agent socket (the
- * pidfd is dropped while idle, and one is opened per destroy); its agent
+ * pidfd is dropped while idle, and held again only while its exit is
+ * reaped, when the agent socket is closed); its agent
  * is one process, an exec adds more; one memory cgroup; one namespace of
  * each kind; about 0.7 MiB of kernel memory. */
-#define FDS_PER_SANDBOX 2
+#define FDS_PER_SANDBOX 1
 #define PIDS_PER_SANDBOX 2
 #define MIB_PER_SANDBOX 1
 /* Descriptors kept free for clients, image jobs, the registry and creates
@@ -176,12 +177,14 @@ wrd_limits_budget (struct wrd *d, unsigned configured)
     }
   d->max_sandboxes = configured;
   wrd_log (WRD_LOG_INFO,
-           "limits: nofile %lld, pid_max %lld, threads-max %lld, memory cgroups in use %lld of "
+           "limits: nofile %lld%s, pid_max %lld, threads-max %lld, memory cgroups in use %lld of "
            "%d, user/net/mnt/pid namespaces %lld/%lld/%lld/%lld, uid blocks %u, MemAvailable "
            "%lld MiB (reserve %lld MiB), keys.maxkeys %lld (per sandbox uid), "
            "inotify.max_user_instances %lld",
-           nofile, pid_max, threads_max, memcg, MEMCG_ID_MAX, userns, netns, mntns, pidns,
-           uid_blocks, avail_kb >> 10, reserve_kb >> 10, read_ll ("/proc/sys/kernel/keys/maxkeys"),
+           nofile,
+           nofile < WANT_NOFILE ? " (the hard limit: raising it needs CAP_SYS_RESOURCE)" : "",
+           pid_max, threads_max, memcg, MEMCG_ID_MAX, userns, netns, mntns, pidns, uid_blocks,
+           avail_kb >> 10, reserve_kb >> 10, read_ll ("/proc/sys/kernel/keys/maxkeys"),
            read_ll ("/proc/sys/fs/inotify/max_user_instances"));
   if (configured)
     wrd_log (WRD_LOG_INFO, "capacity: %u sandboxes (limited by %s), --max-sandboxes %u",
