@@ -3,7 +3,9 @@
  * --etcd), warren-sim with N simulated nodes, two warren-gateways, and
  * reports in one JSON run:
  *  - gateway overhead: create+destroy and exec p50 through a gateway vs
- *    direct to one node, interleaved in short blocks (median and range);
+ *    direct to one node, interleaved in short blocks (median and range),
+ *    against a simulated node and, with --real-node ROOTFS, a real warrend
+ *    (container backend, ROOTFS imported as busybox);
  *  - control plane: creates/s through both gateways over N nodes with
  *    concurrent clients, p50/p99, busiest node / mean after 100K placements,
  *    etcd revisions (writes) per create;
@@ -25,6 +27,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -465,13 +468,21 @@ median (double *v, size_t n)
   return n ? v[n / 2] : NAN;
 }
 
+/* The create both sides send (warrend's default image, busybox): a gateway
+ * places it on the node measured by its label. */
+static void
+create_body (char *buf, size_t size, const char *label)
+{
+  snprintf (buf, size, "{\"memory_mb\":256,\"node_labels\":{\"warren.bench\":\"%s\"}}", label);
+}
+
 /* create+destroy pairs per second over one connection; < 0 on failure */
 static double
-create_destroy_block (int port, const char *prefix, size_t n)
+create_destroy_block (int port, const char *prefix, const char *label, size_t n)
 {
   struct conn c = { .fd = -1, .port = port };
-  char path[256], id[80];
-  static const char body[] = "{\"memory_mb\":256,\"node_labels\":{\"warren.bench\":\"direct\"}}";
+  char path[256], id[80], body[160];
+  create_body (body, sizeof body, label);
   uint64_t t0 = wr_now_ns ();
   double rate = -1;
   for (size_t i = 0; i < n; i++)
@@ -506,7 +517,7 @@ exec_block_p50 (int port, const char *path, size_t n)
       const char *b;
       size_t len;
       uint64_t t0 = wr_now_ns ();
-      if (conn_req (&c, "POST", path, "{\"argv\":[\"true\"]}", &b, &len) != 200)
+      if (conn_req (&c, "POST", path, "{\"cmd\":[\"true\"]}", &b, &len) != 200)
         goto out;
       v[i] = (double)(wr_now_ns () - t0) / 1e6;
     }
@@ -526,8 +537,10 @@ range_entry (double *v, size_t n)
                     n ? v[n - 1] : NAN);
 }
 
+/* label: the node's warren.bench label; per: requests per block and side */
 static json_t *
-overhead (int gw, int node_port, const char *node_prefix, const char *node_kind, size_t blocks)
+overhead (int gw, int node_port, const char *node_prefix, const char *node_kind, const char *label,
+          size_t blocks, size_t per)
 {
   double direct_cd[64], gw_cd[64], direct_ex[64], gw_ex[64];
   if (blocks > 64)
@@ -537,11 +550,9 @@ overhead (int gw, int node_port, const char *node_prefix, const char *node_kind,
   struct conn c = { .fd = -1, .port = gw };
   const char *b;
   size_t len;
-  char id[80] = "", gpath[256], dpath[256];
-  if (conn_req (&c, "POST", "/v1/sandboxes",
-                "{\"memory_mb\":256,\"node_labels\":{\"warren.bench\":\"direct\"}}", &b, &len)
-          == 201
-      && strstr (b, "\"id\":\""))
+  char id[80] = "", gpath[256], dpath[256], body[160];
+  create_body (body, sizeof body, label);
+  if (conn_req (&c, "POST", "/v1/sandboxes", body, &b, &len) == 201 && strstr (b, "\"id\":\""))
     sscanf (strstr (b, "\"id\":\"") + 6, "%79[^\"]", id);
   snprintf (gpath, sizeof gpath, "/v1/sandboxes/%s/exec", id);
   snprintf (dpath, sizeof dpath, "%s/v1/sandboxes/%s/exec", node_prefix, id);
@@ -550,12 +561,12 @@ overhead (int gw, int node_port, const char *node_prefix, const char *node_kind,
     {
       /* alternate which goes first, so drift favours neither */
       bool gfirst = i % 2;
-      double g1 = gfirst ? create_destroy_block (gw, "", 50) : 0;
-      double d1 = create_destroy_block (node_port, node_prefix, 50);
-      double g2 = gfirst ? 0 : create_destroy_block (gw, "", 50);
-      double ge1 = gfirst ? exec_block_p50 (gw, gpath, 50) : 0;
-      double de1 = exec_block_p50 (node_port, dpath, 50);
-      double ge2 = gfirst ? 0 : exec_block_p50 (gw, gpath, 50);
+      double g1 = gfirst ? create_destroy_block (gw, "", label, per) : 0;
+      double d1 = create_destroy_block (node_port, node_prefix, label, per);
+      double g2 = gfirst ? 0 : create_destroy_block (gw, "", label, per);
+      double ge1 = gfirst ? exec_block_p50 (gw, gpath, per) : 0;
+      double de1 = exec_block_p50 (node_port, dpath, per);
+      double ge2 = gfirst ? 0 : exec_block_p50 (gw, gpath, per);
       direct_cd[nb] = d1;
       gw_cd[nb] = gfirst ? g1 : g2;
       direct_ex[nb] = de1;
@@ -578,10 +589,10 @@ overhead (int gw, int node_port, const char *node_prefix, const char *node_kind,
       ratio_cd[i] = gw_cd[i] / direct_cd[i];
       ratio_ex[i] = gw_ex[i] / direct_ex[i];
     }
-  return json_pack ("{s:s,s:I,s:{s:o,s:o,s:o},s:{s:o,s:o,s:o}}", "node", node_kind, "blocks",
-                    (json_int_t)nb, "create_destroy_per_s", "direct", range_entry (direct_cd, nb),
-                    "gateway", range_entry (gw_cd, nb), "gateway_over_direct",
-                    range_entry (ratio_cd, nb), "exec_p50_ms", "direct",
+  return json_pack ("{s:s,s:I,s:I,s:{s:o,s:o,s:o},s:{s:o,s:o,s:o}}", "node", node_kind, "blocks",
+                    (json_int_t)nb, "per_block", (json_int_t)per, "create_destroy_per_s", "direct",
+                    range_entry (direct_cd, nb), "gateway", range_entry (gw_cd, nb),
+                    "gateway_over_direct", range_entry (ratio_cd, nb), "exec_p50_ms", "direct",
                     range_entry (direct_ex, nb), "gateway", range_entry (gw_ex, nb),
                     "gateway_over_direct", range_entry (ratio_ex, nb));
 }
@@ -630,16 +641,79 @@ node_loss (int gw, pid_t victim, const char *node, int ttl_s)
                     (double)ttl_s + 2.0);
 }
 
+/* ---- a real node ---- */
+
+static bool
+node_healthy (void *p)
+{
+  json_t *j = get_json (*(int *)p, "/healthz");
+  bool ok = j != NULL;
+  json_decref (j);
+  return ok;
+}
+
+/* warrend in cluster mode on a root under tmpdir, labelled warren.bench=real,
+ * with rootfs imported as busybox: its port, or -1. */
+static int
+start_real_node (const char *rootfs, const char *urls, const char *tok, const char *log)
+{
+  char bin[1100], root[300], listen[64], adv[64];
+  bin_path (bin, sizeof bin, "warrend");
+  int port = free_port ();
+  snprintf (root, sizeof root, "%s/real", tmpdir);
+  snprintf (listen, sizeof listen, "tcp:127.0.0.1:%d", port);
+  snprintf (adv, sizeof adv, "http://127.0.0.1:%d", port);
+  progress ("starting a real warrend (root %s)", root);
+  char *argv[] = { bin,           "--root",    root,
+                   "--listen",    listen,      "--token-file",
+                   (char *)tok,   "--cluster", (char *)urls,
+                   "--node-name", "real",      "--advertise",
+                   adv,           "--label",   "warren.bench=real",
+                   NULL };
+  if (mkdir (root, 0700) < 0 || spawn ("warrend", argv, log) < 0
+      || !wait_until (node_healthy, &port, 60))
+    {
+      fprintf (stderr, "bench cluster: warrend did not start (log: %s)\n", log);
+      return -1;
+    }
+  /* a path is imported over the owner-only unix socket (TCP clients upload) */
+  json_t *req = json_pack ("{s:s,s:s}", "name", "busybox:latest", "path", rootfs);
+  _cleanup_free_ char *body = json_dumps (req, JSON_COMPACT);
+  json_decref (req);
+  struct sockaddr_un sa = { .sun_family = AF_UNIX };
+  snprintf (sa.sun_path, sizeof sa.sun_path, "%s/warrend.sock", root);
+  _cleanup_close_ int fd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  char head[256], ans[64] = "";
+  int hl = snprintf (head, sizeof head,
+                     "POST /v1/images/import HTTP/1.1\r\nHost: warrend\r\nContent-Type: "
+                     "application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
+                     body ? strlen (body) : 0);
+  if (body == NULL || fd < 0 || connect (fd, (struct sockaddr *)&sa, sizeof sa) < 0
+      || write (fd, head, (size_t)hl) != hl
+      || write (fd, body, strlen (body)) != (ssize_t)strlen (body)
+      || read (fd, ans, sizeof ans - 1) < 12 || strncmp (ans + 9, "201", 3) != 0)
+    {
+      fprintf (stderr, "bench cluster: importing %s on warrend failed: %.40s (log: %s)\n", rootfs,
+               ans, log);
+      return -1;
+    }
+  return port;
+}
+
 /* ---- main ---- */
 
 static void
 usage (FILE *f)
 {
   fprintf (f, "usage: warren bench cluster [--nodes N] [--sandboxes N] [--clients N]\n"
-              "                            [--blocks N] [--lease-ttl S] [--etcd URL] [--json]\n"
+              "                            [--blocks N] [--lease-ttl S] [--etcd URL]\n"
+              "                            [--real-node ROOTFS] [--json]\n"
               "Starts etcd (unless --etcd names a running one), warren-sim with N simulated\n"
               "nodes, a one-node warren-sim for the direct comparison and node loss, and two\n"
               "warren-gateways; measures gateway overhead, the control plane and node loss.\n"
+              "--real-node ROOTFS also starts a real warrend (container backend, ROOTFS\n"
+              "imported as busybox; scripts/mk-busybox-rootfs.sh) and measures the gateway's\n"
+              "overhead against it (needs root).\n"
               "Defaults: 1000 nodes, 400000 sandboxes, 32 clients, 10 blocks, TTL 5 s.\n");
 }
 
@@ -660,6 +734,17 @@ verdicts (json_t *report)
       json_object_get (json_object_get (ov, "exec_p50_ms"), "gateway_over_direct"), "median"));
   double lost = NUM (nl, "seconds_to_lost"), bound = NUM (nl, "bound_s");
 #undef NUM
+  json_t *real = json_object_get (report, "gateway_overhead_real");
+  if (real)
+    {
+      /* the targets are about a real node: its figures decide them */
+      cd = json_number_value (json_object_get (
+          json_object_get (json_object_get (real, "create_destroy_per_s"), "gateway_over_direct"),
+          "median"));
+      ex = json_number_value (json_object_get (
+          json_object_get (json_object_get (real, "exec_p50_ms"), "gateway_over_direct"),
+          "median"));
+    }
   return json_pack ("{s:{s:f,s:b},s:{s:f,s:b},s:{s:f,s:b},s:{s:f,s:b},s:{s:f,s:b},s:{s:f,s:b}}",
                     "creates_per_s_ge_5000", "value", rate, "met", rate >= 5000, "p99_ms_le_50",
                     "value", p99, "met", p99 <= 50, "busiest_over_mean_le_1.25", "value", bal,
@@ -683,8 +768,9 @@ wr_cli_bench_cluster (int argc, char **argv)
   size_t nodes = 1000, total = 400000, blocks = 10;
   unsigned clients = 32;
   int ttl = 5;
-  const char *etcd = NULL;
+  const char *etcd = NULL, *real_rootfs = NULL;
   static const struct option opts[] = {
+    { "real-node", required_argument, NULL, 'r' },
     { "nodes", required_argument, NULL, 'n' },
     { "sandboxes", required_argument, NULL, 's' },
     { "clients", required_argument, NULL, 'c' },
@@ -717,6 +803,9 @@ wr_cli_bench_cluster (int argc, char **argv)
         break;
       case 'e':
         etcd = optarg;
+        break;
+      case 'r':
+        real_rootfs = optarg;
         break;
       case 'j':
         break; /* the report is always JSON */
@@ -846,6 +935,9 @@ wr_cli_bench_cluster (int argc, char **argv)
   pid_t one_pid = spawn ("warren-sim (direct)", oargv, log);
   if (spawn ("warren-sim", sargv, log) < 0 || one_pid < 0)
     goto out;
+  int real_port = real_rootfs ? start_real_node (real_rootfs, urls, tok, log) : 0;
+  if (real_port < 0)
+    goto out;
   int gw_ports[2];
   for (int i = 0; i < 2; i++)
     {
@@ -859,11 +951,11 @@ wr_cli_bench_cluster (int argc, char **argv)
     }
   for (int i = 0; i < 2; i++)
     {
-      struct ready_arg a = { gw_ports[i], nodes + 1 };
+      struct ready_arg a = { gw_ports[i], nodes + 1 + (real_port > 0) };
       if (!wait_until (gateway_ready, &a, 120))
         {
           fprintf (stderr, "bench cluster: gateway %d never saw %zu ready nodes (log: %s)\n", i,
-                   nodes + 1, log);
+                   nodes + 1 + (real_port > 0), log);
           goto out;
         }
     }
@@ -872,8 +964,13 @@ wr_cli_bench_cluster (int argc, char **argv)
   json_object_set_new (report, "cpus", json_integer (sysconf (_SC_NPROCESSORS_ONLN)));
   char direct_prefix[64];
   snprintf (direct_prefix, sizeof direct_prefix, "/n/direct-0");
-  json_object_set_new (report, "gateway_overhead",
-                       overhead (gw_ports[0], one_port, direct_prefix, "simulated", blocks));
+  json_object_set_new (
+      report, "gateway_overhead",
+      overhead (gw_ports[0], one_port, direct_prefix, "simulated", "direct", blocks, 50));
+  if (real_port > 0)
+    json_object_set_new (
+        report, "gateway_overhead_real",
+        overhead (gw_ports[0], real_port, "", "warrend (container)", "real", blocks, 20));
   json_object_set_new (report, "control_plane",
                        control_plane (gw_ports[0], gw_ports[1], nodes, total, clients, sim_port));
   json_object_set_new (report, "node_loss", node_loss (gw_ports[0], one_pid, "direct-0", ttl));
