@@ -16,7 +16,7 @@ CSTD := -std=gnu11
 WARN := -Wall -Wextra -Werror -Wno-unused-parameter -Wno-format-truncation -Wshadow=local -Wformat=2
 CPPFLAGS += -D_GNU_SOURCE -Iinclude -Isrc
 CFLAGS += $(CSTD) $(OPT) $(WARN) -fPIC -MMD -MP
-DAEMON_LIBS := -levent -levent_pthreads -lsqlite3 -ljansson -lseccomp -larchive -lzstd -lz -lcurl -lpthread -lm
+DAEMON_LIBS := -levent -levent_pthreads -lsqlite3 -ljansson -lseccomp -larchive -lzstd -lz -lcurl -lnftables -lpthread -lm
 
 # httpd.c (the hardened TCP listener, libevent) serves warrend and warren-gateway only
 HTTPD_SRC := src/common/httpd.c

@@ -26,6 +26,7 @@
 #include "daemon/http_util.h"
 #include "daemon/fork.h"
 #include "daemon/fncall.h"
+#include "daemon/netsvc.h"
 #include "daemon/trajlog.h"
 #include "daemon/uploads.h"
 
@@ -1203,11 +1204,15 @@ handle_sandboxes (struct wrd *d, struct evhttp_request *req, const char *rest, s
           else
             wrd_reply_empty (req, 204);
         }
+      else if (m == EVHTTP_REQ_PATCH)
+        wrd_http_net_patch (d, req, sb); /* {"network": ...}: docs/network.md */
       else
         wrd_reply_error_code (req, WR_E_INVALID, "method not allowed");
       return;
     }
-  if (strcmp (sub, "exec") == 0 && m == EVHTTP_REQ_POST)
+  if (strncmp (sub, "proxy/", 6) == 0)
+    wrd_http_net_proxy (d, req, sb, sub + 6);
+  else if (strcmp (sub, "exec") == 0 && m == EVHTTP_REQ_POST)
     handle_exec (d, req, sb, q);
   else if (strcmp (sub, "files") == 0)
     handle_files (d, req, sb, q);
@@ -1319,6 +1324,10 @@ route (struct evhttp_request *req, void *arg, bool tcp)
     wrd_fncall_http_calls (d, req);
   else if (strcmp (path, "/v1/fncall/pools") == 0)
     wrd_fncall_http_pools (d, req);
+  else if (strcmp (path, "/v1/net/services") == 0)
+    wrd_http_net_services (d, req, NULL);
+  else if (strncmp (path, "/v1/net/services/", 17) == 0)
+    wrd_http_net_services (d, req, path + 17);
   else if (strcmp (path, "/v1/pools") == 0)
     handle_pools (d, req, NULL);
   else if (strncmp (path, "/v1/pools/", 10) == 0)

@@ -1,5 +1,6 @@
 /* Prometheus text metrics and the worker-thread job runner. */
 #include "daemon/daemon.h"
+#include "daemon/netsvc.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -90,6 +91,7 @@ wrd_metrics_text (struct wrd *d)
   for (struct pool *p = d->pools; p; p = p->next)
     fprintf (f, "warren_pool_ready{image=\"%s\"} %u\nwarren_pool_target{image=\"%s\"} %u\n",
              p->image, p->ready, p->image, p->target);
+  wrd_net_metrics (d, f);
   fclose (f);
   return buf;
 }

@@ -1,6 +1,7 @@
 /* Sandbox lifecycle: create (from a warm pool or from scratch), TTL,
  * pause/resume, destroy, recovery after a daemon restart. */
 #include "daemon/daemon.h"
+#include "daemon/netsvc.h"
 #include "daemon/log.h"
 
 #include <fcntl.h>
@@ -276,21 +277,6 @@ wrd_parse_create (struct wrd *d, json_t *req, json_t **ret, wr_err_t *err)
         return wr_error (err, 0, WR_E_INVALID, "field \"cpus\" must be a number in [0.01, 1024]");
       cpus = json_number_value (v);
     }
-  const char *net = "none";
-  v = json_object_get (req, "network");
-  if (v && !json_is_null (v))
-    {
-      if (!json_is_string (v)
-          || (strcmp (json_string_value (v), "none") != 0
-              && strcmp (json_string_value (v), "host") != 0))
-        return wr_error (err, 0, WR_E_INVALID, "field \"network\" must be \"none\" or \"host\"");
-      net = json_string_value (v);
-      /* The host's network namespace holds the daemon's own listeners. */
-      if (strcmp (net, "host") == 0 && !d->allow_host_network)
-        return wr_error (err, 0, WR_E_INVALID,
-                         "\"network\": \"host\" is not permitted on this node (warrend runs "
-                         "without --allow-host-network)");
-    }
   /* CPU QoS and idle-pause (docs/api.md) */
   const char *qos = "latency";
   v = json_object_get (req, "qos");
@@ -306,15 +292,27 @@ wrd_parse_create (struct wrd *d, json_t *req, json_t **ret, wr_err_t *err)
   uint64_t idle_pause;
   if (get_uint (req, "idle_pause_s", d->idle_pause_s, 0, MAX_TTL_S, &idle_pause, err) < 0)
     return -EINVAL;
+  json_t *netj = NULL;
+  if (wrd_net_parse (d, json_object_get (req, "network"), json_object_get (req, "net_group"), &netj,
+                     err)
+      < 0)
+    return -EINVAL;
+  const char *net = json_string_value (netj);
   if (check_string_map (json_object_get (req, "env"), "env", err) < 0
       || check_string_map (json_object_get (req, "labels"), "labels", err) < 0)
-    return -EINVAL;
+    {
+      json_decref (netj);
+      return -EINVAL;
+    }
   json_t *out
       = json_pack ("{s:s,s:s,s:I,s:I,s:I,s:I,s:f,s:s}", "backend", backend, "image", image,
                    "memory_mb", (json_int_t)mem, "disk_mb", (json_int_t)disk, "pids_max",
                    (json_int_t)pids, "ttl_s", (json_int_t)ttl, "cpus", cpus, "network", net);
   json_object_set_new (out, "qos", json_string (qos));
   json_object_set_new (out, "idle_pause_s", json_integer ((json_int_t)idle_pause));
+  json_decref (netj); /* out holds its own copy of the string */
+  if (json_is_string (json_object_get (req, "net_group")))
+    json_object_set (out, "net_group", json_object_get (req, "net_group"));
   json_t *env = json_object_get (req, "env"), *labels = json_object_get (req, "labels");
   json_object_set_new (out, "layers", layers ? json_deep_copy (layers) : json_array ());
   json_object_set_new (out, "env", json_is_object (env) ? json_deep_copy (env) : json_object ());
@@ -600,6 +598,10 @@ static void
 build_run (struct build *b)
 {
   b->r = b->sb->ops->create (b->d, &b->cs, &b->sb->c, &b->err);
+  /* the sandbox's link and policy, before anything of its own runs */
+  if (b->r == 0 && wrd_net_wanted (b->sb->spec)
+      && (b->r = wrd_net_attach (b->d, b->sb, &b->err)) < 0)
+    b->sb->ops->destroy (b->d, &b->sb->c, b->sdir, NULL);
 }
 
 /* Consumes b. */
@@ -616,6 +618,7 @@ build_finish (struct build *b, struct sandbox **ret, wr_err_t *err)
       goto fail;
     }
   sb->has_container = true;
+  wrd_net_start (d, sb);
   sb->conn = agent_conn_new (d->base, sb->c.agent_fd, agent_lost, sb);
   if (sb->conn)
     sb->c.agent_fd = -1; /* the connection owns (and closes) it now */
@@ -642,6 +645,7 @@ build_finish (struct build *b, struct sandbox **ret, wr_err_t *err)
   return 0;
 fail_destroy:
   sb->ops->destroy (d, &sb->c, b->sdir, NULL);
+  wrd_net_detach (d, sb);
 fail:
   wr_rm_rf_at (AT_FDCWD, b->sdir);
   sb_free (sb);
@@ -810,6 +814,7 @@ static bool
 poolable (json_t *spec)
 {
   return json_array_size (json_object_get (spec, "layers")) == 0
+         && json_object_get (spec, "net_group") == NULL
          && json_object_size (json_object_get (spec, "env")) == 0
          && json_object_get (spec, "deterministic") == NULL;
 }
@@ -1214,6 +1219,7 @@ sandbox_release (struct wrd *d, struct sandbox *sb, wr_err_t *err)
     r = sb->ops->destroy (d, &sb->c, sdir, err);
   if (r < 0)
     return r; /* keep the record: a later attempt or a restart retries */
+  wrd_net_detach (d, sb);
   wr_rm_rf_at (AT_FDCWD, sdir);
   wrd_db_delete (d, sb->id, NULL);
   d->m.destroys++;
@@ -1457,6 +1463,9 @@ wrd_sandbox_json (struct wrd *d, struct sandbox *sb, bool detail)
     }
   if (detail)
     json_object_set_new (j, "checkpoints", wrd_checkpoints_json (d, sb->id));
+  json_t *net = wrd_net_json (d, sb);
+  if (net)
+    json_object_set_new (j, "net", net);
   return j;
 }
 
@@ -1514,6 +1523,8 @@ recover_row (struct wrd *d, json_t *row, void *ud WR_UNUSED)
       if (sb->conn)
         sb->c.agent_fd = -1; /* owned by the connection now */
       table_insert (d, sb);
+      if (wrd_net_readopt (d, sb, &err) < 0)
+        wrd_log (WRD_LOG_WARN, "recover %s: network: %s\n", id, err.msg);
       if (strcmp (sb->ops->name, "container") == 0)
         wr_container_drop_pidfd (&sb->c);
       arm_ttl (sb);
@@ -1553,6 +1564,7 @@ recover_row (struct wrd *d, json_t *row, void *ud WR_UNUSED)
 int
 wrd_recover (struct wrd *d, wr_err_t *err)
 {
+  wrd_net_init (d); /* before adoption: a fresh table, then each sandbox's chains */
   int r = wrd_db_each (d, recover_row, NULL, err);
   if (r < 0)
     return r;
@@ -1614,4 +1626,5 @@ wrd_shutdown (struct wrd *d)
   if (d->pool_ev)
     event_free (d->pool_ev);
   d->pool_ev = NULL;
+  wrd_net_shutdown (d);
 }

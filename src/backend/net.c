@@ -1,0 +1,680 @@
+/* Per-sandbox networking: veth pairs over rtnetlink, policy in nftables
+ * (libnftables, in process: a policy update is one transaction, ~1 ms,
+ * without a fork). Why this design: docs/network.md. */
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <linux/if_link.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <linux/veth.h>
+#include <nftables/libnftables.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <jansson.h>
+
+#include "backend/net.h"
+#include "common/util.h"
+
+#define BLOCK_BASE 0x0a800000u /* 10.128.0.0/9, cut into /20 blocks */
+#define N_BLOCKS 2048
+#define CLAIM_DIR "/run/warren-net"
+
+struct wr_net
+{
+  char hash[9];   /* 8 hex of the daemon root: names of table and links */
+  char table[32]; /* "warren_<hash>" */
+  char block_str[32];
+  uint32_t block; /* host order */
+  unsigned block_idx;
+  struct nft_ctx *nft;
+  pthread_mutex_t lock; /* nft context and slot map */
+  unsigned char used[WR_NET_SLOTS];
+  int self_netns; /* the daemon's own netns, to come back after setns */
+};
+
+static uint32_t
+fnv1a (const char *s)
+{
+  uint32_t h = 2166136261u;
+  for (; *s; s++)
+    h = (h ^ (unsigned char)*s) * 16777619u;
+  return h;
+}
+
+/* Run nftables commands; the caller holds n->lock. */
+static int
+nft_run (struct wr_net *n, const char *cmds, wr_err_t *err)
+{
+  if (nft_run_cmd_from_buffer (n->nft, cmds) != 0)
+    {
+      const char *e = nft_ctx_get_error_buffer (n->nft);
+      return wr_error (err, 0, WR_E_INTERNAL, "nftables: %.300s", e ? e : "failed");
+    }
+  nft_ctx_get_error_buffer (n->nft); /* drop warnings */
+  return 0;
+}
+
+/* Does any host address fall into [base, base+4096)? */
+static bool
+block_in_use (uint32_t base)
+{
+  struct ifaddrs *ifa = NULL;
+  if (getifaddrs (&ifa) < 0)
+    return false;
+  bool used = false;
+  for (struct ifaddrs *i = ifa; i && !used; i = i->ifa_next)
+    if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET)
+      {
+        uint32_t a = ntohl (((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr);
+        used = (a & 0xfffff000u) == base;
+      }
+  freeifaddrs (ifa);
+  return used;
+}
+
+/* A block is claimed by CLAIM_DIR/<idx> holding "<root>\n<pid>\n", made with
+ * link() (whole or absent, exclusive between daemons). A claim of our own
+ * root, or of a dead daemon, is taken over. */
+static int
+claim_block (struct wr_net *n, const char *root, wr_err_t *err)
+{
+  mkdir (CLAIM_DIR, 0700);
+  char mine[1200];
+  int len = snprintf (mine, sizeof mine, "%s\n%d\n", root, (int)getpid ());
+  unsigned start = fnv1a (root) % N_BLOCKS;
+  for (unsigned k = 0; k < N_BLOCKS; k++)
+    {
+      unsigned idx = (start + k) % N_BLOCKS;
+      char path[64], tmp[96], cur[1200] = "";
+      snprintf (path, sizeof path, CLAIM_DIR "/%u", idx);
+      _cleanup_close_ int fd = open (path, O_RDONLY | O_CLOEXEC);
+      if (fd >= 0)
+        {
+          ssize_t r = read (fd, cur, sizeof cur - 1);
+          cur[r > 0 ? r : 0] = 0;
+          char *nl = strchr (cur, '\n');
+          bool ours = nl && (size_t)(nl - cur) == strlen (root)
+                      && strncmp (cur, root, strlen (root)) == 0;
+          int pid = nl ? atoi (nl + 1) : 0;
+          bool dead = pid <= 0 || (kill (pid, 0) < 0 && errno == ESRCH);
+          if (!ours && !dead)
+            continue;
+          unlink (path); /* stale or ours: taken over below */
+        }
+      uint32_t base = BLOCK_BASE + idx * 4096u;
+      if (block_in_use (base))
+        continue;
+      snprintf (tmp, sizeof tmp, CLAIM_DIR "/.%u.%d", idx, (int)getpid ());
+      _cleanup_close_ int t = open (tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+      if (t < 0 || write (t, mine, (size_t)len) != len)
+        {
+          unlink (tmp);
+          return wr_sys_error (err, "write %s", tmp);
+        }
+      int l = link (tmp, path);
+      unlink (tmp);
+      if (l < 0)
+        continue; /* another daemon won it */
+      n->block = base;
+      n->block_idx = idx;
+      struct in_addr a = { htonl (base) };
+      snprintf (n->block_str, sizeof n->block_str, "%s/20", inet_ntoa (a));
+      return 0;
+    }
+  return wr_error (err, 0, WR_E_EXHAUSTED, "no free /20 in 10.128.0.0/9 for sandbox networks");
+}
+
+static void
+release_block (struct wr_net *n)
+{
+  char path[64];
+  snprintf (path, sizeof path, CLAIM_DIR "/%u", n->block_idx);
+  unlink (path);
+}
+
+const char *
+wr_net_table (struct wr_net *n)
+{
+  return n->table;
+}
+
+const char *
+wr_net_block (struct wr_net *n)
+{
+  return n->block_str;
+}
+
+void
+wr_net_ifname (struct wr_net *n, unsigned slot, char buf[16])
+{
+  snprintf (buf, 16, "wr%s%x", n->hash, slot & 0xfff);
+}
+
+struct in_addr
+wr_net_gateway (struct wr_net *n, unsigned slot)
+{
+  return (struct in_addr){ htonl (n->block + slot * 4 + 1) };
+}
+
+struct in_addr
+wr_net_address (struct wr_net *n, unsigned slot)
+{
+  return (struct in_addr){ htonl (n->block + slot * 4 + 2) };
+}
+
+/* The table: sandbox interfaces jump to their slot's chains through two
+ * verdict maps; an interface without an entry, and anything from outside
+ * towards a sandbox that is not a reply, is dropped. */
+static int
+table_reset (struct wr_net *n, wr_err_t *err)
+{
+  char cmds[2048];
+  snprintf (cmds, sizeof cmds,
+            "add table inet %1$s\n"
+            "delete table inet %1$s\n"
+            "add table inet %1$s\n"
+            "add map inet %1$s out_map { type ifname : verdict; }\n"
+            "add map inet %1$s in_map { type ifname : verdict; }\n"
+            "add chain inet %1$s sbfwd { type filter hook forward priority -5; policy accept; }\n"
+            "add rule inet %1$s sbfwd oifname \"wr%2$s*\" ct state established,related accept\n"
+            "add rule inet %1$s sbfwd iifname vmap @out_map\n"
+            "add rule inet %1$s sbfwd iifname \"wr%2$s*\" drop\n"
+            "add rule inet %1$s sbfwd oifname \"wr%2$s*\" drop\n"
+            "add chain inet %1$s sbin { type filter hook input priority -5; policy accept; }\n"
+            "add rule inet %1$s sbin iifname vmap @in_map\n"
+            "add rule inet %1$s sbin iifname \"wr%2$s*\" drop\n"
+            "add chain inet %1$s sbpost { type nat hook postrouting priority 95; policy accept; }\n"
+            "add rule inet %1$s sbpost ip saddr %3$s oifname != \"wr%2$s*\" masquerade\n",
+            n->table, n->hash, n->block_str);
+  return nft_run (n, cmds, err);
+}
+
+int
+wr_net_new (const char *root, struct wr_net **ret, wr_err_t *err)
+{
+  struct wr_net *n = calloc (1, sizeof *n);
+  if (n == NULL)
+    return wr_error (err, ENOMEM, WR_E_INTERNAL, "net");
+  snprintf (n->hash, sizeof n->hash, "%08x", fnv1a (root));
+  snprintf (n->table, sizeof n->table, "warren_%s", n->hash);
+  pthread_mutex_init (&n->lock, NULL);
+  n->self_netns = open ("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+  n->nft = nft_ctx_new (NFT_CTX_DEFAULT);
+  if (n->self_netns < 0 || n->nft == NULL)
+    {
+      int r = wr_sys_error (err, "net: netns or nftables context");
+      if (n->nft)
+        nft_ctx_free (n->nft);
+      if (n->self_netns >= 0)
+        close (n->self_netns);
+      free (n);
+      return r;
+    }
+  nft_ctx_buffer_output (n->nft);
+  nft_ctx_buffer_error (n->nft);
+  int r = claim_block (n, root, err);
+  if (r == 0)
+    {
+      pthread_mutex_lock (&n->lock);
+      r = table_reset (n, err);
+      pthread_mutex_unlock (&n->lock);
+      if (r < 0)
+        release_block (n);
+    }
+  if (r < 0)
+    {
+      nft_ctx_free (n->nft);
+      close (n->self_netns);
+      free (n);
+      return r;
+    }
+  *ret = n;
+  return 0;
+}
+
+void
+wr_net_free (struct wr_net *n)
+{
+  if (n == NULL)
+    return;
+  char cmd[96];
+  snprintf (cmd, sizeof cmd, "delete table inet %s\n", n->table);
+  pthread_mutex_lock (&n->lock);
+  nft_run (n, cmd, NULL);
+  pthread_mutex_unlock (&n->lock);
+  release_block (n);
+  nft_ctx_free (n->nft);
+  close (n->self_netns);
+  free (n);
+}
+
+int
+wr_net_slot_alloc (struct wr_net *n, unsigned *ret, wr_err_t *err)
+{
+  pthread_mutex_lock (&n->lock);
+  for (unsigned i = 1; i < WR_NET_SLOTS; i++) /* slot 0: the block's own network address */
+    if (!n->used[i])
+      {
+        n->used[i] = 1;
+        pthread_mutex_unlock (&n->lock);
+        *ret = i;
+        return 0;
+      }
+  pthread_mutex_unlock (&n->lock);
+  return wr_error (err, 0, WR_E_EXHAUSTED, "every sandbox network slot is in use");
+}
+
+void
+wr_net_slot_take (struct wr_net *n, unsigned slot)
+{
+  if (slot > 0 && slot < WR_NET_SLOTS)
+    n->used[slot] = 1;
+}
+
+void
+wr_net_slot_free (struct wr_net *n, unsigned slot)
+{
+  pthread_mutex_lock (&n->lock);
+  if (slot < WR_NET_SLOTS)
+    n->used[slot] = 0;
+  pthread_mutex_unlock (&n->lock);
+}
+
+/* ---- rtnetlink ---- */
+
+struct nlreq
+{
+  struct nlmsghdr h;
+  char buf[1024];
+};
+
+static struct rtattr *
+nl_attr (struct nlmsghdr *h, unsigned short type, const void *data, size_t len)
+{
+  struct rtattr *a = (struct rtattr *)((char *)h + NLMSG_ALIGN (h->nlmsg_len));
+  a->rta_type = type;
+  a->rta_len = (unsigned short)RTA_LENGTH (len);
+  if (len && data)
+    memcpy (RTA_DATA (a), data, len);
+  else if (len)
+    memset (RTA_DATA (a), 0, len);
+  h->nlmsg_len = NLMSG_ALIGN (h->nlmsg_len) + RTA_ALIGN (a->rta_len);
+  return a;
+}
+
+static void
+nl_nest_end (struct nlmsghdr *h, struct rtattr *a)
+{
+  a->rta_len = (unsigned short)((char *)h + h->nlmsg_len - (char *)a);
+}
+
+/* Send one request and wait for its ack. */
+static int
+nl_talk (int fd, struct nlmsghdr *h, const char *what, wr_err_t *err)
+{
+  h->nlmsg_flags |= NLM_F_REQUEST | NLM_F_ACK;
+  if (send (fd, h, h->nlmsg_len, 0) < 0)
+    return wr_sys_error (err, "netlink %s", what);
+  char buf[4096];
+  ssize_t r = recv (fd, buf, sizeof buf, 0);
+  if (r < 0)
+    return wr_sys_error (err, "netlink %s", what);
+  struct nlmsghdr *a = (struct nlmsghdr *)buf;
+  if (r >= (ssize_t)NLMSG_LENGTH (sizeof (struct nlmsgerr)) && a->nlmsg_type == NLMSG_ERROR)
+    {
+      int e = ((struct nlmsgerr *)NLMSG_DATA (a))->error;
+      if (e < 0)
+        return wr_error (err, -e, WR_E_INTERNAL, "netlink %s", what);
+    }
+  return 0;
+}
+
+static int
+nl_socket (wr_err_t *err)
+{
+  int fd = socket (AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
+  if (fd < 0)
+    return wr_sys_error (err, "netlink socket");
+  return fd;
+}
+
+static int
+nl_link_up (int fd, int ifindex, wr_err_t *err)
+{
+  struct nlreq q = { 0 };
+  q.h.nlmsg_len = NLMSG_LENGTH (sizeof (struct ifinfomsg));
+  q.h.nlmsg_type = RTM_NEWLINK;
+  struct ifinfomsg *ifi = NLMSG_DATA (&q.h);
+  ifi->ifi_family = AF_UNSPEC;
+  ifi->ifi_index = ifindex;
+  ifi->ifi_flags = IFF_UP;
+  ifi->ifi_change = IFF_UP;
+  return nl_talk (fd, &q.h, "link up", err);
+}
+
+static int
+nl_addr_add (int fd, int ifindex, struct in_addr a, wr_err_t *err)
+{
+  struct nlreq q = { 0 };
+  q.h.nlmsg_len = NLMSG_LENGTH (sizeof (struct ifaddrmsg));
+  q.h.nlmsg_type = RTM_NEWADDR;
+  q.h.nlmsg_flags = NLM_F_CREATE | NLM_F_REPLACE;
+  struct ifaddrmsg *ifa = NLMSG_DATA (&q.h);
+  ifa->ifa_family = AF_INET;
+  ifa->ifa_prefixlen = 30;
+  ifa->ifa_index = (unsigned)ifindex;
+  nl_attr (&q.h, IFA_LOCAL, &a, 4);
+  nl_attr (&q.h, IFA_ADDRESS, &a, 4);
+  return nl_talk (fd, &q.h, "address", err);
+}
+
+static int
+nl_default_route (int fd, int ifindex, struct in_addr gw, wr_err_t *err)
+{
+  struct nlreq q = { 0 };
+  q.h.nlmsg_len = NLMSG_LENGTH (sizeof (struct rtmsg));
+  q.h.nlmsg_type = RTM_NEWROUTE;
+  q.h.nlmsg_flags = NLM_F_CREATE | NLM_F_REPLACE;
+  struct rtmsg *rt = NLMSG_DATA (&q.h);
+  rt->rtm_family = AF_INET;
+  rt->rtm_table = RT_TABLE_MAIN;
+  rt->rtm_protocol = RTPROT_BOOT;
+  rt->rtm_scope = RT_SCOPE_UNIVERSE;
+  rt->rtm_type = RTN_UNICAST;
+  nl_attr (&q.h, RTA_GATEWAY, &gw, 4);
+  uint32_t oif = (uint32_t)ifindex;
+  nl_attr (&q.h, RTA_OIF, &oif, 4);
+  return nl_talk (fd, &q.h, "default route", err);
+}
+
+static int
+nl_veth (int fd, const char *host_name, int peer_netns, wr_err_t *err)
+{
+  struct nlreq q = { 0 };
+  q.h.nlmsg_len = NLMSG_LENGTH (sizeof (struct ifinfomsg));
+  q.h.nlmsg_type = RTM_NEWLINK;
+  q.h.nlmsg_flags = NLM_F_CREATE | NLM_F_EXCL;
+  nl_attr (&q.h, IFLA_IFNAME, host_name, strlen (host_name) + 1);
+  struct rtattr *li = nl_attr (&q.h, IFLA_LINKINFO, NULL, 0);
+  nl_attr (&q.h, IFLA_INFO_KIND, "veth", 5);
+  struct rtattr *data = nl_attr (&q.h, IFLA_INFO_DATA, NULL, 0);
+  struct rtattr *peer = nl_attr (&q.h, VETH_INFO_PEER, NULL, sizeof (struct ifinfomsg));
+  q.h.nlmsg_len = (unsigned)((char *)RTA_DATA (peer) - (char *)&q.h) + sizeof (struct ifinfomsg);
+  nl_attr (&q.h, IFLA_IFNAME, "eth0", 5);
+  uint32_t nsfd = (uint32_t)peer_netns;
+  nl_attr (&q.h, IFLA_NET_NS_FD, &nsfd, 4);
+  nl_nest_end (&q.h, peer);
+  nl_nest_end (&q.h, data);
+  nl_nest_end (&q.h, li);
+  return nl_talk (fd, &q.h, "veth", err);
+}
+
+static void
+nl_link_del (const char *name)
+{
+  int idx = (int)if_nametoindex (name);
+  if (idx == 0)
+    return;
+  _cleanup_close_ int fd = nl_socket (NULL);
+  if (fd < 0)
+    return;
+  struct nlreq q = { 0 };
+  q.h.nlmsg_len = NLMSG_LENGTH (sizeof (struct ifinfomsg));
+  q.h.nlmsg_type = RTM_DELLINK;
+  ((struct ifinfomsg *)NLMSG_DATA (&q.h))->ifi_index = idx;
+  nl_talk (fd, &q.h, "delete link", NULL);
+}
+
+static void
+write_sysctl (const char *path, const char *val)
+{
+  _cleanup_close_ int fd = open (path, O_WRONLY | O_CLOEXEC);
+  if (fd >= 0 && write (fd, val, strlen (val)) < 0)
+    return;
+}
+
+/* Inside the sandbox's netns (this thread only, setns): eth0 up with its
+ * address and a default route through the host side. */
+static int
+configure_inside (struct wr_net *n, unsigned slot, int netns, wr_err_t *err)
+{
+  if (setns (netns, CLONE_NEWNET) < 0)
+    return wr_sys_error (err, "setns into the sandbox's network namespace");
+  int r;
+  _cleanup_close_ int fd = nl_socket (err);
+  int idx = (int)if_nametoindex ("eth0");
+  if (fd < 0)
+    r = fd;
+  else if (idx == 0)
+    r = wr_sys_error (err, "eth0 in the sandbox");
+  else if ((r = nl_addr_add (fd, idx, wr_net_address (n, slot), err)) == 0
+           && (r = nl_link_up (fd, idx, err)) == 0)
+    r = nl_default_route (fd, idx, wr_net_gateway (n, slot), err);
+  /* a daemon thread left in a sandbox's netns would be far worse than dying */
+  if (setns (n->self_netns, CLONE_NEWNET) < 0)
+    abort ();
+  return r;
+}
+
+static int
+slot_chains (struct wr_net *n, unsigned slot, wr_err_t *err)
+{
+  char ifn[16], cmds[2048];
+  wr_net_ifname (n, slot, ifn);
+  struct in_addr gw = wr_net_gateway (n, slot);
+  char gws[INET_ADDRSTRLEN];
+  inet_ntop (AF_INET, &gw, gws, sizeof gws);
+  snprintf (cmds, sizeof cmds,
+            "add counter inet %1$s c%2$u\n"
+            "add set inet %1$s a%2$u { type ipv4_addr . inet_service; flags interval; }\n"
+            "add chain inet %1$s e%2$u\n"
+            "add chain inet %1$s i%2$u\n"
+            "flush chain inet %1$s e%2$u\n"
+            "flush chain inet %1$s i%2$u\n"
+            "add rule inet %1$s e%2$u counter name c%2$u drop\n"
+            "add rule inet %1$s i%2$u ct state established,related accept\n"
+            "add rule inet %1$s i%2$u ip daddr %4$s udp dport 53 accept\n"
+            "add rule inet %1$s i%2$u counter name c%2$u drop\n"
+            "add element inet %1$s out_map { \"%3$s\" : jump e%2$u }\n"
+            "add element inet %1$s in_map { \"%3$s\" : jump i%2$u }\n",
+            n->table, slot, ifn, gws);
+  pthread_mutex_lock (&n->lock);
+  int r = nft_run (n, cmds, err);
+  pthread_mutex_unlock (&n->lock);
+  return r;
+}
+
+int
+wr_net_attach (struct wr_net *n, unsigned slot, int pidfd, wr_err_t *err)
+{
+  char ifn[16], path[96];
+  wr_net_ifname (n, slot, ifn);
+  nl_link_del (ifn); /* a leftover of a crash */
+  /* chains first: the interface is denied everything from its first packet */
+  int r = slot_chains (n, slot, err);
+  if (r < 0)
+    return r;
+  _cleanup_close_ int fd = nl_socket (err);
+  if (fd < 0)
+    return fd;
+  /* IFLA_NET_NS_FD wants an nsfs fd, not a pidfd: take one through setns
+   * (pidfd, 5.8+), which names this very process however its pid is reused */
+  if (setns (pidfd, CLONE_NEWNET) < 0)
+    return wr_sys_error (err, "setns into the sandbox's network namespace");
+  _cleanup_close_ int nsfd = open ("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+  if (setns (n->self_netns, CLONE_NEWNET) < 0)
+    abort ();
+  if (nsfd < 0)
+    return wr_sys_error (err, "sandbox netns");
+  r = nl_veth (fd, ifn, nsfd, err);
+  if (r < 0)
+    return r;
+  int idx = (int)if_nametoindex (ifn);
+  snprintf (path, sizeof path, "/proc/sys/net/ipv4/conf/%s/forwarding", ifn);
+  write_sysctl (path, "1");
+  snprintf (path, sizeof path, "/proc/sys/net/ipv6/conf/%s/disable_ipv6", ifn);
+  write_sysctl (path, "1");
+  if (idx == 0)
+    r = wr_sys_error (err, "%s", ifn);
+  else if ((r = nl_addr_add (fd, idx, wr_net_gateway (n, slot), err)) == 0
+           && (r = nl_link_up (fd, idx, err)) == 0)
+    r = configure_inside (n, slot, nsfd, err);
+  if (r < 0)
+    nl_link_del (ifn);
+  return r;
+}
+
+int
+wr_net_readopt (struct wr_net *n, unsigned slot, wr_err_t *err)
+{
+  return slot_chains (n, slot, err);
+}
+
+static void
+fmt_addr (uint32_t a, char *buf)
+{
+  struct in_addr x = { htonl (a) };
+  inet_ntop (AF_INET, &x, buf, INET_ADDRSTRLEN);
+}
+
+int
+wr_net_set_policy (struct wr_net *n, unsigned slot, const struct wr_net_allow *allow,
+                   size_t n_allow, const char *group, wr_err_t *err)
+{
+  size_t cap = 4096 + n_allow * 64;
+  _cleanup_free_ char *cmds = malloc (cap);
+  if (cmds == NULL)
+    return wr_error (err, ENOMEM, WR_E_INTERNAL, "policy");
+  char ifn[16];
+  wr_net_ifname (n, slot, ifn);
+  size_t o = 0;
+#define OUT(...) o += (size_t)snprintf (cmds + o, cap - o, __VA_ARGS__)
+  OUT ("flush set inet %s a%u\n", n->table, slot);
+  if (n_allow)
+    {
+      OUT ("add element inet %s a%u { ", n->table, slot);
+      for (size_t i = 0; i < n_allow; i++)
+        {
+          char a[INET_ADDRSTRLEN];
+          uint32_t mask = allow[i].prefix ? 0xffffffffu << (32 - allow[i].prefix) : 0;
+          fmt_addr (allow[i].addr & mask, a);
+          OUT ("%s%s/%u . %u-%u", i ? ", " : "", a, allow[i].prefix, allow[i].port_lo,
+               allow[i].port_hi);
+        }
+      OUT (" }\n");
+    }
+  /* the chain is rebuilt in the same transaction: a group change and the
+   * set are seen together by the next packet */
+  OUT ("flush chain inet %1$s e%2$u\n", n->table, slot);
+  if (group)
+    OUT ("add set inet %1$s g_%2$s { type ipv4_addr; }\n"
+         "add rule inet %1$s e%3$u ip daddr @g_%2$s accept\n",
+         n->table, group, slot);
+  /* never allowed, whatever the rules say: link-local and cloud metadata,
+   * other sandboxes, loopback, multicast and broadcast */
+  OUT ("add rule inet %1$s e%2$u ip daddr { 169.254.0.0/16, 127.0.0.0/8, 0.0.0.0/8, "
+       "224.0.0.0/3, %3$s } counter name c%2$u drop\n"
+       "add rule inet %1$s e%2$u ip daddr . tcp dport @a%2$u accept\n"
+       "add rule inet %1$s e%2$u ip daddr . udp dport @a%2$u accept\n"
+       "add rule inet %1$s e%2$u counter name c%2$u drop\n",
+       n->table, slot, n->block_str);
+  if (group)
+    {
+      char a[INET_ADDRSTRLEN];
+      struct in_addr me = wr_net_address (n, slot);
+      inet_ntop (AF_INET, &me, a, sizeof a);
+      OUT ("add element inet %s g_%s { %s }\n", n->table, group, a);
+    }
+#undef OUT
+  if (o >= cap)
+    return wr_error (err, E2BIG, WR_E_INVALID, "policy too large");
+  pthread_mutex_lock (&n->lock);
+  int r = nft_run (n, cmds, err);
+  pthread_mutex_unlock (&n->lock);
+  return r;
+}
+
+int
+wr_net_allow_add (struct wr_net *n, unsigned slot, const struct wr_net_allow *allow, size_t n_allow,
+                  wr_err_t *err)
+{
+  if (n_allow == 0)
+    return 0;
+  char cmds[8192];
+  size_t o = (size_t)snprintf (cmds, sizeof cmds, "add element inet %s a%u { ", n->table, slot);
+  for (size_t i = 0; i < n_allow && o < sizeof cmds - 64; i++)
+    {
+      char a[INET_ADDRSTRLEN];
+      fmt_addr (allow[i].addr, a);
+      o += (size_t)snprintf (cmds + o, sizeof cmds - o, "%s%s/%u . %u-%u", i ? ", " : "", a,
+                             allow[i].prefix, allow[i].port_lo, allow[i].port_hi);
+    }
+  snprintf (cmds + o, sizeof cmds - o, " }\n");
+  pthread_mutex_lock (&n->lock);
+  int r = nft_run (n, cmds, err);
+  pthread_mutex_unlock (&n->lock);
+  return r;
+}
+
+void
+wr_net_detach (struct wr_net *n, unsigned slot, const char *group)
+{
+  char ifn[16], cmds[1024], a[INET_ADDRSTRLEN];
+  wr_net_ifname (n, slot, ifn);
+  nl_link_del (ifn);
+  struct in_addr me = wr_net_address (n, slot);
+  inet_ntop (AF_INET, &me, a, sizeof a);
+  pthread_mutex_lock (&n->lock);
+  /* one command per run: a missing element must not stop the rest */
+  snprintf (cmds, sizeof cmds, "delete element inet %s out_map { \"%s\" }\n", n->table, ifn);
+  nft_run (n, cmds, NULL);
+  snprintf (cmds, sizeof cmds, "delete element inet %s in_map { \"%s\" }\n", n->table, ifn);
+  nft_run (n, cmds, NULL);
+  snprintf (cmds, sizeof cmds,
+            "delete chain inet %1$s e%2$u\ndelete chain inet %1$s i%2$u\n"
+            "delete set inet %1$s a%2$u\ndelete counter inet %1$s c%2$u\n",
+            n->table, slot);
+  nft_run (n, cmds, NULL);
+  if (group)
+    {
+      snprintf (cmds, sizeof cmds, "delete element inet %s g_%s { %s }\n", n->table, group, a);
+      nft_run (n, cmds, NULL);
+    }
+  n->used[slot < WR_NET_SLOTS ? slot : 0] = 0;
+  pthread_mutex_unlock (&n->lock);
+}
+
+int
+wr_net_denied (struct wr_net *n, unsigned slot, uint64_t *ret_packets, wr_err_t *err)
+{
+  char cmd[128];
+  snprintf (cmd, sizeof cmd, "list counter inet %s c%u", n->table, slot);
+  pthread_mutex_lock (&n->lock);
+  nft_ctx_output_set_flags (n->nft, NFT_CTX_OUTPUT_JSON);
+  int r = nft_run (n, cmd, err);
+  json_t *j = r == 0 ? json_loads (nft_ctx_get_output_buffer (n->nft), 0, NULL) : NULL;
+  nft_ctx_output_set_flags (n->nft, 0);
+  pthread_mutex_unlock (&n->lock);
+  if (r < 0)
+    return r;
+  *ret_packets = 0;
+  size_t i;
+  json_t *e;
+  json_array_foreach (json_object_get (j, "nftables"), i, e)
+  {
+    json_t *c = json_object_get (e, "counter");
+    if (c)
+      *ret_packets = (uint64_t)json_integer_value (json_object_get (c, "packets"));
+  }
+  json_decref (j);
+  return 0;
+}

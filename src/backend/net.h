@@ -1,0 +1,63 @@
+/* Per-sandbox networking (docs/network.md): a veth pair per sandbox, routed
+ * /30s out of a per-daemon /20, egress filtered by one nftables table per
+ * daemon (chains keyed by the host-side interface), NAT out through the host.
+ * This file knows links, addresses and nftables; rules, names and DNS are
+ * the daemon's (src/daemon/netsvc.c). */
+#ifndef WR_NET_H
+#define WR_NET_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <netinet/in.h>
+
+#include "common/err.h"
+
+#define WR_NET_SLOTS 1024 /* /30s in a daemon's /20 */
+
+struct wr_net;
+
+/* One allowed destination: addr/prefix (host order) and a port range
+ * (0-65535 = every port), TCP and UDP. */
+struct wr_net_allow
+{
+  uint32_t addr;
+  uint8_t prefix;
+  uint16_t port_lo, port_hi;
+};
+
+/* Claim an address block no other daemon and no host address uses, and
+ * (re)create this daemon's nftables table (names derive from root). */
+int wr_net_new (const char *root, struct wr_net **ret, wr_err_t *err);
+/* Delete the table and release the block (clean shutdown). */
+void wr_net_free (struct wr_net *n);
+const char *wr_net_table (struct wr_net *n);
+/* the block, e.g. "10.131.16.0/20" */
+const char *wr_net_block (struct wr_net *n);
+
+int wr_net_slot_alloc (struct wr_net *n, unsigned *ret, wr_err_t *err);
+/* mark a slot used (restart: adopted sandboxes keep theirs) */
+void wr_net_slot_take (struct wr_net *n, unsigned slot);
+void wr_net_slot_free (struct wr_net *n, unsigned slot);
+/* host-side (gateway, also the DNS address) and sandbox-side address */
+struct in_addr wr_net_gateway (struct wr_net *n, unsigned slot);
+struct in_addr wr_net_address (struct wr_net *n, unsigned slot);
+void wr_net_ifname (struct wr_net *n, unsigned slot, char buf[16]);
+
+/* Make the veth pair (eth0 inside the netns of the process behind pidfd),
+ * addresses, routes, and the slot's empty (deny-all) chains. */
+int wr_net_attach (struct wr_net *n, unsigned slot, int pidfd, wr_err_t *err);
+/* Re-create the slot's chains for a link that survived a restart. */
+int wr_net_readopt (struct wr_net *n, unsigned slot, wr_err_t *err);
+/* Replace the slot's allowed destinations and its net group (NULL: none) in
+ * one nftables transaction. */
+int wr_net_set_policy (struct wr_net *n, unsigned slot, const struct wr_net_allow *allow,
+                       size_t n_allow, const char *group, wr_err_t *err);
+/* Add destinations to the slot's set (addresses a DNS answer just named). */
+int wr_net_allow_add (struct wr_net *n, unsigned slot, const struct wr_net_allow *allow,
+                      size_t n_allow, wr_err_t *err);
+/* Remove the slot's chains, set, counter and link (idempotent). */
+void wr_net_detach (struct wr_net *n, unsigned slot, const char *group);
+/* Packets the slot's policy dropped. */
+int wr_net_denied (struct wr_net *n, unsigned slot, uint64_t *ret_packets, wr_err_t *err);
+
+#endif

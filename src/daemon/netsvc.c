@@ -1,0 +1,1221 @@
+/* Sandbox network policy, the daemon's half (docs/network.md): parses and
+ * resolves rules, keeps named services in SQLite, answers each networked
+ * sandbox's DNS (allowed names are forwarded upstream and their answers
+ * added to the sandbox's allowed set; every other name gets NXDOMAIN), and
+ * serves the PATCH, services and proxy routes. The kernel half is
+ * src/backend/net.c. */
+#include "daemon/netsvc.h"
+#include "daemon/daemon.h"
+#include "daemon/http_util.h"
+#include "daemon/log.h"
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <sys/queue.h>
+#include <event2/keyvalq_struct.h>
+
+#include "backend/net.h"
+#include "common/util.h"
+
+#define MAX_RULES 256
+#define MAX_ADDRS 1024
+#define PENDING 32
+
+struct sbnet
+{
+  struct sandbox *sb;
+  unsigned slot;
+  char group[9]; /* 8 hex of the group name, "" = none */
+  json_t *names; /* allowed name -> array of [lo, hi] port ranges */
+  int dns_fd, up_fd;
+  struct event *dns_ev, *up_ev;
+  struct
+  {
+    uint16_t id;
+    bool used;
+    struct sockaddr_in from;
+  } pend[PENDING];
+  struct sbnet *next;
+};
+
+static struct wr_net *knet; /* NULL: no networking on this host */
+static char knet_error[256];
+static struct sbnet *sbnets;
+static struct sockaddr_in upstream;
+
+static struct sbnet *
+sbnet_of (struct sandbox *sb)
+{
+  for (struct sbnet *s = sbnets; s; s = s->next)
+    if (s->sb == sb)
+      return s;
+  return NULL;
+}
+
+static const char services_schema[]
+    = "CREATE TABLE IF NOT EXISTS net_services (name TEXT PRIMARY KEY, targets TEXT NOT NULL);";
+
+static void
+upstream_init (void)
+{
+  upstream.sin_family = AF_INET;
+  upstream.sin_port = htons (53);
+  const char *env = getenv ("WARREN_DNS_UPSTREAM");
+  char buf[256] = "";
+  if (env && *env)
+    snprintf (buf, sizeof buf, "%s", env);
+  else
+    {
+      FILE *f = fopen ("/etc/resolv.conf", "re");
+      char line[256];
+      while (f && fgets (line, sizeof line, f))
+        if (sscanf (line, "nameserver %63s", buf) == 1 && strchr (buf, ':') == NULL)
+          break;
+        else
+          buf[0] = 0;
+      if (f)
+        fclose (f);
+    }
+  char *colon = strchr (buf, ':');
+  if (colon)
+    {
+      *colon = 0;
+      upstream.sin_port = htons ((uint16_t)atoi (colon + 1));
+    }
+  if (inet_pton (AF_INET, buf[0] ? buf : "127.0.0.1", &upstream.sin_addr) != 1)
+    inet_pton (AF_INET, "127.0.0.1", &upstream.sin_addr);
+}
+
+void
+wrd_net_init (struct wrd *d)
+{
+  wr_err_t err;
+  char *msg = NULL;
+  if (sqlite3_exec (d->db, services_schema, NULL, NULL, &msg) != SQLITE_OK)
+    {
+      wrd_log (WRD_LOG_WARN, "net: services table: %s\n", msg ? msg : "?");
+      sqlite3_free (msg);
+    }
+  upstream_init ();
+  if (wr_net_new (d->root, &knet, &err) < 0)
+    {
+      snprintf (knet_error, sizeof knet_error, "%s", err.msg);
+      wrd_log (WRD_LOG_WARN, "net: no sandbox networking on this host: %s\n", err.msg);
+      knet = NULL;
+    }
+  else
+    wrd_log (WRD_LOG_INFO, "net: table inet %s, sandbox block %s\n", wr_net_table (knet),
+             wr_net_block (knet));
+}
+
+void
+wrd_net_shutdown (struct wrd *d WR_UNUSED)
+{
+  if (knet == NULL)
+    return;
+  if (sbnets) /* networked sandboxes outlive us: keep their rules */
+    return;
+  wr_net_free (knet);
+  knet = NULL;
+}
+
+/* ---- rules ---- */
+
+static bool
+valid_name (const char *s, size_t len)
+{
+  if (len == 0 || len > 253)
+    return false;
+  for (size_t i = 0; i < len; i++)
+    if (!isalnum ((unsigned char)s[i]) && s[i] != '-' && s[i] != '.' && s[i] != '_')
+      return false;
+  return true;
+}
+
+static int
+parse_ports (const char *p, uint16_t *lo, uint16_t *hi)
+{
+  if (p == NULL || strcmp (p, "*") == 0)
+    {
+      *lo = 0;
+      *hi = 65535;
+      return 0;
+    }
+  char *end;
+  long a = strtol (p, &end, 10), b = a;
+  if (end == p)
+    return -1;
+  if (*end == '-')
+    {
+      const char *q = end + 1;
+      b = strtol (q, &end, 10);
+      if (end == q)
+        return -1;
+    }
+  if (*end || a < 1 || b > 65535 || a > b)
+    return -1;
+  *lo = (uint16_t)a;
+  *hi = (uint16_t)b;
+  return 0;
+}
+
+static const char *
+service_targets (struct wrd *d, const char *name, char *buf, size_t len)
+{
+  sqlite3_stmt *st = NULL;
+  const char *r = NULL;
+  if (sqlite3_prepare_v2 (d->db, "SELECT targets FROM net_services WHERE name = ?", -1, &st, NULL)
+      != SQLITE_OK)
+    return NULL;
+  sqlite3_bind_text (st, 1, name, -1, SQLITE_STATIC);
+  if (sqlite3_step (st) == SQLITE_ROW)
+    {
+      snprintf (buf, len, "%s", (const char *)sqlite3_column_text (st, 0));
+      r = buf;
+    }
+  sqlite3_finalize (st);
+  return r;
+}
+
+/* One destination (HOST[:PORTS], IP[/N][:PORTS]); hostnames go to names,
+ * addresses to allow. resolve=false only checks the syntax. */
+struct compiled
+{
+  struct wr_net_allow allow[MAX_ADDRS];
+  size_t n;
+  json_t *names;
+};
+
+static int dns_resolve (const char *name, uint32_t *addrs, size_t max, size_t *ret_n);
+
+static void
+add_name (json_t *names, const char *name, uint16_t lo, uint16_t hi)
+{
+  json_t *a = json_object_get (names, name);
+  if (a == NULL)
+    json_object_set_new (names, name, a = json_array ());
+  json_array_append_new (a, json_pack ("[i,i]", lo, hi));
+}
+
+static int
+compile_target (const char *t, bool resolve, struct compiled *c, wr_err_t *err)
+{
+  char host[300];
+  const char *colon = strrchr (t, ':');
+  size_t hl = colon ? (size_t)(colon - t) : strlen (t);
+  if (hl == 0 || hl >= sizeof host)
+    return wr_error (err, 0, WR_E_INVALID, "network rule \"%s\": no host", t);
+  memcpy (host, t, hl);
+  host[hl] = 0;
+  uint16_t lo, hi;
+  if (parse_ports (colon ? colon + 1 : NULL, &lo, &hi) < 0)
+    return wr_error (err, 0, WR_E_INVALID, "network rule \"%s\": ports must be N, N-M or *", t);
+  unsigned prefix = 32;
+  char *slash = strchr (host, '/');
+  if (slash)
+    {
+      char *end;
+      long p = strtol (slash + 1, &end, 10);
+      if (*end || end == slash + 1 || p < 0 || p > 32)
+        return wr_error (err, 0, WR_E_INVALID, "network rule \"%s\": bad prefix length", t);
+      prefix = (unsigned)p;
+      *slash = 0;
+    }
+  struct in_addr a;
+  if (inet_pton (AF_INET, host, &a) == 1)
+    {
+      if (c->n >= MAX_ADDRS)
+        return wr_error (err, 0, WR_E_INVALID, "network policy: too many destinations");
+      c->allow[c->n++] = (struct wr_net_allow){ ntohl (a.s_addr), (uint8_t)prefix, lo, hi };
+      return 0;
+    }
+  if (slash || !valid_name (host, strlen (host)) || strchr (host, '.') == NULL)
+    return wr_error (err, 0, WR_E_INVALID,
+                     "network rule \"%s\": not an IPv4 address, CIDR or host name", t);
+  for (char *p = host; *p; p++)
+    *p = (char)tolower ((unsigned char)*p);
+  if (c->names)
+    add_name (c->names, host, lo, hi);
+  if (!resolve)
+    return 0;
+  uint32_t addrs[64];
+  size_t n = 0;
+  dns_resolve (host, addrs, 64, &n); /* a name without records yet is allowed */
+  for (size_t i = 0; i < n && c->n < MAX_ADDRS; i++)
+    c->allow[c->n++] = (struct wr_net_allow){ addrs[i], 32, lo, hi };
+  return 0;
+}
+
+/* "allow=R1,R2" (or the bare list) into c; rules that are not a
+ * destination name a service. */
+static int
+compile_rules (struct wrd *d, const char *list, bool resolve, struct compiled *c, wr_err_t *err)
+{
+  char *dup = strdup (list), *save = NULL;
+  if (dup == NULL)
+    return wr_error (err, ENOMEM, WR_E_INTERNAL, "rules");
+  int r = 0, count = 0;
+  for (char *rule = strtok_r (dup, ",", &save); rule && r == 0; rule = strtok_r (NULL, ",", &save))
+    {
+      if (++count > MAX_RULES)
+        r = wr_error (err, 0, WR_E_INVALID, "network policy: more than %d rules", MAX_RULES);
+      else if (strchr (rule, ':') == NULL && strchr (rule, '/') == NULL
+               && strchr (rule, '.') == NULL)
+        {
+          char targets[4096];
+          if (service_targets (d, rule, targets, sizeof targets) == NULL)
+            r = wr_error (err, 0, WR_E_INVALID, "network rule \"%s\": no such service", rule);
+          char *s2 = NULL;
+          for (char *t = r == 0 ? strtok_r (targets, " ", &s2) : NULL; t && r == 0;
+               t = strtok_r (NULL, " ", &s2))
+            r = compile_target (t, resolve, c, err);
+        }
+      else
+        r = compile_target (rule, resolve, c, err);
+    }
+  free (dup);
+  return r;
+}
+
+static const char *
+rules_of (json_t *spec)
+{
+  const char *n = json_string_value (json_object_get (spec, "network"));
+  return n && strncmp (n, "allow=", 6) == 0 ? n + 6 : NULL;
+}
+
+bool
+wrd_net_wanted (json_t *spec)
+{
+  return rules_of (spec) != NULL;
+}
+
+/* Rules as a sorted, de-duplicated "allow=..." string. */
+static json_t *
+normalise (json_t *rules)
+{
+  size_t n = json_array_size (rules), len = 7;
+  const char **v = calloc (n + 1, sizeof *v);
+  for (size_t i = 0; i < n; i++)
+    {
+      v[i] = json_string_value (json_array_get (rules, i));
+      len += strlen (v[i]) + 1;
+    }
+  qsort (v, n, sizeof *v, (int (*) (const void *, const void *))strverscmp);
+  char *s = malloc (len);
+  size_t o = (size_t)sprintf (s, "allow=");
+  for (size_t i = 0; i < n; i++)
+    if (i == 0 || strcmp (v[i], v[i - 1]) != 0)
+      o += (size_t)sprintf (s + o, "%s%s", o > 6 ? "," : "", v[i]);
+  json_t *j = json_string (s);
+  free (s);
+  free (v);
+  return j;
+}
+
+static json_t *
+split_rules (const char *list)
+{
+  json_t *a = json_array ();
+  char *dup = strdup (list), *save = NULL;
+  for (char *r = strtok_r (dup, ",", &save); r; r = strtok_r (NULL, ",", &save))
+    json_array_append_new (a, json_string (r));
+  free (dup);
+  return a;
+}
+
+static int
+check_group (json_t *group, wr_err_t *err)
+{
+  if (group == NULL || json_is_null (group))
+    return 0;
+  const char *g = json_string_value (group);
+  if (g == NULL || !valid_name (g, strlen (g)) || strlen (g) > 64)
+    return wr_error (err, 0, WR_E_INVALID, "field \"net_group\" must be 1-64 of [A-Za-z0-9._-]");
+  return 0;
+}
+
+int
+wrd_net_parse (struct wrd *d, json_t *network, json_t *group, json_t **ret_network, wr_err_t *err)
+{
+  const char *s = network && !json_is_null (network) ? json_string_value (network) : "none";
+  if (s == NULL)
+    return wr_error (err, 0, WR_E_INVALID,
+                     "field \"network\" must be \"none\", \"host\" or \"allow=RULE,...\"");
+  if (check_group (group, err) < 0)
+    return -EINVAL;
+  if (strcmp (s, "none") == 0 || strcmp (s, "host") == 0)
+    {
+      if (strcmp (s, "host") == 0 && !d->allow_host_network)
+        return wr_error (err, 0, WR_E_INVALID,
+                         "\"network\": \"host\" is not permitted on this node (warrend runs "
+                         "without --allow-host-network)");
+      if (group && !json_is_null (group))
+        return wr_error (err, 0, WR_E_INVALID, "\"net_group\" needs \"network\": \"allow=...\"");
+      *ret_network = json_string (s);
+      return 0;
+    }
+  if (strncmp (s, "allow=", 6) != 0)
+    return wr_error (err, 0, WR_E_INVALID,
+                     "field \"network\" must be \"none\", \"host\" or \"allow=RULE,...\"");
+  if (knet == NULL)
+    return wr_error (err, 0, WR_E_UNSUPPORTED, "no sandbox networking on this node: %s",
+                     knet_error);
+  struct compiled *c = calloc (1, sizeof *c);
+  int r = compile_rules (d, s + 6, false, c, err);
+  free (c);
+  if (r < 0)
+    return r;
+  json_t *rules = split_rules (s + 6);
+  *ret_network = normalise (rules);
+  json_decref (rules);
+  return 0;
+}
+
+/* ---- applying ---- */
+
+static int
+apply (struct wrd *d, struct sbnet *s, const char *rules, wr_err_t *err)
+{
+  struct compiled *c = calloc (1, sizeof *c);
+  if (c == NULL)
+    return wr_error (err, ENOMEM, WR_E_INTERNAL, "policy");
+  c->names = json_object ();
+  int r = compile_rules (d, rules, true, c, err);
+  if (r == 0)
+    r = wr_net_set_policy (knet, s->slot, c->allow, c->n, s->group[0] ? s->group : NULL, err);
+  if (r == 0)
+    {
+      json_decref (s->names);
+      s->names = json_incref (c->names);
+    }
+  json_decref (c->names);
+  free (c);
+  return r;
+}
+
+static void
+group_hash (json_t *spec, char out[9])
+{
+  const char *g = json_string_value (json_object_get (spec, "net_group"));
+  out[0] = 0;
+  if (g == NULL)
+    return;
+  uint32_t h = 2166136261u;
+  for (; *g; g++)
+    h = (h ^ (unsigned char)*g) * 16777619u;
+  snprintf (out, 9, "%08x", h);
+}
+
+/* /etc/resolv.conf of the sandbox, written through its root (RESOLVE_IN_ROOT:
+ * a symlink in the image cannot send the write to the host). */
+static void
+write_resolv (struct sandbox *sb, struct in_addr gw)
+{
+  char root[64], line[64];
+  snprintf (root, sizeof root, "/proc/%d/root", (int)sb->c.pid);
+  _cleanup_close_ int rfd = open (root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (rfd < 0)
+    return;
+  struct open_how how = { .flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+                          .mode = 0644,
+                          .resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS };
+  int fd = (int)syscall (SYS_openat2, rfd, "etc/resolv.conf", &how, sizeof how);
+  if (fd < 0)
+    return;
+  int len = snprintf (line, sizeof line, "nameserver %s\n", inet_ntoa (gw));
+  if (write (fd, line, (size_t)len) != len || fchown (fd, sb->c.uid_base, sb->c.uid_base) < 0)
+    wrd_log (WRD_LOG_DEBUG, "net %s: resolv.conf\n", sb->id);
+  close (fd);
+}
+
+static struct sbnet *
+sbnet_new (struct sandbox *sb, unsigned slot)
+{
+  struct sbnet *s = calloc (1, sizeof *s);
+  s->sb = sb;
+  s->slot = slot;
+  s->dns_fd = s->up_fd = -1;
+  group_hash (sb->spec, s->group);
+  return s;
+}
+
+int
+wrd_net_attach (struct wrd *d, struct sandbox *sb, wr_err_t *err)
+{
+  if (knet == NULL)
+    return wr_error (err, 0, WR_E_UNSUPPORTED, "no sandbox networking on this node: %s",
+                     knet_error);
+  if (sb->c.pidfd < 0)
+    return wr_error (err, 0, WR_E_UNSUPPORTED, "network policy needs the container backend");
+  unsigned slot;
+  int r = wr_net_slot_alloc (knet, &slot, err);
+  if (r < 0)
+    return r;
+  struct sbnet *s = sbnet_new (sb, slot);
+  r = wr_net_attach (knet, slot, sb->c.pidfd, err);
+  if (r == 0)
+    r = apply (d, s, rules_of (sb->spec), err);
+  if (r < 0)
+    {
+      wr_net_detach (knet, slot, s->group[0] ? s->group : NULL);
+      json_decref (s->names);
+      free (s);
+      return r;
+    }
+  write_resolv (sb, wr_net_gateway (knet, slot));
+  json_object_set_new (sb->spec, "net_slot", json_integer (slot));
+  /* linked into sbnets on the loop (wrd_net_start): this is a worker thread */
+  sb->net_pending = s;
+  return 0;
+}
+
+/* ---- DNS ---- */
+
+/* Skip a (possibly compressed) name; returns the offset after it or -1.
+ * out (if not NULL) gets the dotted lower-case name when uncompressed. */
+static int
+dns_name (const unsigned char *m, size_t len, size_t off, char *out, size_t outlen)
+{
+  size_t o = 0;
+  while (off < len)
+    {
+      unsigned l = m[off];
+      if (l == 0)
+        {
+          if (out)
+            out[o ? o - 1 : 0] = 0;
+          return (int)off + 1;
+        }
+      if ((l & 0xc0) == 0xc0)
+        return off + 2 <= len && out == NULL ? (int)off + 2 : -1;
+      if (off + 1 + l > len)
+        return -1;
+      if (out)
+        {
+          if (o + l + 1 >= outlen)
+            return -1;
+          for (unsigned i = 0; i < l; i++)
+            out[o++] = (char)tolower (m[off + 1 + i]);
+          out[o++] = '.';
+        }
+      off += 1 + l;
+    }
+  return -1;
+}
+
+/* A records of a response; returns their count. */
+static size_t
+dns_answers (const unsigned char *m, size_t len, uint32_t *addrs, size_t max)
+{
+  if (len < 12)
+    return 0;
+  unsigned qd = (unsigned)(m[4] << 8 | m[5]), an = (unsigned)(m[6] << 8 | m[7]);
+  int off = 12;
+  for (unsigned i = 0; i < qd && off > 0; i++)
+    {
+      off = dns_name (m, len, (size_t)off, NULL, 0);
+      off = off > 0 ? off + 4 : -1;
+    }
+  size_t n = 0;
+  for (unsigned i = 0; i < an && off > 0 && n < max; i++)
+    {
+      off = dns_name (m, len, (size_t)off, NULL, 0);
+      if (off < 0 || (size_t)off + 10 > len)
+        break;
+      unsigned type = (unsigned)(m[off] << 8 | m[off + 1]);
+      unsigned rdlen = (unsigned)(m[off + 8] << 8 | m[off + 9]);
+      off += 10;
+      if ((size_t)off + rdlen > len)
+        break;
+      if (type == 1 && rdlen == 4)
+        {
+          uint32_t a;
+          memcpy (&a, m + off, 4);
+          addrs[n++] = ntohl (a);
+        }
+      off += (int)rdlen;
+    }
+  return n;
+}
+
+/* Blocking A lookup at the upstream (2 s); used when a policy is applied. */
+static int
+dns_resolve (const char *name, uint32_t *addrs, size_t max, size_t *ret_n)
+{
+  unsigned char q[300];
+  size_t o = 12;
+  memset (q, 0, 12);
+  uint16_t id = (uint16_t)random ();
+  q[0] = (unsigned char)(id >> 8);
+  q[1] = (unsigned char)id;
+  q[2] = 1; /* RD */
+  q[5] = 1; /* QDCOUNT */
+  const char *p = name;
+  while (*p)
+    {
+      const char *dot = strchr (p, '.');
+      size_t l = dot ? (size_t)(dot - p) : strlen (p);
+      if (l == 0 || l > 63 || o + l + 6 > sizeof q)
+        return -1;
+      q[o++] = (unsigned char)l;
+      memcpy (q + o, p, l);
+      o += l;
+      p += l + (dot ? 1 : 0);
+    }
+  q[o++] = 0;
+  q[o++] = 0, q[o++] = 1; /* A */
+  q[o++] = 0, q[o++] = 1; /* IN */
+  _cleanup_close_ int fd = socket (AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || connect (fd, (struct sockaddr *)&upstream, sizeof upstream) < 0
+      || send (fd, q, o, 0) < 0)
+    return -1;
+  struct pollfd pf = { .fd = fd, .events = POLLIN };
+  unsigned char r[1500];
+  while (poll (&pf, 1, 2000) == 1)
+    {
+      ssize_t n = recv (fd, r, sizeof r, 0);
+      if (n < 12 || r[0] != q[0] || r[1] != q[1])
+        continue;
+      *ret_n = dns_answers (r, (size_t)n, addrs, max);
+      return 0;
+    }
+  return -1;
+}
+
+/* An answer for an allowed name: its addresses join the sandbox's set
+ * before the sandbox sees them (records that changed since the policy was
+ * applied are followed this way). */
+static void
+learn (struct sbnet *s, const char *name, const unsigned char *m, size_t len)
+{
+  json_t *ports = json_object_get (s->names, name);
+  uint32_t addrs[64];
+  size_t n = dns_answers (m, len, addrs, 64);
+  if (ports == NULL || n == 0)
+    return;
+  struct wr_net_allow add[64];
+  size_t na = 0, i;
+  json_t *pr;
+  for (size_t k = 0; k < n; k++)
+    json_array_foreach (ports, i, pr)
+    {
+      if (na < 64)
+        add[na++] = (struct wr_net_allow){ addrs[k], 32,
+                                           (uint16_t)json_integer_value (json_array_get (pr, 0)),
+                                           (uint16_t)json_integer_value (json_array_get (pr, 1)) };
+    }
+  wr_err_t err;
+  if (wr_net_allow_add (knet, s->slot, add, na, &err) < 0)
+    wrd_log (WRD_LOG_WARN, "net %s: %s\n", s->sb->id, err.msg);
+}
+
+static void
+dns_query_cb (evutil_socket_t fd, short what WR_UNUSED, void *arg)
+{
+  struct sbnet *s = arg;
+  unsigned char m[1500];
+  struct sockaddr_in from;
+  socklen_t fl = sizeof from;
+  ssize_t n = recvfrom (fd, m, sizeof m, 0, (struct sockaddr *)&from, &fl);
+  if (n < 17 || (m[2] & 0x80))
+    return;
+  char name[256];
+  int qend = dns_name (m, (size_t)n, 12, name, sizeof name);
+  if (qend < 0 || (size_t)qend + 4 > (size_t)n)
+    return;
+  if (json_object_get (s->names, name) && s->up_fd >= 0)
+    {
+      uint16_t id = (uint16_t)(m[0] << 8 | m[1]);
+      unsigned k = id % PENDING;
+      s->pend[k].id = id;
+      s->pend[k].used = true;
+      s->pend[k].from = from;
+      if (send (s->up_fd, m, (size_t)n, 0) < 0)
+        s->pend[k].used = false;
+      return;
+    }
+  /* NXDOMAIN: the question back, no records */
+  m[2] = (unsigned char)(0x80 | (m[2] & 0x79)); /* QR, opcode, RD kept */
+  m[3] = 0x83;                                  /* RA, NXDOMAIN */
+  m[4] = 0, m[5] = 1;
+  memset (m + 6, 0, 6);
+  sendto (fd, m, (size_t)qend + 4, 0, (struct sockaddr *)&from, fl);
+}
+
+static void
+dns_answer_cb (evutil_socket_t fd, short what WR_UNUSED, void *arg)
+{
+  struct sbnet *s = arg;
+  unsigned char m[1500];
+  ssize_t n = recv (fd, m, sizeof m, 0);
+  if (n < 12)
+    return;
+  uint16_t id = (uint16_t)(m[0] << 8 | m[1]);
+  unsigned k = id % PENDING;
+  if (!s->pend[k].used || s->pend[k].id != id)
+    return;
+  s->pend[k].used = false;
+  char name[256];
+  if (dns_name (m, (size_t)n, 12, name, sizeof name) > 0)
+    learn (s, name, m, (size_t)n);
+  sendto (s->dns_fd, m, (size_t)n, 0, (struct sockaddr *)&s->pend[k].from, sizeof s->pend[k].from);
+}
+
+static void
+dns_start (struct wrd *d, struct sbnet *s)
+{
+  struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons (53) };
+  a.sin_addr = wr_net_gateway (knet, s->slot);
+  s->dns_fd = socket (AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  int one = 1;
+  setsockopt (s->dns_fd, SOL_IP, IP_FREEBIND, &one, sizeof one);
+  if (s->dns_fd < 0 || bind (s->dns_fd, (struct sockaddr *)&a, sizeof a) < 0)
+    {
+      wrd_log (WRD_LOG_WARN, "net %s: DNS on %s: %s\n", s->sb->id, inet_ntoa (a.sin_addr),
+               strerror (errno));
+      return;
+    }
+  s->up_fd = socket (AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (s->up_fd >= 0 && connect (s->up_fd, (struct sockaddr *)&upstream, sizeof upstream) < 0)
+    {
+      close (s->up_fd);
+      s->up_fd = -1;
+    }
+  s->dns_ev = event_new (d->base, s->dns_fd, EV_READ | EV_PERSIST, dns_query_cb, s);
+  event_add (s->dns_ev, NULL);
+  if (s->up_fd >= 0)
+    {
+      s->up_ev = event_new (d->base, s->up_fd, EV_READ | EV_PERSIST, dns_answer_cb, s);
+      event_add (s->up_ev, NULL);
+    }
+}
+
+void
+wrd_net_start (struct wrd *d, struct sandbox *sb)
+{
+  struct sbnet *s = sb->net_pending;
+  if (s == NULL)
+    return;
+  sb->net_pending = NULL;
+  s->next = sbnets;
+  sbnets = s;
+  dns_start (d, s);
+}
+
+int
+wrd_net_readopt (struct wrd *d, struct sandbox *sb, wr_err_t *err)
+{
+  if (!wrd_net_wanted (sb->spec))
+    return 0;
+  json_t *jslot = json_object_get (sb->spec, "net_slot");
+  if (knet == NULL || !json_is_integer (jslot))
+    return wr_error (err, 0, WR_E_UNSUPPORTED, "sandbox network cannot be restored");
+  unsigned slot = (unsigned)json_integer_value (jslot);
+  wr_net_slot_take (knet, slot);
+  struct sbnet *s = sbnet_new (sb, slot);
+  int r = wr_net_readopt (knet, slot, err);
+  if (r == 0)
+    r = apply (d, s, rules_of (sb->spec), err);
+  s->next = sbnets;
+  sbnets = s; /* even on failure: detach undoes it */
+  if (r == 0)
+    dns_start (d, s);
+  return r;
+}
+
+void
+wrd_net_detach (struct wrd *d WR_UNUSED, struct sandbox *sb)
+{
+  struct sbnet *s = sb->net_pending;
+  sb->net_pending = NULL;
+  if (s == NULL)
+    for (struct sbnet **pp = &sbnets; *pp; pp = &(*pp)->next)
+      if ((*pp)->sb == sb)
+        {
+          s = *pp;
+          *pp = s->next;
+          break;
+        }
+  if (s == NULL)
+    return;
+  if (s->dns_ev)
+    event_free (s->dns_ev);
+  if (s->up_ev)
+    event_free (s->up_ev);
+  if (s->dns_fd >= 0)
+    close (s->dns_fd);
+  if (s->up_fd >= 0)
+    close (s->up_fd);
+  wr_net_detach (knet, s->slot, s->group[0] ? s->group : NULL);
+  json_decref (s->names);
+  free (s);
+}
+
+json_t *
+wrd_net_json (struct wrd *d WR_UNUSED, struct sandbox *sb)
+{
+  struct sbnet *s = sbnet_of (sb);
+  if (s == NULL)
+    return NULL;
+  char a[INET_ADDRSTRLEN], g[INET_ADDRSTRLEN];
+  struct in_addr x = wr_net_address (knet, s->slot), y = wr_net_gateway (knet, s->slot);
+  inet_ntop (AF_INET, &x, a, sizeof a);
+  inet_ntop (AF_INET, &y, g, sizeof g);
+  uint64_t denied = 0;
+  wr_net_denied (knet, s->slot, &denied, NULL);
+  json_t *names = json_array ();
+  const char *k;
+  json_t *v;
+  json_object_foreach (s->names, k, v) json_array_append_new (names, json_string (k));
+  char ifn[16];
+  wr_net_ifname (knet, s->slot, ifn);
+  return json_pack ("{s:s,s:s,s:s,s:o,s:I,s:o}", "address", a, "gateway", g, "interface", ifn,
+                    "names", names, "denied_packets", (json_int_t)denied, "group",
+                    json_object_get (sb->spec, "net_group")
+                        ? json_incref (json_object_get (sb->spec, "net_group"))
+                        : json_null ());
+}
+
+void
+wrd_net_metrics (struct wrd *d WR_UNUSED, FILE *f)
+{
+  if (sbnets)
+    fprintf (f, "# HELP warren_net_denied_packets_total Packets a sandbox's network policy "
+                "dropped.\n# TYPE warren_net_denied_packets_total counter\n");
+  for (struct sbnet *s = sbnets; s; s = s->next)
+    {
+      uint64_t denied = 0;
+      if (wr_net_denied (knet, s->slot, &denied, NULL) == 0)
+        fprintf (f, "warren_net_denied_packets_total{sandbox=\"%s\"} %llu\n", s->sb->id,
+                 (unsigned long long)denied);
+    }
+}
+
+/* ---- HTTP ---- */
+
+void
+wrd_http_net_patch (struct wrd *d, struct evhttp_request *req, struct sandbox *sb)
+{
+  json_t *body = NULL;
+  wr_err_t err;
+  if (wrd_read_json_body (req, true, &body, &err) < 0)
+    {
+      wrd_reply_error (req, &err);
+      return;
+    }
+  json_t *nv = json_object_get (body, "network");
+  struct sbnet *s = sbnet_of (sb);
+  json_t *rules = NULL;
+  const char *cur = rules_of (sb->spec);
+  int r = 0;
+  if (nv == NULL)
+    r = wr_error (&err, 0, WR_E_INVALID, "PATCH takes {\"network\": ...}");
+  else if (s == NULL)
+    r = wr_error (&err, 0, WR_E_CONFLICT,
+                  "sandbox %s has no network interface (created with \"network\": \"%s\"); "
+                  "policies apply to sandboxes created with \"allow=...\"",
+                  sb->id, json_string_value (json_object_get (sb->spec, "network")));
+  else if (json_is_string (nv))
+    {
+      json_t *norm = NULL;
+      const char *str = json_string_value (nv);
+      if (strncmp (str, "allow=", 6) != 0)
+        r = wr_error (&err, 0, WR_E_INVALID, "a live sandbox's \"network\" is \"allow=...\"");
+      else if ((r = wrd_net_parse (d, nv, NULL, &norm, &err)) == 0)
+        {
+          rules = split_rules (json_string_value (norm) + 6);
+          json_decref (norm);
+        }
+    }
+  else if (json_is_object (nv))
+    {
+      const char *add = json_string_value (json_object_get (nv, "allow"));
+      const char *del = json_string_value (json_object_get (nv, "deny"));
+      rules = split_rules (cur ? cur : "");
+      if (add)
+        {
+          json_t *a = split_rules (add);
+          json_array_extend (rules, a);
+          json_decref (a);
+        }
+      if (del)
+        {
+          json_t *dl = split_rules (del);
+          size_t i, j;
+          json_t *x;
+          for (i = json_array_size (rules); i-- > 0;)
+            json_array_foreach (dl, j, x) if (strcmp (json_string_value (x),
+                                                      json_string_value (json_array_get (rules, i)))
+                                              == 0)
+            {
+              json_array_remove (rules, i);
+              break;
+            }
+          json_decref (dl);
+        }
+      if (!add && !del)
+        r = wr_error (&err, 0, WR_E_INVALID, "\"network\" object takes \"allow\" and/or \"deny\"");
+    }
+  else
+    r = wr_error (&err, 0, WR_E_INVALID, "\"network\" must be a string or {allow, deny}");
+  if (r == 0)
+    {
+      json_t *norm = normalise (rules);
+      struct compiled *c = calloc (1, sizeof *c);
+      r = compile_rules (d, json_string_value (norm) + 6, false, c, &err);
+      free (c);
+      if (r == 0)
+        {
+          json_t *old = json_incref (json_object_get (sb->spec, "network"));
+          json_object_set (sb->spec, "network", norm);
+          r = apply (d, s, json_string_value (norm) + 6, &err);
+          if (r == 0)
+            r = wrd_db_put (d, sb, &err);
+          else
+            json_object_set (sb->spec, "network", old);
+          json_decref (old);
+        }
+      json_decref (norm);
+    }
+  json_decref (rules);
+  json_decref (body);
+  if (r < 0)
+    wrd_reply_error (req, &err);
+  else
+    wrd_reply_json (req, 200, wrd_sandbox_json (d, sb, true));
+}
+
+static bool
+service_name_ok (const char *n)
+{
+  size_t l = strlen (n);
+  if (l == 0 || l > 64)
+    return false;
+  for (size_t i = 0; i < l; i++)
+    if (!isalnum ((unsigned char)n[i]) && n[i] != '-' && n[i] != '_')
+      return false;
+  return true;
+}
+
+void
+wrd_http_net_services (struct wrd *d, struct evhttp_request *req, const char *rest)
+{
+  enum evhttp_cmd_type m = evhttp_request_get_command (req);
+  wr_err_t err;
+  if (rest == NULL && m == EVHTTP_REQ_GET)
+    {
+      sqlite3_stmt *st = NULL;
+      json_t *out = json_array ();
+      if (sqlite3_prepare_v2 (d->db, "SELECT name, targets FROM net_services ORDER BY name", -1,
+                              &st, NULL)
+          == SQLITE_OK)
+        while (sqlite3_step (st) == SQLITE_ROW)
+          json_array_append_new (
+              out, json_pack ("{s:s,s:o}", "name", (const char *)sqlite3_column_text (st, 0),
+                              "targets", split_rules ((const char *)sqlite3_column_text (st, 1))));
+      sqlite3_finalize (st);
+      wrd_reply_json (req, 200, json_pack ("{s:o}", "services", out));
+      return;
+    }
+  if (rest == NULL && m == EVHTTP_REQ_POST)
+    {
+      json_t *body = NULL;
+      if (wrd_read_json_body (req, true, &body, &err) < 0)
+        {
+          wrd_reply_error (req, &err);
+          return;
+        }
+      const char *name = json_string_value (json_object_get (body, "name"));
+      json_t *targets = json_object_get (body, "targets");
+      int r = 0;
+      char joined[4096] = "";
+      size_t o = 0;
+      if (name == NULL || !service_name_ok (name))
+        r = wr_error (&err, 0, WR_E_INVALID, "\"name\" must be 1-64 of [A-Za-z0-9_-]");
+      else if (!json_is_array (targets) || json_array_size (targets) == 0
+               || json_array_size (targets) > 64)
+        r = wr_error (&err, 0, WR_E_INVALID, "\"targets\" must be 1-64 \"HOST[:PORT]\" strings");
+      size_t i;
+      json_t *t;
+      json_array_foreach (targets, i, t)
+      {
+        struct compiled *c = calloc (1, sizeof *c);
+        const char *ts = json_string_value (t);
+        if (r == 0 && (ts == NULL || strchr (ts, ',') || strchr (ts, ' ')))
+          r = wr_error (&err, 0, WR_E_INVALID, "target %zu is not HOST[:PORT]", i);
+        if (r == 0)
+          r = compile_target (ts, false, c, &err);
+        if (r == 0)
+          o += (size_t)snprintf (joined + o, sizeof joined - o, "%s%s", o ? " " : "", ts);
+        free (c);
+      }
+      if (r == 0)
+        {
+          sqlite3_stmt *st = NULL;
+          if (sqlite3_prepare_v2 (d->db, "INSERT OR REPLACE INTO net_services VALUES (?, ?)", -1,
+                                  &st, NULL)
+                  != SQLITE_OK
+              || (sqlite3_bind_text (st, 1, name, -1, SQLITE_STATIC),
+                  sqlite3_bind_text (st, 2, joined, -1, SQLITE_STATIC), sqlite3_step (st))
+                     != SQLITE_DONE)
+            r = wr_error (&err, 0, WR_E_INTERNAL, "services: %s", sqlite3_errmsg (d->db));
+          sqlite3_finalize (st);
+        }
+      json_decref (body);
+      if (r < 0)
+        wrd_reply_error (req, &err);
+      else
+        wrd_reply_json (req, 201,
+                        json_pack ("{s:s,s:o}", "name", name, "targets", split_rules (joined)));
+      return;
+    }
+  if (rest && m == EVHTTP_REQ_DELETE)
+    {
+      sqlite3_stmt *st = NULL;
+      int changed = 0;
+      if (sqlite3_prepare_v2 (d->db, "DELETE FROM net_services WHERE name = ?", -1, &st, NULL)
+          == SQLITE_OK)
+        {
+          sqlite3_bind_text (st, 1, rest, -1, SQLITE_STATIC);
+          if (sqlite3_step (st) == SQLITE_DONE)
+            changed = sqlite3_changes (d->db);
+        }
+      sqlite3_finalize (st);
+      if (changed)
+        wrd_reply_empty (req, 204);
+      else
+        wrd_reply_error_code (req, WR_E_NOT_FOUND, "no such service");
+      return;
+    }
+  wrd_reply_error_code (req, WR_E_NOT_FOUND, "no such route");
+}
+
+/* ---- inbound: HTTP into a port of the sandbox ----
+ * The daemon opens its socket inside the sandbox's network namespace
+ * (setns on a worker thread) and talks to 127.0.0.1:PORT there: this works
+ * for every mode, needs no route into the sandbox and opens nothing to
+ * anyone but authenticated API clients. One request, HTTP/1.0, the answer
+ * read whole (PROXY_MAX) within PROXY_TIMEOUT_MS. */
+
+#define PROXY_MAX (64u << 20)
+#define PROXY_TIMEOUT_MS 30000
+
+struct proxy_job
+{
+  struct evhttp_request *req;
+  int pidfd;
+  unsigned port;
+  char *head; /* request line + headers */
+  struct evbuffer *body;
+  char *resp;
+  size_t resp_len;
+  wr_err_t err;
+  int r;
+};
+
+static int
+proxy_connect (struct proxy_job *j, wr_err_t *err)
+{
+  int self = open ("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+  if (self < 0)
+    return wr_sys_error (err, "own netns");
+  if (setns (j->pidfd, CLONE_NEWNET) < 0)
+    {
+      close (self);
+      return wr_sys_error (err, "setns into the sandbox");
+    }
+  int fd = socket (AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int e = errno;
+  if (setns (self, CLONE_NEWNET) < 0)
+    abort (); /* never leave a worker in a sandbox's netns */
+  close (self);
+  if (fd < 0)
+    return wr_error (err, e, WR_E_INTERNAL, "socket");
+  struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons ((uint16_t)j->port) };
+  a.sin_addr.s_addr = htonl (INADDR_LOOPBACK);
+  struct timeval tv = { PROXY_TIMEOUT_MS / 1000, 0 };
+  setsockopt (fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt (fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  if (connect (fd, (struct sockaddr *)&a, sizeof a) < 0)
+    {
+      e = errno;
+      close (fd);
+      return wr_error (err, e, WR_E_UNAVAILABLE, "port %u in the sandbox", j->port);
+    }
+  return fd;
+}
+
+static void
+proxy_work (void *arg)
+{
+  struct proxy_job *j = arg;
+  _cleanup_close_ int fd = proxy_connect (j, &j->err);
+  if (fd < 0)
+    {
+      j->r = fd;
+      return;
+    }
+  size_t blen = evbuffer_get_length (j->body);
+  const unsigned char *body = evbuffer_pullup (j->body, -1);
+  if (send (fd, j->head, strlen (j->head), MSG_NOSIGNAL) < 0
+      || (blen && send (fd, body, blen, MSG_NOSIGNAL) < 0))
+    {
+      j->r = wr_error (&j->err, errno, WR_E_UNAVAILABLE, "port %u: send", j->port);
+      return;
+    }
+  size_t cap = 65536;
+  j->resp = malloc (cap);
+  for (;;)
+    {
+      if (j->resp_len == cap)
+        {
+          if (cap >= PROXY_MAX)
+            {
+              j->r = wr_error (&j->err, 0, WR_E_TOO_LARGE, "answer over %u bytes", PROXY_MAX);
+              return;
+            }
+          cap *= 2;
+          j->resp = realloc (j->resp, cap);
+        }
+      ssize_t n = recv (fd, j->resp + j->resp_len, cap - j->resp_len, 0);
+      if (n < 0)
+        {
+          j->r = wr_error (&j->err, errno, errno == EAGAIN ? WR_E_TIMEOUT : WR_E_UNAVAILABLE,
+                           "port %u: receive", j->port);
+          return;
+        }
+      if (n == 0)
+        break;
+      j->resp_len += (size_t)n;
+    }
+}
+
+static void
+proxy_done (void *arg)
+{
+  struct proxy_job *j = arg;
+  char *hend = j->r == 0 && j->resp ? memmem (j->resp, j->resp_len, "\r\n\r\n", 4) : NULL;
+  int status = 0;
+  if (j->r == 0 && (hend == NULL || sscanf (j->resp, "HTTP/%*d.%*d %d", &status) != 1))
+    j->r = wr_error (&j->err, 0, WR_E_UNAVAILABLE, "port %u: not an HTTP answer", j->port);
+  if (j->r < 0)
+    wrd_reply_error (j->req, &j->err);
+  else
+    {
+      *hend = 0;
+      struct evkeyvalq *out = evhttp_request_get_output_headers (j->req);
+      char *save = NULL;
+      strtok_r (j->resp, "\r\n", &save); /* status line */
+      for (char *h = strtok_r (NULL, "\r\n", &save); h; h = strtok_r (NULL, "\r\n", &save))
+        {
+          char *c = strchr (h, ':');
+          if (c == NULL)
+            continue;
+          *c++ = 0;
+          while (*c == ' ')
+            c++;
+          if (strcasecmp (h, "Content-Length") != 0 && strcasecmp (h, "Connection") != 0
+              && strcasecmp (h, "Transfer-Encoding") != 0 && strcasecmp (h, "Date") != 0
+              && strcasecmp (h, "Server") != 0)
+            evhttp_add_header (out, h, c);
+        }
+      struct evbuffer *b = evbuffer_new ();
+      evbuffer_add (b, hend + 4, j->resp_len - (size_t)(hend + 4 - j->resp));
+      evhttp_send_reply (j->req, status, "Proxied", b);
+      evbuffer_free (b);
+    }
+  close (j->pidfd);
+  free (j->head);
+  evbuffer_free (j->body);
+  free (j->resp);
+  free (j);
+}
+
+void
+wrd_http_net_proxy (struct wrd *d, struct evhttp_request *req, struct sandbox *sb, const char *rest)
+{
+  char *end;
+  long port = strtol (rest, &end, 10);
+  if (end == rest || (*end && *end != '/') || port < 1 || port > 65535)
+    {
+      wrd_reply_error_code (req, WR_E_INVALID, "proxy route is proxy/PORT/PATH");
+      return;
+    }
+  if (sb->state != SB_RUNNING || sb->c.pidfd < 0)
+    {
+      wrd_reply_error_code (req, WR_E_CONFLICT, "the sandbox is not running a container");
+      return;
+    }
+  const char *m;
+  switch (evhttp_request_get_command (req))
+    {
+    case EVHTTP_REQ_GET:
+      m = "GET";
+      break;
+    case EVHTTP_REQ_POST:
+      m = "POST";
+      break;
+    case EVHTTP_REQ_PUT:
+      m = "PUT";
+      break;
+    case EVHTTP_REQ_DELETE:
+      m = "DELETE";
+      break;
+    case EVHTTP_REQ_HEAD:
+      m = "HEAD";
+      break;
+    case EVHTTP_REQ_PATCH:
+      m = "PATCH";
+      break;
+    default:
+      wrd_reply_error_code (req, WR_E_INVALID, "method not proxied");
+      return;
+    }
+  const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri (req);
+  const char *qs = evhttp_uri_get_query (uri);
+  struct evbuffer *h = evbuffer_new ();
+  evbuffer_add_printf (h, "%s %s%s%s HTTP/1.0\r\nHost: 127.0.0.1:%ld\r\nConnection: close\r\n", m,
+                       *end ? end : "/", qs ? "?" : "", qs ? qs : "", port);
+  struct evkeyval *kv;
+  TAILQ_FOREACH (kv, evhttp_request_get_input_headers (req), next)
+  {
+    /* the API's credential stays with the API */
+    if (strcasecmp (kv->key, "Authorization") && strcasecmp (kv->key, "Host")
+        && strcasecmp (kv->key, "Connection") && strcasecmp (kv->key, "Content-Length")
+        && strcasecmp (kv->key, "Transfer-Encoding"))
+      evbuffer_add_printf (h, "%s: %s\r\n", kv->key, kv->value);
+  }
+  struct evbuffer *in = evhttp_request_get_input_buffer (req);
+  evbuffer_add_printf (h, "Content-Length: %zu\r\n\r\n", evbuffer_get_length (in));
+  struct proxy_job *j = calloc (1, sizeof *j);
+  j->req = req;
+  j->port = (unsigned)port;
+  j->pidfd = fcntl (sb->c.pidfd, F_DUPFD_CLOEXEC, 3);
+  size_t hl = evbuffer_get_length (h);
+  j->head = malloc (hl + 1);
+  evbuffer_remove (h, j->head, hl);
+  j->head[hl] = 0;
+  evbuffer_free (h);
+  j->body = evbuffer_new ();
+  evbuffer_add_buffer (j->body, in);
+  if (j->pidfd < 0 || wrd_job_run (d, proxy_work, proxy_done, j) < 0)
+    {
+      j->r = wr_error (&j->err, 0, WR_E_INTERNAL, "cannot start the proxy");
+      if (j->pidfd < 0)
+        j->pidfd = open ("/dev/null", O_RDONLY | O_CLOEXEC);
+      proxy_done (j);
+    }
+}
