@@ -136,6 +136,48 @@ test_sha256 (void)
               "sha256 of a million a");
 }
 
+/* The SHA-NI rounds (where the CPU has them) agree with the portable ones
+ * on every length around the block and buffering edges. */
+static void
+test_sha256_accel (void)
+{
+  if (!wr_sha256_accel (-1))
+    {
+      TAP_SKIP ("this CPU has no SHA extensions", "SHA-NI and portable rounds agree");
+      return;
+    }
+  size_t size = 3 * 65536 + 77;
+  uint8_t *buf = malloc (size);
+  for (size_t i = 0; i < size; i++)
+    buf[i] = (uint8_t)(i * 2654435761u >> 13);
+  static const size_t lens[]
+      = { 0, 1, 55, 56, 63, 64, 65, 127, 128, 129, 1000, 65536, 3 * 65536 + 77 };
+  bool same = true;
+  for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++)
+    for (size_t piece = 1; piece <= 4096; piece *= 64)
+      {
+        char hex[2][65];
+        for (int fast = 0; fast < 2; fast++)
+          {
+            wr_sha256_accel (fast);
+            struct wr_sha256 c;
+            uint8_t d[32];
+            wr_sha256_init (&c);
+            for (size_t off = 0; off < lens[i]; off += piece)
+              wr_sha256_update (&c, buf + off, lens[i] - off < piece ? lens[i] - off : piece);
+            wr_sha256_final (&c, d);
+            wr_sha256_to_hex (d, hex[fast]);
+          }
+        if (strcmp (hex[0], hex[1]) != 0)
+          {
+            same = false;
+            TAP_DIAG ("length %zu in pieces of %zu: %s vs %s", lens[i], piece, hex[0], hex[1]);
+          }
+      }
+  TAP_OK (same && wr_sha256_accel (-1), "SHA-NI and portable rounds agree");
+  free (buf);
+}
+
 static void
 test_refs (void)
 {
@@ -1069,6 +1111,7 @@ main (void)
   snprintf (root, sizeof root, "%s/root", base);
 
   test_sha256 ();
+  test_sha256_accel ();
   test_refs ();
   make_tree ();
 
