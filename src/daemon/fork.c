@@ -135,10 +135,15 @@ static int
 check_fs_ops (struct sandbox *sb, const char *what, wr_err_t *err)
 {
   if (sb->ops->upper_fd == NULL)
+    /* docs/rl.md: a consistent copy needs the guest to flush and freeze
+     * its upper first, and its content is read in the guest, never by a
+     * host mount of guest-written ext4; neither is built yet */
     return wr_error (err, 0, WR_E_UNSUPPORTED,
-                     "%s: the %s backend keeps its writable layer inside the guest (an ext4 "
-                     "disk image), which the daemon cannot read or snapshot consistently yet "
-                     "(docs/api.md)",
+                     "%s is not implemented on the %s backend: its writable layer is an ext4 "
+                     "disk image inside the guest, which needs a guest-side flush and freeze "
+                     "before a copy and a guest-side reader for a diff (docs/rl.md, "
+                     "'Checkpoints, restore and diff on microvm and vm'); container sandboxes "
+                     "support it",
                      what, sb->backend);
   return 0;
 }

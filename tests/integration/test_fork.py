@@ -304,3 +304,37 @@ def test_fork_children_carry_the_parents_log(fd, api):
     finally:
         for s in kids + [parent]:
             api.delete(s)
+
+
+def test_microvm_fs_ops_are_refused_clearly(rootfs):
+    """On microvm the writable layer is guest-written ext4 (docs/rl.md): fork,
+    checkpoint, restore and diff answer 501 naming the backend and what is
+    missing, before freezing anything; nothing is created and the VM runs on."""
+    from test_vm import vm_daemon
+    d = vm_daemon(rootfs)
+    try:
+        api = d.api
+        sid = api.create(backend="microvm", memory_mb=256, cpus=1)
+        before = api.raw("GET", "/v1/sandboxes").json()["sandboxes"]
+        images = api.raw("GET", "/v1/images").json()
+        for method, path, body in [
+            ("POST", "fork", {"count": 2}),
+            ("POST", "checkpoints", {"name": "c1"}),
+            ("POST", "restore", {"name": "c1"}),
+            ("GET", "diff", None),
+        ]:
+            r = api.raw(method, f"/v1/sandboxes/{sid}/{path}", body)
+            assert r.status == 501, (path, r)
+            e = r.json()["error"]
+            assert e["code"] == "unsupported", e
+            assert "microvm" in e["message"] and "docs/rl.md" in e["message"], e
+        assert api.raw("GET", f"/v1/sandboxes/{sid}/checkpoints").json()["checkpoints"] == []
+        assert api.raw("GET", "/v1/sandboxes").json()["sandboxes"] == before
+        assert api.raw("GET", "/v1/images").json() == images
+        # not left paused by a refused freeze
+        assert api.raw("GET", f"/v1/sandboxes/{sid}").json()["state"] == "running"
+        assert out(api, sid, "echo alive") == "alive\n"
+        api.delete(sid)
+    finally:
+        d.stop()
+        shutil.rmtree(d.root, ignore_errors=True)
