@@ -73,6 +73,9 @@ int wr_cg_freeze (struct wr_cgroups *cg, struct wr_cg_sandbox *s, bool frozen, w
 int wr_cg_pids (struct wr_cgroups *cg, struct wr_cg_sandbox *s, pid_t *pids, int max);
 /* Pause: reclaim the frozen sandbox's memory (into swap where there is
  * some); resume: deny new swap-outs again. */
+/* Wait (polling, at most timeout_ms) until a freeze has stopped every task:
+ * 0, -ETIMEDOUT, or -ENOTSUP without a freezer. */
+int wr_cg_wait_frozen (struct wr_cgroups *cg, struct wr_cg_sandbox *s, int timeout_ms);
 int wr_cg_reclaim (struct wr_cgroups *cg, struct wr_cg_sandbox *s, wr_err_t *err);
 int wr_cg_unreclaim (struct wr_cgroups *cg, struct wr_cg_sandbox *s, wr_err_t *err);
 int wr_cg_stats (struct wr_cgroups *cg, struct wr_cg_sandbox *s, struct wr_container_stats *ret,

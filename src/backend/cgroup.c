@@ -220,6 +220,20 @@ set_qos (int dfd, bool v2, bool best_effort, wr_err_t *err)
   return knob (dfd, "cpu.shares", best_effort ? "2" : "1024", err);
 }
 
+/* v1 swap while running: where memsw exists its limit (== the memory
+ * limit) already keeps memory + swap within bounds; without it (no swap
+ * accounting) a running sandbox must not reach the host's swap (warrend's
+ * zram is host-wide), so swappiness 0, raised to 100 only while paused
+ * (wr_cg_reclaim). Always written: a reused cgroup keeps nothing. */
+static int
+v1_swappiness (int m, bool paused, wr_err_t *err)
+{
+  if (m < 0 || faccessat (m, "memory.swappiness", F_OK, 0) < 0)
+    return 0;
+  bool memsw = faccessat (m, "memory.memsw.limit_in_bytes", F_OK, 0) == 0;
+  return knob (m, "memory.swappiness", paused ? "100" : memsw ? "60" : "0", err);
+}
+
 int
 wr_cg_create (struct wr_cgroups *cg, const char *id, const struct wr_cg_limits *lim,
               struct wr_cg_sandbox *s, wr_err_t *err)
@@ -286,6 +300,8 @@ wr_cg_create (struct wr_cgroups *cg, const char *id, const struct wr_cg_limits *
           && (r = knob (m, "memory.memsw.limit_in_bytes", buf, err)) < 0)
         goto fail;
     }
+  if ((r = v1_swappiness (s->v1_fd[WR_V1_MEMORY], false, err)) < 0)
+    goto fail;
   snprintf (buf, sizeof buf, "%" PRIu64, pids);
   if ((r = knob (s->v1_fd[WR_V1_PIDS], "pids.max", buf, err)) < 0)
     goto fail;
@@ -493,15 +509,41 @@ wr_cg_freeze (struct wr_cgroups *cg, struct wr_cg_sandbox *s, bool frozen, wr_er
 
 static uint64_t read_u64 (int dfd, const char *name);
 
+int
+wr_cg_wait_frozen (struct wr_cgroups *cg WR_UNUSED, struct wr_cg_sandbox *s, int timeout_ms)
+{
+  /* v2: cgroup.events says "frozen 1"; v1: freezer.state reads FROZEN
+   * (FREEZING while a task has not stopped yet) */
+  for (int waited = 0;; waited++)
+    {
+      _cleanup_free_ char *buf = NULL;
+      bool done;
+      if (s->v2_fd >= 0)
+        done = wr_read_file_at (s->v2_fd, "cgroup.events", &buf, NULL, 4096) >= 0
+               && strstr (buf, "frozen 1") != NULL;
+      else if (s->v1_fd[WR_V1_FREEZER] >= 0)
+        done = wr_read_file_at (s->v1_fd[WR_V1_FREEZER], "freezer.state", &buf, NULL, 64) >= 0
+               && strncmp (buf, "FROZEN", 6) == 0;
+      else
+        return -ENOTSUP;
+      if (done)
+        return 0;
+      if (waited >= timeout_ms)
+        return -ETIMEDOUT;
+      usleep (1000);
+    }
+}
+
 /* Pause (docs/containers.md, "Pause"): with the sandbox frozen, push what
  * its cgroup charges (anonymous memory, tmpfs, page cache) out: to swap
  * where there is some (zram, warrend --zram-size), dropped where clean.
  * v2: memory.reclaim of everything, with the swap the sandbox is otherwise
  * denied (memory.swap.max 0) let through while it is paused. v1:
  * memory.force_empty, which reclaims with swap until the group is empty or
- * makes no more progress, tasks or not; memsw (memory + swap) stays what
- * it was, so its limit is no obstacle. Neither fails because something
- * stayed (unreclaimable kernel memory, no swap): the caller measures. */
+ * makes no more progress, tasks or not, with swappiness 100 while paused;
+ * memsw (memory + swap) stays what it was, so its limit is no obstacle.
+ * Neither fails because something stayed (unreclaimable kernel memory, no
+ * swap): the caller measures. */
 int
 wr_cg_reclaim (struct wr_cgroups *cg, struct wr_cg_sandbox *s, wr_err_t *err)
 {
@@ -514,33 +556,43 @@ wr_cg_reclaim (struct wr_cgroups *cg, struct wr_cg_sandbox *s, wr_err_t *err)
   if (v2 && faccessat (m, "memory.swap.max", F_OK, 0) == 0
       && (r = knob (m, "memory.swap.max", "max", err)) < 0)
     return r;
-  /* Recently used pages (a file just read) are referenced: a kernel pass
-   * may only age them, giving up after a few rounds without progress, so
-   * go again while a round frees anything. */
+  if (!v2 && (r = v1_swappiness (m, true, err)) < 0)
+    return r;
   uint64_t cur = read_u64 (m, usage);
   for (int round = 0; round < 8 && cur > (1u << 20); round++)
     {
+      /* Reclaim sizes the LRU lists from the memcg's rstat counters, which
+       * the kernel flushes lazily (every 2 s or so): right after a working
+       * set was written the active anon list still reads as empty, nothing
+       * is deactivated and every pass gives up having freed ~5 %. Reading
+       * memory.stat flushes them (memory.force_empty by hand "worked" only
+       * because whoever ran it had looked at memory.stat first). */
+      _cleanup_free_ char *stat = NULL;
+      wr_read_file_at (m, "memory.stat", &stat, NULL, 1 << 16);
       char buf[32];
       snprintf (buf, sizeof buf, "%" PRIu64, cur);
       r = wr_write_file_at (m, v2 ? "memory.reclaim" : "memory.force_empty", v2 ? buf : "0");
-      /* EAGAIN (v2): less than asked could be reclaimed, the expected end */
-      if (r < 0 && r != -EAGAIN && r != -EBUSY)
+      /* EAGAIN (v2): less than asked could be reclaimed, the expected end;
+       * EINTR: a signal for the caller cut a pass short, go again */
+      if (r < 0 && r != -EAGAIN && r != -EBUSY && r != -EINTR)
         return wr_error (err, -r, WR_E_INTERNAL, "write %s",
                          v2 ? "memory.reclaim" : "memory.force_empty");
       uint64_t now = read_u64 (m, usage);
-      if (now >= cur) /* nothing freed: nothing more to get */
+      if (now >= cur && r != -EINTR) /* nothing freed: nothing more to get */
         break;
       cur = now;
     }
   return 0;
 }
 
-/* Resume on v2: new swap-outs denied again (what was swapped comes back as
- * it is touched or prefetched); nothing to undo on v1. */
+/* Resume: new swap-outs denied again (v2 swap.max 0, v1 swappiness as at
+ * create); what was swapped comes back as it is touched or prefetched. */
 int
 wr_cg_unreclaim (struct wr_cgroups *cg, struct wr_cg_sandbox *s, wr_err_t *err)
 {
   _cleanup_free_ char *max = NULL;
+  if (!cg->v2_limits)
+    return v1_swappiness (s->v1_fd[WR_V1_MEMORY], false, err);
   if (!cg->v2_limits || s->v2_fd < 0 || faccessat (s->v2_fd, "memory.swap.max", F_OK, 0) < 0
       || wr_read_file_at (s->v2_fd, "memory.max", &max, NULL, 64) < 0
       || strncmp (max, "max", 3) == 0)

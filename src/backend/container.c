@@ -1163,25 +1163,25 @@ wr_container_freeze (struct wr_runtime *rt, struct wr_container *c, bool frozen,
   return r;
 }
 
-/* Ask the kernel to read back (MADV_WILLNEED) the private writable memory
- * of every process in the sandbox, so that the first requests after a
- * resume do not fault it in page by page. Best effort: a process that
- * exits meanwhile or a kernel without process_madvise just thaws. */
+/* process_madvise over every private writable mapping of pid (its
+ * anonymous memory: heap, stacks, private copies), through a pidfd so a
+ * reused pid is never touched. MADV_PAGEOUT (pause) reclaims those pages
+ * at once, into swap where there is some, whatever the LRU thinks of them;
+ * MADV_WILLNEED (resume) reads them back so the first requests after a
+ * resume do not fault them in page by page. Best effort: a process that
+ * exits meanwhile or a kernel without process_madvise is skipped. */
 static void
-prefetch_pid (pid_t pid)
+madvise_pid (pid_t pid, int advice)
 {
-  int pidfd = (int)syscall (SYS_pidfd_open, pid, 0);
+  _cleanup_close_ int pidfd = (int)syscall (SYS_pidfd_open, pid, 0);
   if (pidfd < 0)
     return;
   char path[64];
   snprintf (path, sizeof path, "/proc/%d/maps", (int)pid);
   FILE *f = fopen (path, "re");
   if (f == NULL)
-    {
-      close (pidfd);
-      return;
-    }
-  struct iovec iov[64];
+    return;
+  struct iovec iov[64]; /* <= UIO_MAXIOV */
   size_t n = 0;
   char line[512];
   while (fgets (line, sizeof line, f))
@@ -1193,14 +1193,22 @@ prefetch_pid (pid_t pid)
       iov[n++] = (struct iovec){ (void *)lo, hi - lo };
       if (n == WR_ARRAY_SIZE (iov))
         {
-          syscall (SYS_process_madvise, pidfd, iov, n, MADV_WILLNEED, 0);
+          syscall (SYS_process_madvise, pidfd, iov, n, advice, 0);
           n = 0;
         }
     }
   if (n)
-    syscall (SYS_process_madvise, pidfd, iov, n, MADV_WILLNEED, 0);
+    syscall (SYS_process_madvise, pidfd, iov, n, advice, 0);
   fclose (f);
-  close (pidfd);
+}
+
+static void
+madvise_sandbox (struct wr_runtime *rt, struct wr_cg_sandbox *cgs, int advice)
+{
+  pid_t pids[256];
+  int n = wr_cg_pids (&rt->cg, cgs, pids, (int)WR_ARRAY_SIZE (pids));
+  for (int i = 0; i < n && i < (int)WR_ARRAY_SIZE (pids); i++)
+    madvise_pid (pids[i], advice);
 }
 
 int
@@ -1220,9 +1228,19 @@ wr_container_pause (struct wr_runtime *rt, struct wr_container *c, bool pause,
   int r = 0;
   if (pause)
     {
+      /* frozen means stopped: no task faults pages back in (or holds them
+       * isolated) while they are reclaimed; a task stuck in the kernel
+       * past the wait only costs what it holds */
       r = wr_cg_freeze (&rt->cg, &cgs, true, err);
+      if (r == 0)
+        wr_cg_wait_frozen (&rt->cg, &cgs, 2000);
       st.freeze_ns = wr_now_ns () - t0;
       t0 = wr_now_ns ();
+      /* processes' anonymous memory first, whatever its LRU age, then the
+       * cgroup's reclaim for the rest (tmpfs, page cache, what madvise
+       * could not reach) */
+      if (r == 0)
+        madvise_sandbox (rt, &cgs, MADV_PAGEOUT);
       if (r == 0 && wr_cg_reclaim (&rt->cg, &cgs, err) < 0)
         {
           wr_cg_freeze (&rt->cg, &cgs, false, NULL);
@@ -1233,10 +1251,8 @@ wr_container_pause (struct wr_runtime *rt, struct wr_container *c, bool pause,
   else
     {
       r = wr_cg_unreclaim (&rt->cg, &cgs, err);
-      pid_t pids[64];
-      int n = r == 0 ? wr_cg_pids (&rt->cg, &cgs, pids, (int)WR_ARRAY_SIZE (pids)) : 0;
-      for (int i = 0; i < n && i < (int)WR_ARRAY_SIZE (pids); i++)
-        prefetch_pid (pids[i]);
+      if (r == 0)
+        madvise_sandbox (rt, &cgs, MADV_WILLNEED);
       st.reclaim_ns = wr_now_ns () - t0;
       t0 = wr_now_ns ();
       if (r == 0)
