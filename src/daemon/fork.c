@@ -771,6 +771,10 @@ http_fork (struct wrd *d, struct evhttp_request *req, struct sandbox *sb)
   if (!json_is_object (labels))
     json_object_set_new (cr, "labels", labels = json_object ());
   json_object_set_new (labels, "warren.fork.parent", json_string (sb->id));
+  /* the parent's idempotency key is the parent's: with it, every child's
+   * create would be answered with the parent (the node dedups by key) */
+  json_object_del (labels, "warren.idem");
+  json_object_del (cr, "idempotency_key");
   j->child_req = cr;
   /* a bad override fails here, before the parent is frozen */
   json_t *norm = NULL;

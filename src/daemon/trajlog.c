@@ -1299,7 +1299,12 @@ wrd_traj_http_replay (struct wrd *d, struct evhttp_request *req, const char *id)
       replay_free (rp);
       return;
     }
-  /* the original's create request, as it was normalised */
+  /* the original's create request, as it was normalised, without its
+   * idempotency key (the node would answer the original sandbox) */
+  json_t *labels = json_object_get (spec, "labels");
+  if (json_is_object (labels))
+    json_object_del (labels, "warren.idem");
+  json_object_del (spec, "idempotency_key");
   int r = wrd_sandbox_create_async (d, spec, replay_created, rp, &err);
   json_decref (spec);
   if (r < 0)
