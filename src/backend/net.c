@@ -2,6 +2,7 @@
  * (libnftables, in process: a policy update is one transaction, ~1 ms,
  * without a fork). Why this design: docs/network.md. */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
@@ -97,13 +98,14 @@ claim_block (struct wr_net *n, const char *root, wr_err_t *err)
       char path[64], tmp[96], cur[1200] = "";
       snprintf (path, sizeof path, CLAIM_DIR "/%u", idx);
       _cleanup_close_ int fd = open (path, O_RDONLY | O_CLOEXEC);
+      bool ours = false;
       if (fd >= 0)
         {
           ssize_t r = read (fd, cur, sizeof cur - 1);
           cur[r > 0 ? r : 0] = 0;
           char *nl = strchr (cur, '\n');
-          bool ours = nl && (size_t)(nl - cur) == strlen (root)
-                      && strncmp (cur, root, strlen (root)) == 0;
+          ours = nl && (size_t)(nl - cur) == strlen (root)
+                 && strncmp (cur, root, strlen (root)) == 0;
           int pid = nl ? atoi (nl + 1) : 0;
           bool dead = pid <= 0 || (kill (pid, 0) < 0 && errno == ESRCH);
           if (!ours && !dead)
@@ -111,7 +113,8 @@ claim_block (struct wr_net *n, const char *root, wr_err_t *err)
           unlink (path); /* stale or ours: taken over below */
         }
       uint32_t base = BLOCK_BASE + idx * 4096u;
-      if (block_in_use (base))
+      /* our own block holds the links of sandboxes we are about to adopt */
+      if (!ours && block_in_use (base))
         continue;
       snprintf (tmp, sizeof tmp, CLAIM_DIR "/.%u.%d", idx, (int)getpid ());
       _cleanup_close_ int t = open (tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -131,6 +134,26 @@ claim_block (struct wr_net *n, const char *root, wr_err_t *err)
       return 0;
     }
   return wr_error (err, 0, WR_E_EXHAUSTED, "no free /20 in 10.128.0.0/9 for sandbox networks");
+}
+
+bool
+wr_net_claimed (const char *root)
+{
+  _cleanup_closedir_ DIR *dir = opendir (CLAIM_DIR);
+  struct dirent *de;
+  size_t rl = strlen (root);
+  while (dir && (de = readdir (dir)) != NULL)
+    {
+      char path[300], cur[1200];
+      if (de->d_name[0] == '.')
+        continue;
+      snprintf (path, sizeof path, CLAIM_DIR "/%s", de->d_name);
+      _cleanup_close_ int fd = open (path, O_RDONLY | O_CLOEXEC);
+      ssize_t r = fd >= 0 ? read (fd, cur, sizeof cur - 1) : -1;
+      if (r > (ssize_t)rl && cur[rl] == '\n' && strncmp (cur, root, rl) == 0)
+        return true;
+    }
+  return false;
 }
 
 static void

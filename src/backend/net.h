@@ -28,6 +28,8 @@ struct wr_net_allow
 /* Claim an address block no other daemon and no host address uses, and
  * (re)create this daemon's nftables table (names derive from root). */
 int wr_net_new (const char *root, struct wr_net **ret, wr_err_t *err);
+/* Does this root hold a block (a daemon of this root died holding it)? */
+bool wr_net_claimed (const char *root);
 /* Delete the table and release the block (clean shutdown). */
 void wr_net_free (struct wr_net *n);
 const char *wr_net_table (struct wr_net *n);

@@ -69,6 +69,8 @@ extern volatile sig_atomic_t cli_interrupted;
 void cli_trap_signals (void);
 
 int cmd_create (cli_t *cli, int argc, char **argv);
+int cmd_net (cli_t *cli, int argc, char **argv);  /* cmd_net.c */
+int cmd_port (cli_t *cli, int argc, char **argv); /* cmd_net.c */
 int cmd_ls (cli_t *cli, int argc, char **argv);
 int cmd_inspect (cli_t *cli, int argc, char **argv);
 int cmd_rm (cli_t *cli, int argc, char **argv);
@@ -102,6 +104,7 @@ int cli_create_opt (int opt, const char *arg, json_t *req, const char *verb);
 #define CLI_OPT_EPOCH 3001
 #define CLI_OPT_QOS 3002
 #define CLI_OPT_IDLE_PAUSE 3003
+#define CLI_OPT_NET_GROUP 3004
 #define CLI_CREATE_LONGOPTS                                                                        \
   { "backend", required_argument, NULL, 'B' }, { "image", required_argument, NULL, 'I' },          \
       { "layer", required_argument, NULL, 'L' }, { "memory", required_argument, NULL, 'M' },       \
@@ -110,6 +113,7 @@ int cli_create_opt (int opt, const char *arg, json_t *req, const char *verb);
       { "epoch", required_argument, NULL, CLI_OPT_EPOCH },                                         \
       { "qos", required_argument, NULL, CLI_OPT_QOS },                                             \
       { "idle-pause", required_argument, NULL, CLI_OPT_IDLE_PAUSE },                               \
+      { "net-group", required_argument, NULL, CLI_OPT_NET_GROUP },                                 \
   {                                                                                                \
     "net", required_argument, NULL, 'N'                                                            \
   }

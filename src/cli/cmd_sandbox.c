@@ -77,9 +77,12 @@ cli_create_opt (int opt, const char *arg, json_t *req, const char *verb)
       json_object_set_new (req, "ttl_s", json_integer ((json_int_t)u));
       return 1;
     case 'N':
-      if (strcmp (arg, "none") && strcmp (arg, "host"))
-        return cli_usage (verb, "--net must be none or host"), -1;
+      if (strcmp (arg, "none") && strcmp (arg, "host") && strncmp (arg, "allow=", 6))
+        return cli_usage (verb, "--net must be none, host or allow=RULE[,RULE...]"), -1;
       json_object_set_new (req, "network", json_string (arg));
+      return 1;
+    case CLI_OPT_NET_GROUP:
+      json_object_set_new (req, "net_group", json_string (arg));
       return 1;
     case CLI_OPT_QOS:
       if (strcmp (arg, "latency") && strcmp (arg, "best-effort"))

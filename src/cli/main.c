@@ -29,7 +29,8 @@ struct help
   "  --cpus N        CPU limit (fractions allowed)\n"                                              \
   "  --disk MB       writable layer size\n"                                                        \
   "  --ttl SEC       destroy the sandbox after SEC seconds\n"                                      \
-  "  --net MODE      none (loopback only, default) | host\n"                                       \
+  "  --net MODE      none (loopback only, default) | host | allow=RULE,...\n"                      \
+  "  --net-group G   with allow=: sandboxes of group G reach each other\n"                         \
   "  --seed N        deterministic sandbox: fixed hostname, uptime from 0, PYTHONHASHSEED=N\n"     \
   "  --epoch T       with --seed: SOURCE_DATE_EPOCH=T (default 0)\n"                               \
   "  --qos CLASS     latency (default) | best-effort: yields the CPU to latency sandboxes\n"       \
@@ -125,6 +126,15 @@ static const struct help helps[] = {
                   "No new sandboxes are placed on NAME; its sandboxes keep running.\n" },
   { "node undrain", "Usage: warren node undrain NAME\nPlace sandboxes on NAME again.\n" },
   /* trajectory log (cmd_log.c, docs/rl.md) */
+  { "net", "Usage: warren net ID --allow RULES | --deny RULES\n"
+           "       warren net service add NAME HOST[:PORT]... | ls [--json] | rm NAME\n"
+           "Change a live sandbox's network policy (RULES: comma-separated service names,\n"
+           "HOST:PORT, HOST:*, CIDR[:PORTS]), or manage named services (docs/network.md).\n" },
+  { "net service", "Usage: warren net service add NAME HOST[:PORT]... | ls [--json] | rm NAME\n"
+                   "Named services for allow= rules, kept by the daemon.\n" },
+  { "port", "Usage: warren port ID PORT\n"
+            "Print the daemon's URL that proxies HTTP to PORT inside the sandbox\n"
+            "(authenticated like the rest of the API).\n" },
   { "log", "Usage: warren log [--json] ID\n"
            "Print a sandbox's trajectory log: every exec, file change and lifecycle event in\n"
            "order with its result (also after the sandbox is gone, within the retention).\n" },
@@ -506,6 +516,7 @@ static const struct verb verbs[] = {
   { "pool", cmd_pool },       { "health", cmd_health },
   { "metrics", cmd_metrics }, { "bench", cmd_bench },
   { "node", cmd_node },       { "project", cmd_project },
+  { "net", cmd_net },         { "port", cmd_port },
   { "log", cmd_log },         { "replay", cmd_replay }, /* trajectory log */
   { "fork", cmd_fork },       { "checkpoint", cmd_checkpoint },
   { "restore", cmd_restore }, { "diff", cmd_diff },

@@ -98,10 +98,46 @@ upstream_init (void)
     inet_pton (AF_INET, "127.0.0.1", &upstream.sin_addr);
 }
 
+/* A daemon that exits without its shutdown (a startup error after init)
+ * must not leave its table: with no networked sandbox nothing needs it. */
+static void
+net_atexit (void)
+{
+  if (knet && sbnets == NULL)
+    {
+      wr_net_free (knet);
+      knet = NULL;
+    }
+}
+
+/* The table and the address block are taken on first use: a daemon that
+ * never networks a sandbox leaves nothing in nftables. */
+static int
+knet_up (struct wrd *d, wr_err_t *err)
+{
+  static bool registered;
+  if (knet)
+    return 0;
+  wr_err_t e;
+  if (wr_net_new (d->root, &knet, &e) < 0)
+    {
+      knet = NULL;
+      snprintf (knet_error, sizeof knet_error, "%s", e.msg);
+      wrd_log (WRD_LOG_WARN, "net: no sandbox networking on this host: %s\n", e.msg);
+      return wr_error (err, 0, WR_E_UNSUPPORTED, "no sandbox networking on this node: %s",
+                       knet_error);
+    }
+  wrd_log (WRD_LOG_INFO, "net: table inet %s, sandbox block %s\n", wr_net_table (knet),
+           wr_net_block (knet));
+  if (!registered)
+    atexit (net_atexit);
+  registered = true;
+  return 0;
+}
+
 void
 wrd_net_init (struct wrd *d)
 {
-  wr_err_t err;
   char *msg = NULL;
   if (sqlite3_exec (d->db, services_schema, NULL, NULL, &msg) != SQLITE_OK)
     {
@@ -109,15 +145,10 @@ wrd_net_init (struct wrd *d)
       sqlite3_free (msg);
     }
   upstream_init ();
-  if (wr_net_new (d->root, &knet, &err) < 0)
-    {
-      snprintf (knet_error, sizeof knet_error, "%s", err.msg);
-      wrd_log (WRD_LOG_WARN, "net: no sandbox networking on this host: %s\n", err.msg);
-      knet = NULL;
-    }
-  else
-    wrd_log (WRD_LOG_INFO, "net: table inet %s, sandbox block %s\n", wr_net_table (knet),
-             wr_net_block (knet));
+  /* a claim of ours: a previous run died with networked sandboxes; their
+   * table is reset now and their chains come back as they are adopted */
+  if (wr_net_claimed (d->root))
+    knet_up (d, NULL);
 }
 
 void
@@ -370,9 +401,8 @@ wrd_net_parse (struct wrd *d, json_t *network, json_t *group, json_t **ret_netwo
   if (strncmp (s, "allow=", 6) != 0)
     return wr_error (err, 0, WR_E_INVALID,
                      "field \"network\" must be \"none\", \"host\" or \"allow=RULE,...\"");
-  if (knet == NULL)
-    return wr_error (err, 0, WR_E_UNSUPPORTED, "no sandbox networking on this node: %s",
-                     knet_error);
+  if (knet_up (d, err) < 0)
+    return -EOPNOTSUPP;
   struct compiled *c = calloc (1, sizeof *c);
   int r = compile_rules (d, s + 6, false, c, err);
   free (c);
@@ -458,7 +488,7 @@ wrd_net_attach (struct wrd *d, struct sandbox *sb, wr_err_t *err)
   if (knet == NULL)
     return wr_error (err, 0, WR_E_UNSUPPORTED, "no sandbox networking on this node: %s",
                      knet_error);
-  if (sb->c.pidfd < 0)
+  if (wr_container_pidfd (&sb->c) < 0)
     return wr_error (err, 0, WR_E_UNSUPPORTED, "network policy needs the container backend");
   unsigned slot;
   int r = wr_net_slot_alloc (knet, &slot, err);
@@ -721,12 +751,15 @@ wrd_net_readopt (struct wrd *d, struct sandbox *sb, wr_err_t *err)
   if (!wrd_net_wanted (sb->spec))
     return 0;
   json_t *jslot = json_object_get (sb->spec, "net_slot");
-  if (knet == NULL || !json_is_integer (jslot))
+  if (!json_is_integer (jslot))
     return wr_error (err, 0, WR_E_UNSUPPORTED, "sandbox network cannot be restored");
+  int r = knet_up (d, err);
+  if (r < 0)
+    return r;
   unsigned slot = (unsigned)json_integer_value (jslot);
   wr_net_slot_take (knet, slot);
   struct sbnet *s = sbnet_new (sb, slot);
-  int r = wr_net_readopt (knet, slot, err);
+  r = wr_net_readopt (knet, slot, err);
   if (r == 0)
     r = apply (d, s, rules_of (sb->spec), err);
   s->next = sbnets;
@@ -1154,7 +1187,7 @@ wrd_http_net_proxy (struct wrd *d, struct evhttp_request *req, struct sandbox *s
       wrd_reply_error_code (req, WR_E_INVALID, "proxy route is proxy/PORT/PATH");
       return;
     }
-  if (sb->state != SB_RUNNING || sb->c.pidfd < 0)
+  if (sb->state != SB_RUNNING || wr_container_pidfd (&sb->c) < 0)
     {
       wrd_reply_error_code (req, WR_E_CONFLICT, "the sandbox is not running a container");
       return;

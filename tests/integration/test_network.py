@@ -1,0 +1,394 @@
+"""Sandbox network policy (issue 12, docs/network.md).
+
+The test builds its own outside world: one network namespace ("wrt-<pid>")
+joined to the host by a veth, holding three addresses of 198.18.<n>.0/24
+(the benchmarking range, never a real host): a package mirror (HTTP, .2),
+a forbidden site (HTTP, .3) and a DNS server (.4) that knows mirror.test,
+forbidden.test and moving.test and logs every question it gets. The daemon
+forwards allowed names to that DNS server (WARREN_DNS_UPSTREAM).
+Nothing here touches an outside address."""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+from conftest import BUILD, need, start_daemon
+from wr import Daemon, wait_for
+
+PID = os.getpid()
+NS = f"wrt-{PID}"
+HOSTIF = f"wrt{PID % 100000}h"
+NET = f"198.18.{PID % 250 + 1}"
+HOST_IP, MIRROR, FORBIDDEN, DNS = f"{NET}.1", f"{NET}.2", f"{NET}.3", f"{NET}.4"
+
+DNS_SERVER = r"""
+import socket, struct, sys
+zone = {b"mirror.test": sys.argv[2], b"forbidden.test": sys.argv[3], b"moving.test": sys.argv[4]}
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], 53))
+log = open(sys.argv[5], "a", buffering=1)
+while True:
+    m, peer = s.recvfrom(1500)
+    i, labels = 12, []
+    while m[i]:
+        labels.append(m[i + 1:i + 1 + m[i]]); i += 1 + m[i]
+    name, qtype = b".".join(labels).lower(), struct.unpack("!H", m[i + 1:i + 3])[0]
+    log.write(name.decode() + "\n")
+    q = m[12:i + 5]
+    if name in zone:
+        try:
+            zone[b"moving.test"] = open(sys.argv[6]).read().strip()
+        except OSError:
+            pass
+        ans = b""
+        if qtype == 1:
+            ans = b"\xc0\x0c" + struct.pack("!HHIH", 1, 1, 1, 4) + socket.inet_aton(zone[name])
+        s.sendto(m[:2] + b"\x81\x80" + struct.pack("!HHHH", 1, 1 if ans else 0, 0, 0) + q + ans, peer)
+    else:
+        s.sendto(m[:2] + b"\x81\x83" + struct.pack("!HHHH", 1, 0, 0, 0) + q, peer)
+"""
+
+
+def sh(*args, check=True):
+    return subprocess.run(args, capture_output=True, text=True, check=check)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    need(os.geteuid() == 0, "network tests need root")
+    need(shutil.which("nft") and shutil.which("ip"), "nft and ip (nftables, iproute2)")
+    tmp = tmp_path_factory.mktemp("net")
+    procs = []
+    sh("ip", "netns", "add", NS)
+    try:
+        sh("ip", "link", "add", HOSTIF, "type", "veth", "peer", "name", "eth0", "netns", NS)
+        sh("ip", "addr", "add", f"{HOST_IP}/24", "dev", HOSTIF)
+        sh("ip", "link", "set", HOSTIF, "up")
+        # replies to sandboxes come in here and are forwarded (only this link)
+        sh("sysctl", "-qw", f"net.ipv4.conf.{HOSTIF}.forwarding=1")
+        for a in (MIRROR, FORBIDDEN, DNS):
+            sh("ip", "-n", NS, "addr", "add", f"{a}/24", "dev", "eth0")
+        sh("ip", "-n", NS, "link", "set", "eth0", "up")
+        sh("ip", "-n", NS, "link", "set", "lo", "up")
+        for name, addr in (("mirror", MIRROR), ("forbidden", FORBIDDEN)):
+            d = tmp / name
+            d.mkdir()
+            (d / "index.html").write_text(f"this is the {name}\n")
+            procs.append(subprocess.Popen(
+                ["ip", "netns", "exec", NS, "/usr/bin/python3", "-m", "http.server", "-b", addr,
+                 "-d", str(d), "8080"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        (tmp / "moving").write_text(MIRROR)
+        procs.append(subprocess.Popen(
+            ["ip", "netns", "exec", NS, "/usr/bin/python3", "-c", DNS_SERVER, DNS, MIRROR, FORBIDDEN,
+             MIRROR, str(tmp / "dnslog"), str(tmp / "moving")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+        def up():
+            for addr, port in ((MIRROR, 8080), (FORBIDDEN, 8080)):
+                try:
+                    socket.create_connection((addr, port), timeout=1).close()
+                except OSError:
+                    return False
+            return True
+        wait_for(up, what="test hosts up")
+        yield tmp
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        sh("ip", "link", "del", HOSTIF, check=False)
+        sh("ip", "netns", "del", NS, check=False)
+
+
+def net_daemon(rootfs, extra=()):
+    os.environ["WARREN_DNS_UPSTREAM"] = DNS
+    try:
+        return start_daemon(rootfs, extra)
+    finally:
+        del os.environ["WARREN_DNS_UPSTREAM"]
+
+
+@pytest.fixture(scope="module")
+def d(rootfs, world):
+    dm = net_daemon(rootfs)
+    yield dm
+    dm.stop()
+    shutil.rmtree(dm.root, ignore_errors=True)
+
+
+def create(d, network, **kw):
+    r = d.api.raw("POST", "/v1/sandboxes", dict(network=network, **kw))
+    assert r.status == 201, r
+    return r.json()["id"]
+
+
+def fetch(d, sid, url, timeout=3):
+    """(exit code, body) of a wget in the sandbox (busybox wget -T crashes:
+    timeout(1) bounds it instead)"""
+    r = d.api.sh(sid, f"timeout {timeout} wget -q -O - {url}", timeout_s=timeout + 30)
+    return r["exit_code"], r["stdout"]
+
+
+def can_reach(d, sid, host, port, timeout=2):
+    """Does a TCP connect from the sandbox succeed?"""
+    r = d.api.sh(sid, f"timeout {timeout + 1} nc -w {timeout} {host} {port} </dev/null",
+                 timeout_s=timeout + 30)
+    return r["exit_code"] == 0
+
+
+def inspect(d, sid):
+    r = d.api.raw("GET", f"/v1/sandboxes/{sid}")
+    assert r.status == 200, r
+    return r.json()
+
+
+def patch(d, sid, network):
+    return d.api.raw("PATCH", f"/v1/sandboxes/{sid}", {"network": network})
+
+
+def links(d):
+    """host-side links of this daemon's sandboxes"""
+    table = nft_table(d)
+    if table is None:
+        return []
+    prefix = "wr" + table.split("_")[1]
+    out = sh("ip", "-o", "link", "show").stdout
+    return [l.split(":")[1].strip().split("@")[0] for l in out.splitlines()
+            if l.split(":")[1].strip().startswith(prefix)]
+
+
+def nft_table(d):
+    log = d.logtext()
+    for line in log.splitlines():
+        if "net: table inet " in line:
+            return line.split("net: table inet ")[1].split(",")[0]
+    return None
+
+
+def table_exists(name):
+    return name in sh("nft", "list", "tables").stdout
+
+
+def test_allow_deny_matrix(d):
+    sid = create(d, f"allow=mirror.test:8080,{FORBIDDEN}/32:9999")
+    try:
+        code, body = fetch(d, sid, f"http://mirror.test:8080/")
+        assert code == 0 and "this is the mirror" in body
+        assert fetch(d, sid, f"http://{MIRROR}:8080/")[0] == 0
+        # the forbidden site: allowed on another port only
+        assert fetch(d, sid, f"http://{FORBIDDEN}:8080/")[0] != 0
+        # the host's own address and the sandbox's gateway are no destination
+        assert not can_reach(d, sid, HOST_IP, 8080)
+        info = inspect(d, sid)
+        assert info["network"].startswith("allow=")
+        assert info["net"]["address"].startswith("10.")
+        assert info["net"]["names"] == ["mirror.test"]
+    finally:
+        d.api.delete(sid)
+
+
+def test_services_and_cidr(d):
+    r = d.cli("net", "service", "add", "pypi", "mirror.test:8080")
+    assert r.returncode == 0, r
+    try:
+        ls = d.cli("net", "service", "ls", check=True).stdout.decode()
+        assert "pypi" in ls and "mirror.test:8080" in ls
+        sid = create(d, "allow=pypi")
+        try:
+            assert fetch(d, sid, "http://mirror.test:8080/")[0] == 0
+            assert fetch(d, sid, f"http://{FORBIDDEN}:8080/")[0] != 0
+        finally:
+            d.api.delete(sid)
+        sid = create(d, f"allow={NET}.0/24:8080")
+        try:
+            assert fetch(d, sid, f"http://{FORBIDDEN}:8080/")[0] == 0
+            # a CIDR that covers the host's address still does not reach the host
+            assert not can_reach(d, sid, HOST_IP, 22)
+        finally:
+            d.api.delete(sid)
+        r = d.api.raw("POST", "/v1/sandboxes", {"network": "allow=nosuchservice"})
+        assert r.status == 400 and "no such service" in r.json()["error"]["message"]
+    finally:
+        assert d.cli("net", "service", "rm", "pypi").returncode == 0
+    assert "pypi" not in d.cli("net", "service", "ls", check=True).stdout.decode()
+
+
+def test_dns_answers_only_allowed_names(d, world):
+    sid = create(d, "allow=mirror.test:8080")
+    try:
+        r = d.api.sh(sid, "nslookup mirror.test")
+        assert r["exit_code"] == 0 and MIRROR in r["stdout"], r
+        r = d.api.sh(sid, "nslookup forbidden.test")
+        assert r["exit_code"] != 0 and "NXDOMAIN" in r["stdout"] + r["stderr"], r
+        r = d.api.sh(sid, "nslookup exfiltrate-secret-data.example.com")
+        assert "NXDOMAIN" in r["stdout"] + r["stderr"], r
+        # the names the policy does not allow never left the daemon
+        asked = (world / "dnslog").read_text()
+        assert "mirror.test" in asked
+        assert "forbidden.test" not in asked and "exfiltrate" not in asked
+    finally:
+        d.api.delete(sid)
+
+
+def test_dns_follows_changed_records(d, world):
+    (world / "moving").write_text(MIRROR)
+    sid = create(d, "allow=moving.test:8080")
+    try:
+        assert fetch(d, sid, "http://moving.test:8080/")[1].startswith("this is the mirror")
+        (world / "moving").write_text(FORBIDDEN)
+        # the sandbox's own lookup brings the new address into its policy
+        code, body = fetch(d, sid, "http://moving.test:8080/")
+        assert code == 0 and "this is the forbidden" in body
+    finally:
+        (world / "moving").write_text(MIRROR)
+        d.api.delete(sid)
+
+
+def test_live_update_allow_then_deny(d):
+    sid = create(d, "allow=")
+    try:
+        assert fetch(d, sid, f"http://{MIRROR}:8080/")[0] != 0
+        r = d.cli("net", sid, "--allow", f"{MIRROR}:8080")
+        assert r.returncode == 0, r
+        assert inspect(d, sid)["network"] == f"allow={MIRROR}:8080"
+        assert fetch(d, sid, f"http://{MIRROR}:8080/")[0] == 0
+        r = d.cli("net", sid, "--deny", f"{MIRROR}:8080")
+        assert r.returncode == 0, r
+        assert inspect(d, sid)["network"] == "allow="
+        assert fetch(d, sid, f"http://{MIRROR}:8080/")[0] != 0
+        # the API takes the whole policy as a string too
+        assert patch(d, sid, f"allow={MIRROR}:8080").status == 200
+        assert fetch(d, sid, f"http://{MIRROR}:8080/")[0] == 0
+        assert patch(d, sid, "allow=bogus rule").status == 400
+    finally:
+        d.api.delete(sid)
+    none = create(d, "none")
+    try:
+        r = patch(d, none, {"allow": f"{MIRROR}:8080"})
+        assert r.status == 409, r
+    finally:
+        d.api.delete(none)
+
+
+def test_denied_attempts_counted(d):
+    # even an explicit rule cannot open the metadata address
+    sid = create(d, "allow=169.254.169.254:80")
+    try:
+        before = inspect(d, sid)["net"]["denied_packets"]
+        assert not can_reach(d, sid, "169.254.169.254", 80, timeout=1)
+        for port in (22, 80, 443):  # a small port scan of the forbidden site
+            assert not can_reach(d, sid, FORBIDDEN, port, timeout=1)
+        after = inspect(d, sid)["net"]["denied_packets"]
+        assert after > before
+        metrics = d.api.raw("GET", "/metrics").body.decode()
+        assert f'warren_net_denied_packets_total{{sandbox="{sid}"}}' in metrics
+    finally:
+        d.api.delete(sid)
+
+
+def test_net_groups(d):
+    a = create(d, "allow=", net_group="app1")
+    b = create(d, "allow=", net_group="app1")
+    c = create(d, "allow=", net_group="other")
+    e = create(d, "allow=")
+    try:
+        d.api.raw("POST", f"/v1/sandboxes/{a}/exec",
+                  {"shell": "mkdir -p /www && echo db > /www/index.html && httpd -p 9000 -h /www",
+                   "timeout_s": 30})
+        addr = inspect(d, a)["net"]["address"]
+        wait_for(lambda: fetch(d, b, f"http://{addr}:9000/")[0] == 0, what="group peer reachable")
+        assert "db" in fetch(d, b, f"http://{addr}:9000/")[1]
+        assert fetch(d, c, f"http://{addr}:9000/")[0] != 0
+        assert fetch(d, e, f"http://{addr}:9000/")[0] != 0
+        assert inspect(d, a)["net"]["group"] == "app1"
+    finally:
+        for s in (a, b, c, e):
+            d.api.delete(s)
+
+
+@pytest.mark.parametrize("mode", ["none", "allow="])
+def test_inbound_port_proxy(d, mode):
+    sid = create(d, mode)
+    try:
+        d.api.raw("POST", f"/v1/sandboxes/{sid}/exec",
+                  {"shell": "mkdir -p /www && echo inside > /www/hello.txt && httpd -p 8000 -h /www",
+                   "timeout_s": 30})
+        def served():
+            r = d.api.raw("GET", f"/v1/sandboxes/{sid}/proxy/8000/hello.txt")
+            return r.status == 200 and r.body == b"inside\n"
+        wait_for(served, what="proxy answers")
+        r = d.api.raw("GET", f"/v1/sandboxes/{sid}/proxy/8001/")
+        assert r.status == 503, r
+        out = d.cli("port", sid, "8000", check=True).stdout.decode()
+        assert f"/v1/sandboxes/{sid}/proxy/8000/" in out
+    finally:
+        d.api.delete(sid)
+
+
+def test_daemon_listeners_unreachable(rootfs, world):
+    s = socket.socket()
+    s.bind((HOST_IP, 0))
+    port = s.getsockname()[1]
+    s.close()
+    tok = os.path.join(str(world), "token")
+    with open(tok, "w") as f:
+        f.write("net-test-token-0123456789abcdef\n")
+    os.chmod(tok, 0o600)
+    dm = net_daemon(rootfs, ["--listen", f"tcp:{HOST_IP}:{port}", "--token-file", tok,
+                             "--allow-host-network"])
+    try:
+        for mode in ("none", f"allow={NET}.0/24:*"):
+            sid = create(dm, mode)
+            try:
+                assert not can_reach(dm, sid, HOST_IP, port)
+                assert not can_reach(dm, sid, "127.0.0.1", port)
+                if mode != "none":
+                    gw = inspect(dm, sid)["net"]["gateway"]
+                    assert not can_reach(dm, sid, gw, port)
+            finally:
+                dm.api.delete(sid)
+        # the positive control: with the host's network it is right there
+        sid = create(dm, "host")
+        try:
+            assert can_reach(dm, sid, HOST_IP, port)
+        finally:
+            dm.api.delete(sid)
+    finally:
+        dm.stop()
+        shutil.rmtree(dm.root, ignore_errors=True)
+
+
+def test_cleanup_after_destroy_and_crash(rootfs, world):
+    dm = net_daemon(rootfs)
+    try:
+        # nothing in nftables until a sandbox is networked
+        assert nft_table(dm) is None
+        sid = create(dm, f"allow={MIRROR}:8080")
+        table = nft_table(dm)
+        assert table and table_exists(table)
+        gone = create(dm, f"allow={MIRROR}:8080")
+        assert len(links(dm)) == 2
+        dm.api.delete(gone)
+        wait_for(lambda: len(links(dm)) == 1, what="link of a destroyed sandbox gone")
+        dm.kill9()
+        # what a crash leaves: the rules stay, so the sandbox stays confined
+        assert table_exists(table)
+        os.environ["WARREN_DNS_UPSTREAM"] = DNS
+        try:
+            dm.start()
+        finally:
+            del os.environ["WARREN_DNS_UPSTREAM"]
+        assert inspect(dm, sid)["state"] == "running"
+        assert fetch(dm, sid, f"http://{MIRROR}:8080/")[0] == 0
+        assert fetch(dm, sid, f"http://{FORBIDDEN}:8080/")[0] != 0
+        dm.api.delete(sid)
+        wait_for(lambda: not links(dm), what="no links left")
+    finally:
+        dm.stop()
+        shutil.rmtree(dm.root, ignore_errors=True)
+    assert not table_exists(table)
