@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../common/limits.h"
 #include "../common/util.h"
 #include "backend.h"
 #include "syscalls.h"
@@ -448,6 +449,22 @@ wr_runtime_free (struct wr_runtime *rt)
       munmap (rt->stack[i], rt->stack_size);
   if (rt->mnt_dir)
     rmdir (rt->mnt_dir);
+  if (rt->root)
+    {
+      /* the child stack slots' layer mount points (container.c) */
+      char p[PATH_MAX];
+      for (int i = 0; i < WR_CHILD_STACKS; i++)
+        {
+          for (int l = 0; l < WR_MAX_LAYERS; l++)
+            if (snprintf (p, sizeof p, "%s/run/l/%d/%d", rt->root, i, l) < (int)sizeof p
+                && rmdir (p) < 0 && errno == ENOENT)
+              break;
+          snprintf (p, sizeof p, "%s/run/l/%d", rt->root, i);
+          rmdir (p);
+        }
+      snprintf (p, sizeof p, "%s/run/l", rt->root);
+      rmdir (p);
+    }
   free (rt->seccomp.filter);
   free (rt->mnt_dir);
   free (rt->root);

@@ -521,6 +521,35 @@ test_loop (int iters, bool net_host)
   free (destroy);
 }
 
+/* The idmapped layer mounts are attached at the child stack slot's mount
+ * points, which stay for the next create: no mkdir/rmdir (an inode
+ * allocation each) per layer and sandbox. */
+static void
+test_layer_mount_points_reused (void)
+{
+  wr_err_t err = { 0 };
+  char sdir[512], slot0[600], old[600];
+  snprintf (slot0, sizeof slot0, "%s/run/l/0/0", state_root);
+  snprintf (old, sizeof old, "%s/run/l/t-lm", state_root);
+  ino_t ino[2] = { 0, 0 };
+  int ok = 0;
+  for (int i = 0; i < 2; i++)
+    {
+      struct wr_container_spec spec = { .memory_mb = 64, .disk_mb = 16 };
+      struct wr_container c;
+      if (spec_create ("t-lm", &spec, sdir, sizeof sdir, &c, &err) < 0)
+        continue;
+      struct stat st;
+      if (stat (slot0, &st) == 0)
+        ino[i] = st.st_ino;
+      ok += access (old, F_OK) < 0;
+      ok += wr_container_destroy (rt, &c, sdir, &err) == 0;
+    }
+  TAP_EQ (ok, 4, "two creates, no per-sandbox layer dir (%s)", err.msg);
+  TAP_OK (ino[0] != 0 && ino[0] == ino[1], "slot 0's layer mount point kept and reused");
+  rmdir (sdir);
+}
+
 int
 main (int argc, char **argv)
 {
@@ -576,6 +605,7 @@ main (int argc, char **argv)
   test_bad_input ();
   test_main_sandbox ();
   test_reap_without_pid ();
+  test_layer_mount_points_reused ();
   int iters = argc > 1 ? atoi (argv[1]) : 200;
   test_loop (iters > 0 ? iters : 200, false);
   test_loop (iters > 0 ? iters / 4 + 1 : 50, true);
@@ -585,6 +615,7 @@ main (int argc, char **argv)
   bool parents_gone = !path_exists ("/sys/fs/cgroup/unified/%s", cgname)
                       && !path_exists ("/sys/fs/cgroup/memory/%s", cgname);
   TAP_OK (parents_gone, "runtime_free removed the warren parents");
+  TAP_OK (!path_exists ("%s/run/l", state_root), "runtime_free removed the layer mount points");
   char cmd[400];
   snprintf (cmd, sizeof cmd, "rm -rf %s", tmp);
   system (cmd);
