@@ -465,15 +465,26 @@ def exec_deadline(body: Json, request_timeout: Optional[float]) -> float:
     return float(body.get("timeout_s") or EXEC_DEFAULT_TIMEOUT) + EXEC_GRACE
 
 
+# CPU QoS classes (docs/containers.md, "Pause that frees memory, idle-pause, CPU QoS")
+QOS_CLASSES = ("latency", "best-effort")
+
+
 def create_body(backend: Optional[str], image: Optional[str], layers: Optional[Sequence[str]],
                 memory_mb: Optional[int], cpus: Optional[float], disk_mb: Optional[int],
                 pids_max: Optional[int], ttl_s: Optional[float], network: Optional[str],
                 env: Optional[Mapping[str, str]], labels: Optional[Mapping[str, str]],
-                extra: Optional[Mapping[str, Any]]) -> Json:
+                extra: Optional[Mapping[str, Any]], qos: Optional[str] = None,
+                idle_pause_s: Optional[int] = None) -> Json:
     body: Json = {}
+    if qos is not None and qos not in QOS_CLASSES:
+        raise InvalidArgument(f"qos must be one of {', '.join(QOS_CLASSES)}, not {qos!r}")
+    if idle_pause_s is not None and (isinstance(idle_pause_s, bool) or not isinstance(idle_pause_s, int)
+                                     or idle_pause_s < 0):
+        raise InvalidArgument("idle_pause_s must be a whole number of seconds >= 0 (0: never)")
     for k, v in (("backend", backend), ("image", image), ("memory_mb", memory_mb),
                  ("cpus", cpus), ("disk_mb", disk_mb), ("pids_max", pids_max),
-                 ("ttl_s", ttl_s), ("network", network)):
+                 ("ttl_s", ttl_s), ("network", network), ("qos", qos),
+                 ("idle_pause_s", idle_pause_s)):
         if v is not None:
             body[k] = v
     if layers is not None:

@@ -85,7 +85,8 @@ class AsyncClient:
                cpus: Optional[float] = None, disk_mb: Optional[int] = None,
                pids_max: Optional[int] = None, ttl_s: Optional[float] = None,
                network: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
-               labels: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None,
+               labels: Optional[Mapping[str, str]] = None, qos: Optional[str] = None,
+               idle_pause_s: Optional[int] = None, timeout: Optional[float] = None,
                **extra: Any) -> "_Creation":
         """Create a sandbox. Await it (``sb = await client.create(...)``) or
         use it directly as ``async with client.create(...) as sb`` (deleted
@@ -98,7 +99,8 @@ class AsyncClient:
         """
         tag = uuid.uuid4().hex
         body = create_body(backend, image, layers, memory_mb, cpus, disk_mb, pids_max, ttl_s,
-                           network, env, dict(labels or {}, **{SDK_LABEL: tag}), extra)
+                           network, env, dict(labels or {}, **{SDK_LABEL: tag}), extra,
+                           qos=qos, idle_pause_s=idle_pause_s)
         return _Creation(self, _api.create(body, self._to(timeout)), tag)
 
     async def _reap_label(self, tag: str) -> int:

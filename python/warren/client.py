@@ -65,7 +65,8 @@ class Client:
                cpus: Optional[float] = None, disk_mb: Optional[int] = None,
                pids_max: Optional[int] = None, ttl_s: Optional[float] = None,
                network: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
-               labels: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None,
+               labels: Optional[Mapping[str, str]] = None, qos: Optional[str] = None,
+               idle_pause_s: Optional[int] = None, timeout: Optional[float] = None,
                **extra: Any) -> "Sandbox":
         """Create a sandbox (``POST /v1/sandboxes``); use it as a context
         manager to delete it on exit. Unset arguments take the daemon's
@@ -77,7 +78,8 @@ class Client:
         """
         tag = uuid.uuid4().hex
         body = create_body(backend, image, layers, memory_mb, cpus, disk_mb, pids_max, ttl_s,
-                           network, env, dict(labels or {}, **{SDK_LABEL: tag}), extra)
+                           network, env, dict(labels or {}, **{SDK_LABEL: tag}), extra,
+                           qos=qos, idle_pause_s=idle_pause_s)
         try:
             info = self._call(_api.create(body, self._to(timeout)))
         except WarrenError as e:
@@ -409,7 +411,10 @@ class Sandbox:
         self._call(_api.remove(self.id, path, recursive, self._to(timeout)))
 
     def pause(self, *, timeout: Optional[float] = None) -> SandboxInfo:
-        """Freeze every process of the sandbox (exec is refused until resumed)."""
+        """Freeze every process of the sandbox and give its memory back
+        (into the daemon's zram swap when it has one); ``info.pause`` has
+        the memory before and after and the time taken. An exec or file
+        request resumes it transparently."""
         self.info = self._call(_api.state(self.id, "pause", self._to(timeout)))
         return self.info
 

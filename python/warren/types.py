@@ -166,6 +166,12 @@ class SandboxInfo:
     expires_at: Optional[float] = None
     pooled: bool = False
     usage: Optional[Dict[str, Any]] = None
+    qos: str = "latency"
+    idle_pause_s: int = 0
+    #: while paused: memory_before_bytes, memory_after_bytes, freeze_ms, reclaim_ms
+    pause: Optional[Dict[str, Any]] = None
+    #: after a resume: {"ms": ...}
+    resume: Optional[Dict[str, Any]] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -184,7 +190,10 @@ class SandboxInfo:
             cpus=_float(j.get("cpus")), network=j.get("network"),
             created_at=_float(j.get("created_at")), expires_at=_float(j.get("expires_at")),
             pooled=j.get("pooled") is True,
-            usage=j.get("usage") if isinstance(j.get("usage"), dict) else None, raw=j)
+            usage=j.get("usage") if isinstance(j.get("usage"), dict) else None,
+            qos=str(j.get("qos") or "latency"), idle_pause_s=_int(j.get("idle_pause_s")),
+            pause=j.get("pause") if isinstance(j.get("pause"), dict) else None,
+            resume=j.get("resume") if isinstance(j.get("resume"), dict) else None, raw=j)
 
 
 @dataclass

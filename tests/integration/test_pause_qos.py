@@ -262,3 +262,28 @@ def test_cli_create_flags(daemon):
         assert bad.returncode == 2 and b"--qos" in bad.stderr, bad
     finally:
         daemon.api.delete(sb["id"])
+
+
+def test_python_sdk_qos_idle_pause_and_pause_results(zdaemon):
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                    "python"))
+    import warren
+    with warren.Client("unix:" + zdaemon.sock) as c:
+        with pytest.raises(warren.errors.InvalidArgument):
+            c.create(qos="fast")
+        with pytest.raises(warren.errors.InvalidArgument):
+            c.create(idle_pause_s=-1)
+        with c.create(qos="best-effort", idle_pause_s=600) as sb:
+            assert sb.info.qos == "best-effort" and sb.info.idle_pause_s == 600
+            sb.exec("head -c 4m /dev/urandom > /tmp/r")
+            info = sb.pause()
+            assert info.state == "paused"
+            p = info.pause  # the pause's own result
+            assert p and p["memory_before_bytes"] > p["memory_after_bytes"], info.raw
+            assert p["reclaim_ms"] >= 0 and p["freeze_ms"] >= 0, p
+            info = sb.resume()
+            assert info.state == "running"
+            assert info.resume is not None and info.resume["ms"] >= 0, info.raw
+        with c.create() as sb:
+            assert sb.info.qos == "latency" and sb.info.idle_pause_s == 0
