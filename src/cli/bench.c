@@ -790,6 +790,7 @@ usage (FILE *f)
          "       warren bench vm [options]     (VM boot/restore; see warren bench vm --help)\n"
          "       warren bench cluster [options] (simulated nodes; warren bench cluster --help)\n"
          "       warren bench density [options] (idle sandboxes; warren bench density --help)\n"
+         "       warren bench pause|qos [options] (pause memory, CPU QoS; --help)\n"
          "  -n, --count N          warren iterations (default 200)\n"
          "  -c, --concurrency C    client threads (default 4; exec: 1)\n"
          "      --image REF        image (default: the daemon's default image)\n"
@@ -969,6 +970,10 @@ wr_cli_bench (warren_client_t *c, int argc, char **argv)
       int wr_cli_bench_density (warren_client_t * c, int argc, char **argv); /* bench_density.c */
       return c ? wr_cli_bench_density (c, argc, argv) : 1;
     }
+  if (strcmp (sub, "pause") == 0)
+    return c ? wr_cli_bench_pause (c, argc, argv) : 1;
+  if (strcmp (sub, "qos") == 0)
+    return c ? wr_cli_bench_qos (c, argc, argv) : 1;
   if (strcmp (sub, "cluster") == 0)
     return wr_cli_bench_cluster (argc, argv); /* bench_cluster.c: needs no daemon */
   if (strcmp (sub, "-h") == 0 || strcmp (sub, "--help") == 0 || strcmp (sub, "help") == 0)

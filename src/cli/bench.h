@@ -12,5 +12,9 @@ int wr_cli_bench (warren_client_t *c, int argc, char **argv);
 /* `warren bench cluster` (bench_cluster.c): starts its own etcd, simulated
  * nodes and gateways; argv[0] is "cluster". */
 int wr_cli_bench_cluster (int argc, char **argv);
+/* `warren bench pause` (bench_pause.c) and `warren bench qos` (bench_qos.c):
+ * argv[0] is the subcommand. */
+int wr_cli_bench_pause (warren_client_t *c, int argc, char **argv);
+int wr_cli_bench_qos (warren_client_t *c, int argc, char **argv);
 
 #endif

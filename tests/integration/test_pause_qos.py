@@ -287,3 +287,32 @@ def test_python_sdk_qos_idle_pause_and_pause_results(zdaemon):
             assert info.resume is not None and info.resume["ms"] >= 0, info.raw
         with c.create() as sb:
             assert sb.info.qos == "latency" and sb.info.idle_pause_s == 0
+
+
+def test_bench_pause_reports(zdaemon):
+    import json
+    r = zdaemon.cli("bench", "pause", "-n", "2", "--size", "48", timeout=600)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    rep = json.loads(r.stdout)
+    assert rep["bench"] == "pause" and rep["completed"] == 2 and rep["data_intact"] == 2, rep
+    assert rep["memory_before_mb"]["min"] >= 48, rep
+    assert rep["given_back_fraction"]["min"] >= 0.5, rep
+    for k in ("pause_ms", "resume_ms", "pause_reclaim_ms"):
+        assert rep[k]["min"] <= rep[k]["median"] <= rep[k]["max"], rep
+    assert b"pause: sandbox 2/2" in r.stderr  # progress on stderr
+    assert zdaemon.api.raw("GET", "/v1/sandboxes").json()["sandboxes"] == []
+
+
+def test_bench_qos_reports(daemon):
+    """Structure only (a 2-core test host shares its CPUs with other work:
+    the ratio itself is docs/performance.md's, measured with 50 burners)."""
+    import json
+    r = daemon.cli("bench", "qos", "-b", "2", "-r", "2", "-n", "5", "--control", timeout=600)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    rep = json.loads(r.stdout)
+    for k in ("best_effort", "control_latency_burners"):
+        s = rep[k]
+        assert s["burners"] == 2 and s["quiet"]["count"] == 10 and s["loaded"]["count"] == 10, rep
+        assert s["p99_ratio"] > 0, rep
+    assert rep["best_effort"]["burners_qos"] == "best-effort"
+    assert daemon.api.raw("GET", "/v1/sandboxes").json()["sandboxes"] == []
