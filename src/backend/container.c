@@ -73,6 +73,7 @@ static const struct
  * host's nodes. Read by the CLONE_VM child: set before the first clone,
  * never changed after. */
 static int dev_template_fd = -1;
+static char dev_template_path[32]; /* "/proc/self/fd/N/" */
 static pthread_once_t dev_template_once = PTHREAD_ONCE_INIT;
 
 static void
@@ -95,14 +96,31 @@ dev_template_make (void)
         || fchmodat (m, dev_nodes[i].name, 0666, 0) < 0)
       return;
   dev_template_fd = TAKE_FD (m);
+  snprintf (dev_template_path, sizeof dev_template_path, "/proc/self/fd/%d/", dev_template_fd);
 }
 
-/* Mount device node `name` of the template (or the host's) on dst. */
+/* Mount device node `name` of the template (or the host's) on dst. A plain
+ * bind of the node's path through our copy of the template fd first: the
+ * kernel lets a bind copy from a detached mount, and no detached tree of our
+ * own is made. The open_tree clone (older kernels refuse that bind) is an
+ * anonymous mount namespace per node, and closing its fd waits for an
+ * expedited RCU grace period: 12 per sandbox were ~4% of the daemon's
+ * create+destroy time (perf). */
 static long
 c_dev_node (const char *name, const char *dst)
 {
   if (dev_template_fd >= 0)
     {
+      char src[64];
+      size_t lp = strlen (dev_template_path), ln = strlen (name);
+      if (lp + ln < sizeof src)
+        {
+          memcpy (src, dev_template_path, lp);
+          memcpy (src + lp, name, ln + 1);
+          long r = wr_raw5 (__NR_mount, src, dst, NULL, MS_BIND, NULL);
+          if (r != -EINVAL)
+            return r;
+        }
       long t = wr_raw3 (__NR_open_tree, dev_template_fd, name, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
       if (t >= 0)
         {
