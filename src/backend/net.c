@@ -39,7 +39,9 @@ struct wr_net
   struct nft_ctx *nft;
   pthread_mutex_t lock; /* nft context and slot map */
   unsigned char used[WR_NET_SLOTS];
-  int self_netns; /* the daemon's own netns, to come back after setns */
+  unsigned next_slot;
+  unsigned char fresh[WR_NET_SLOTS]; /* chains not made yet */
+  int self_netns;                    /* the daemon's own netns, to come back after setns */
 };
 
 static uint32_t
@@ -283,15 +285,20 @@ wr_net_free (struct wr_net *n)
 int
 wr_net_slot_alloc (struct wr_net *n, unsigned *ret, wr_err_t *err)
 {
+  /* next fit, not lowest first: the link of a slot's previous sandbox goes
+   * with its netns, asynchronously; deleting it ourselves costs ~30 ms */
   pthread_mutex_lock (&n->lock);
-  for (unsigned i = 1; i < WR_NET_SLOTS; i++) /* slot 0: the block's own network address */
-    if (!n->used[i])
-      {
-        n->used[i] = 1;
-        pthread_mutex_unlock (&n->lock);
-        *ret = i;
-        return 0;
-      }
+  for (unsigned k = 0; k < WR_NET_SLOTS; k++)
+    {
+      unsigned i = (n->next_slot + k) % WR_NET_SLOTS;
+      if (i == 0 || n->used[i]) /* slot 0: the block's own network address */
+        continue;
+      n->used[i] = 1;
+      n->next_slot = i + 1;
+      pthread_mutex_unlock (&n->lock);
+      *ret = i;
+      return 0;
+    }
   pthread_mutex_unlock (&n->lock);
   return wr_error (err, 0, WR_E_EXHAUSTED, "every sandbox network slot is in use");
 }
@@ -488,32 +495,32 @@ configure_inside (struct wr_net *n, unsigned slot, int netns, wr_err_t *err)
   return r;
 }
 
-static int
-slot_chains (struct wr_net *n, unsigned slot, wr_err_t *err)
+/* The slot's counter, set, chains and map entries; run with its first
+ * policy, in one transaction (until then the base chains drop everything
+ * from the interface: it has no map entry). */
+static size_t
+slot_chains (struct wr_net *n, unsigned slot, char *cmds, size_t len)
 {
-  char ifn[16], cmds[2048];
+  char ifn[16];
   wr_net_ifname (n, slot, ifn);
   struct in_addr gw = wr_net_gateway (n, slot);
   char gws[INET_ADDRSTRLEN];
   inet_ntop (AF_INET, &gw, gws, sizeof gws);
-  snprintf (cmds, sizeof cmds,
-            "add counter inet %1$s c%2$u\n"
-            "add set inet %1$s a%2$u { type ipv4_addr . inet_service; flags interval; }\n"
-            "add chain inet %1$s e%2$u\n"
-            "add chain inet %1$s i%2$u\n"
-            "flush chain inet %1$s e%2$u\n"
-            "flush chain inet %1$s i%2$u\n"
-            "add rule inet %1$s e%2$u counter name c%2$u drop\n"
-            "add rule inet %1$s i%2$u ct state established,related accept\n"
-            "add rule inet %1$s i%2$u ip daddr %4$s udp dport 53 accept\n"
-            "add rule inet %1$s i%2$u counter name c%2$u drop\n"
-            "add element inet %1$s out_map { \"%3$s\" : jump e%2$u }\n"
-            "add element inet %1$s in_map { \"%3$s\" : jump i%2$u }\n",
-            n->table, slot, ifn, gws);
-  pthread_mutex_lock (&n->lock);
-  int r = nft_run (n, cmds, err);
-  pthread_mutex_unlock (&n->lock);
-  return r;
+  return (size_t)snprintf (
+      cmds, len,
+      "add counter inet %1$s c%2$u\n"
+      "add set inet %1$s a%2$u { type ipv4_addr . inet_service; flags interval; }\n"
+      "add chain inet %1$s e%2$u\n"
+      "add chain inet %1$s i%2$u\n"
+      "flush chain inet %1$s e%2$u\n"
+      "flush chain inet %1$s i%2$u\n"
+      "add rule inet %1$s e%2$u counter name c%2$u drop\n"
+      "add rule inet %1$s i%2$u ct state established,related accept\n"
+      "add rule inet %1$s i%2$u ip daddr %4$s udp dport 53 accept\n"
+      "add rule inet %1$s i%2$u counter name c%2$u drop\n"
+      "add element inet %1$s out_map { \"%3$s\" : jump e%2$u }\n"
+      "add element inet %1$s in_map { \"%3$s\" : jump i%2$u }\n",
+      n->table, slot, ifn, gws);
 }
 
 int
@@ -522,10 +529,8 @@ wr_net_attach (struct wr_net *n, unsigned slot, int pidfd, wr_err_t *err)
   char ifn[16], path[96];
   wr_net_ifname (n, slot, ifn);
   nl_link_del (ifn); /* a leftover of a crash */
-  /* chains first: the interface is denied everything from its first packet */
-  int r = slot_chains (n, slot, err);
-  if (r < 0)
-    return r;
+  int r;
+  n->fresh[slot % WR_NET_SLOTS] = 1; /* chains come with the first policy */
   _cleanup_close_ int fd = nl_socket (err);
   if (fd < 0)
     return fd;
@@ -559,7 +564,8 @@ wr_net_attach (struct wr_net *n, unsigned slot, int pidfd, wr_err_t *err)
 int
 wr_net_readopt (struct wr_net *n, unsigned slot, wr_err_t *err)
 {
-  return slot_chains (n, slot, err);
+  n->fresh[slot % WR_NET_SLOTS] = 1;
+  return 0;
 }
 
 static void
@@ -580,6 +586,9 @@ wr_net_set_policy (struct wr_net *n, unsigned slot, const struct wr_net_allow *a
   char ifn[16];
   wr_net_ifname (n, slot, ifn);
   size_t o = 0;
+  bool fresh = n->fresh[slot % WR_NET_SLOTS];
+  if (fresh)
+    o = slot_chains (n, slot, cmds, cap);
 #define OUT(...) o += (size_t)snprintf (cmds + o, cap - o, __VA_ARGS__)
   OUT ("flush set inet %s a%u\n", n->table, slot);
   if (n_allow)
@@ -622,6 +631,8 @@ wr_net_set_policy (struct wr_net *n, unsigned slot, const struct wr_net_allow *a
     return wr_error (err, E2BIG, WR_E_INVALID, "policy too large");
   pthread_mutex_lock (&n->lock);
   int r = nft_run (n, cmds, err);
+  if (r == 0)
+    n->fresh[slot % WR_NET_SLOTS] = 0;
   pthread_mutex_unlock (&n->lock);
   return r;
 }
@@ -653,24 +664,28 @@ wr_net_detach (struct wr_net *n, unsigned slot, const char *group)
 {
   char ifn[16], cmds[1024], a[INET_ADDRSTRLEN];
   wr_net_ifname (n, slot, ifn);
-  nl_link_del (ifn);
+  /* The link goes with the sandbox's netns (the kernel deletes the pair
+   * when the namespace is freed, off our path); deleting it here would wait
+   * for RCU grace periods under RTNL: ~30 ms on this host. A link still
+   * there when the slot is reused is deleted by wr_net_attach. */
   struct in_addr me = wr_net_address (n, slot);
   inet_ntop (AF_INET, &me, a, sizeof a);
-  pthread_mutex_lock (&n->lock);
-  /* one command per run: a missing element must not stop the rest */
-  snprintf (cmds, sizeof cmds, "delete element inet %s out_map { \"%s\" }\n", n->table, ifn);
-  nft_run (n, cmds, NULL);
-  snprintf (cmds, sizeof cmds, "delete element inet %s in_map { \"%s\" }\n", n->table, ifn);
-  nft_run (n, cmds, NULL);
-  snprintf (cmds, sizeof cmds,
-            "delete chain inet %1$s e%2$u\ndelete chain inet %1$s i%2$u\n"
-            "delete set inet %1$s a%2$u\ndelete counter inet %1$s c%2$u\n",
-            n->table, slot);
-  nft_run (n, cmds, NULL);
+  int o = snprintf (cmds, sizeof cmds,
+                    "delete element inet %1$s out_map { \"%3$s\" }\n"
+                    "delete element inet %1$s in_map { \"%3$s\" }\n"
+                    "delete chain inet %1$s e%2$u\ndelete chain inet %1$s i%2$u\n"
+                    "delete set inet %1$s a%2$u\ndelete counter inet %1$s c%2$u\n",
+                    n->table, slot, ifn);
   if (group)
+    snprintf (cmds + o, sizeof cmds - (size_t)o, "delete element inet %s g_%s { %s }\n", n->table,
+              group, a);
+  pthread_mutex_lock (&n->lock);
+  if (nft_run (n, cmds, NULL) < 0)
     {
-      snprintf (cmds, sizeof cmds, "delete element inet %s g_%s { %s }\n", n->table, group, a);
-      nft_run (n, cmds, NULL);
+      /* one at a time: a missing piece (a half-made slot) must not keep the rest */
+      char *save = NULL;
+      for (char *c = strtok_r (cmds, "\n", &save); c; c = strtok_r (NULL, "\n", &save))
+        nft_run (n, c, NULL);
     }
   n->used[slot < WR_NET_SLOTS ? slot : 0] = 0;
   pthread_mutex_unlock (&n->lock);

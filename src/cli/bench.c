@@ -791,6 +791,7 @@ usage (FILE *f)
          "       warren bench cluster [options] (simulated nodes; warren bench cluster --help)\n"
          "       warren bench density [options] (idle sandboxes; warren bench density --help)\n"
          "       warren bench pause|qos [options] (pause memory, CPU QoS; --help)\n"
+         "       warren bench net [-n N] [--updates M] (network policy create cost, updates)\n"
          "  -n, --count N          warren iterations (default 200)\n"
          "  -c, --concurrency C    client threads (default 4; exec: 1)\n"
          "      --image REF        image (default: the daemon's default image)\n"
@@ -969,6 +970,11 @@ wr_cli_bench (warren_client_t *c, int argc, char **argv)
     {
       int wr_cli_bench_density (warren_client_t * c, int argc, char **argv); /* bench_density.c */
       return c ? wr_cli_bench_density (c, argc, argv) : 1;
+    }
+  if (strcmp (sub, "net") == 0)
+    {
+      int wr_cli_bench_net (warren_client_t * c, int argc, char **argv); /* bench_net.c */
+      return c ? wr_cli_bench_net (c, argc, argv) : 1;
     }
   if (strcmp (sub, "pause") == 0)
     return c ? wr_cli_bench_pause (c, argc, argv) : 1;

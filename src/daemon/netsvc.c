@@ -495,7 +495,7 @@ wrd_net_attach (struct wrd *d, struct sandbox *sb, wr_err_t *err)
   if (r < 0)
     return r;
   struct sbnet *s = sbnet_new (sb, slot);
-  r = wr_net_attach (knet, slot, sb->c.pidfd, err);
+  r = wr_net_attach (knet, slot, wr_container_pidfd (&sb->c), err);
   if (r == 0)
     r = apply (d, s, rules_of (sb->spec), err);
   if (r < 0)
