@@ -84,6 +84,12 @@ def state(sid: str, verb: str, timeout: Optional[float]) -> Request:
                     parse=lambda r: SandboxInfo.from_json(_obj(r)))
 
 
+def set_network(sid: str, network: Any, timeout: Optional[float]) -> Request:
+    """PATCH the live policy: "allow=..." replaces it, {"allow"|"deny": RULES} edits it."""
+    return json_req("PATCH", f"/v1/sandboxes/{check_id(sid)}", {"network": network},
+                    timeout=_t(timeout), parse=lambda r: SandboxInfo.from_json(_obj(r)))
+
+
 def pack(sid: str, name: str, timeout: Optional[float]) -> Request:
     if not isinstance(name, str) or not name:
         raise InvalidArgument("pack needs an image name NAME[:TAG]")

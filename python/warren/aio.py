@@ -436,6 +436,23 @@ class AsyncSandbox:
         self.info = await self._call(_api.state(self.id, "resume", self._to(timeout)))
         return self.info
 
+    async def allow(self, rules: str, *, timeout: Optional[float] = None) -> SandboxInfo:
+        """Add comma-separated rules to a live ``allow=`` sandbox's network
+        policy (docs/network.md); ``info.network`` is the new policy."""
+        self.info = await self._call(_api.set_network(self.id, {"allow": rules}, self._to(timeout)))
+        return self.info
+
+    async def deny(self, rules: str, *, timeout: Optional[float] = None) -> SandboxInfo:
+        """Remove rules from the sandbox's network policy, at once."""
+        self.info = await self._call(_api.set_network(self.id, {"deny": rules}, self._to(timeout)))
+        return self.info
+
+    async def set_network(self, network: str, *,
+                    timeout: Optional[float] = None) -> SandboxInfo:
+        """Replace the policy: ``"allow=RULE,..."``."""
+        self.info = await self._call(_api.set_network(self.id, network, self._to(timeout)))
+        return self.info
+
     async def pack(self, name: str, *, timeout: Optional[float] = None) -> Image:
         return await self._call(_api.pack(self.id, name, timeout))
 

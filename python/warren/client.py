@@ -422,6 +422,23 @@ class Sandbox:
         self.info = self._call(_api.state(self.id, "resume", self._to(timeout)))
         return self.info
 
+    def allow(self, rules: str, *, timeout: Optional[float] = None) -> SandboxInfo:
+        """Add comma-separated rules to a live ``allow=`` sandbox's network
+        policy (docs/network.md); ``info.network`` is the new policy."""
+        self.info = self._call(_api.set_network(self.id, {"allow": rules}, self._to(timeout)))
+        return self.info
+
+    def deny(self, rules: str, *, timeout: Optional[float] = None) -> SandboxInfo:
+        """Remove rules from the sandbox's network policy, at once."""
+        self.info = self._call(_api.set_network(self.id, {"deny": rules}, self._to(timeout)))
+        return self.info
+
+    def set_network(self, network: str, *,
+                    timeout: Optional[float] = None) -> SandboxInfo:
+        """Replace the policy: ``"allow=RULE,..."``."""
+        self.info = self._call(_api.set_network(self.id, network, self._to(timeout)))
+        return self.info
+
     def pack(self, name: str, *, timeout: Optional[float] = None) -> Image:
         """Snapshot the sandbox's writable layer into the image ``name``."""
         return self._call(_api.pack(self.id, name, timeout))

@@ -172,6 +172,9 @@ class SandboxInfo:
     pause: Optional[Dict[str, Any]] = None
     #: after a resume: {"ms": ...}
     resume: Optional[Dict[str, Any]] = None
+    #: an allow= sandbox's network: address, gateway, interface, names, group,
+    #: denied_packets (docs/network.md)
+    net: Optional[Dict[str, Any]] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -193,7 +196,8 @@ class SandboxInfo:
             usage=j.get("usage") if isinstance(j.get("usage"), dict) else None,
             qos=str(j.get("qos") or "latency"), idle_pause_s=_int(j.get("idle_pause_s")),
             pause=j.get("pause") if isinstance(j.get("pause"), dict) else None,
-            resume=j.get("resume") if isinstance(j.get("resume"), dict) else None, raw=j)
+            resume=j.get("resume") if isinstance(j.get("resume"), dict) else None,
+            net=j.get("net") if isinstance(j.get("net"), dict) else None, raw=j)
 
 
 @dataclass

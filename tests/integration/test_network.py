@@ -392,3 +392,22 @@ def test_cleanup_after_destroy_and_crash(rootfs, world):
         dm.stop()
         shutil.rmtree(dm.root, ignore_errors=True)
     assert not table_exists(table)
+
+
+def test_sdk_network_policy(d):
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+    import warren
+    c = warren.Client("unix:" + d.sock)
+    with c.create(network="allow=", net_group="sdk") as sb:
+        assert sb.info.net and sb.info.net["group"] == "sdk"
+        assert sb.exec(shell=f"timeout 3 wget -q -O - http://{MIRROR}:8080/").exit_code != 0
+        info = sb.allow(f"{MIRROR}:8080")
+        assert info.network == f"allow={MIRROR}:8080"
+        assert "this is the mirror" in sb.exec(
+            shell=f"timeout 3 wget -q -O - http://{MIRROR}:8080/").stdout
+        assert sb.deny(f"{MIRROR}:8080").network == "allow="
+        assert sb.set_network(f"allow={FORBIDDEN}:8080").network == f"allow={FORBIDDEN}:8080"
+        with pytest.raises(warren.WarrenError):
+            sb.set_network("allow=no/such/rule")
+    c.close()
