@@ -52,9 +52,9 @@ struct sandbox
   struct event *reap_ev;
   unsigned reap_tries;
   uint64_t oom_seen;
-  bool from_pool; /* handed out by a warm pool */
+  bool from_pool;            /* handed out by a warm pool */
   struct sbnet *net_pending; /* netsvc.c: attached by a builder, not yet started */
-  unsigned busy;  /* requests in flight */
+  unsigned busy;             /* requests in flight */
   /* pause (docs/containers.md): idle-pause timer, last request's end,
    * what the last pause gave back and how long the last resume took */
   struct event *idle_ev;
