@@ -146,6 +146,7 @@ struct wr_runtime
   void *stack[WR_CHILD_STACKS];
   bool stack_busy[WR_CHILD_STACKS];
   size_t stack_size;
+  struct wr_netns_pool *netns_pool; /* pool.c; NULL: every create makes its own */
   char describe[1024];
 };
 

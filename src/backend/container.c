@@ -35,6 +35,7 @@
 #include "../common/limits.h" /* WR_MAX_LAYERS: one limit, store to backends */
 #include "../common/util.h"
 #include "backend.h"
+#include "pool.h"
 #include "syscalls.h"
 
 #define DEFAULT_DISK_MB 1024
@@ -181,6 +182,7 @@ struct child_ctx
   int sync_fd, err_fd, listen_fd, conn_fd, agent_fd;
   int cgroup_fd; /* the sandbox's cgroup2 dir, -1 if none */
   bool net_host;
+  int sysfs_fd; /* a pooled netns (pool.c): its sysfs, made by the pool; -1: own netns */
   const char *mnt;
   const char *const *lowers;
   size_t n_lower;
@@ -367,7 +369,10 @@ child_main (void *arg)
   TRY (ST_DEV, wr_raw3 (__NR_symlinkat, "/proc/self/fd/2", AT_FDCWD, "dev/stderr"));
 
   TRY (ST_SYS, c_mkdir ("sys", 0555));
-  if (!c->net_host)
+  if (c->sysfs_fd >= 0) /* pooled netns: we may not mount its sysfs, the pool did */
+    TRY (ST_SYS,
+         wr_raw5 (__NR_move_mount, c->sysfs_fd, "", AT_FDCWD, "sys", MOVE_MOUNT_F_EMPTY_PATH));
+  else if (!c->net_host)
     TRY (ST_SYS,
          c_mount ("sysfs", "sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL));
   else
@@ -424,7 +429,7 @@ child_main (void *arg)
   wr_raw1 (__NR_close, nul);
   wr_raw1 (__NR_umask, 0);
 
-  if (!c->net_host)
+  if (!c->net_host && c->sysfs_fd < 0) /* a pooled netns has loopback up */
     {
       long s = wr_raw3 (__NR_socket, AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
       TRY (ST_NET, s);
@@ -960,6 +965,7 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
     .agent_fd = rt->agent_fd,
     .cgroup_fd = delegate ? cgs.v2_fd : -1,
     .net_host = spec->net_host,
+    .sysfs_fd = -1,
     .mnt = rt->mnt_dir,
     .n_lower = spec->n_lowerdirs,
     .tmpfs_size = tmpfs_size,
@@ -994,6 +1000,13 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
       ca.cgroup = (uint64_t)cgs.v2_fd;
     }
 
+  /* a network namespace made ahead by the pool, joined around clone3 */
+  _cleanup_close_ int pooled_netns = -1, pooled_sysfs = -1;
+  if (!spec->net_host && wr_netns_pool_take (rt->netns_pool, &pooled_netns, &pooled_sysfs) == 0)
+    {
+      ca.flags &= ~(uint64_t)CLONE_NEWNET;
+      ctx.sysfs_fd = pooled_sysfs;
+    }
   pthread_once (&dev_template_once, dev_template_make);
   sigset_t all, old;
   sigfillset (&all);
@@ -1007,7 +1020,11 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
     }
   ctx.lowers = lm.dir;
   pthread_sigmask (SIG_SETMASK, &all, &old);
+  if (pooled_netns >= 0)
+    wr_netns_pool_enter (rt->netns_pool, pooled_netns);
   long pid = clone_as (base, securebits, &ca, rt, slot, &ctx);
+  if (pooled_netns >= 0)
+    wr_netns_pool_leave (rt->netns_pool);
   pthread_sigmask (SIG_SETMASK, &old, NULL);
   if (pid < 0)
     {

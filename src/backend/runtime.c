@@ -18,6 +18,7 @@
 #include "../common/limits.h"
 #include "../common/util.h"
 #include "backend.h"
+#include "pool.h"
 #include "syscalls.h"
 
 #define CHILD_STACK (64 * 1024)
@@ -420,6 +421,13 @@ wr_runtime_new (const struct wr_runtime_config *cfg, struct wr_runtime **ret, wr
           goto fail;
         }
     }
+  {
+    /* WARREN_NETNS_POOL=N: network namespaces kept ready (0: none) */
+    const char *np = getenv ("WARREN_NETNS_POOL");
+    unsigned n = np && *np ? (unsigned)strtoul (np, NULL, 10) : WR_NETNS_POOL_DEFAULT;
+    if ((r = wr_netns_pool_new (n, &rt->netns_pool, err)) < 0)
+      goto fail;
+  }
   snprintf (rt->describe, sizeof rt->describe,
             "{\"cgroup_layout\":\"%s\",\"cgroup_v2\":\"%s\",\"clone_into_cgroup\":%s,"
             "\"uid_range_start\":%u,\"uid_blocks\":%u,\"uid_block\":%u,\"idmapped_layers\":\"per-"
@@ -440,6 +448,7 @@ wr_runtime_free (struct wr_runtime *rt)
 {
   if (rt == NULL)
     return;
+  wr_netns_pool_free (rt->netns_pool);
   wr_cg_fini (&rt->cg);
   if (rt->agent_fd >= 0)
     close (rt->agent_fd);

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <linux/nsfs.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <signal.h>
@@ -16,7 +17,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "backend/backend.h"
 #include "backend/container.h"
+#include "backend/pool.h"
 #include "common/proto.h"
 #include "common/util.h"
 #include "tap.h"
@@ -521,6 +524,55 @@ test_loop (int iters, bool net_host)
   free (destroy);
 }
 
+/* A sandbox with its own network gets a netns the pool made ahead (after
+ * the first create started the pool's worker): owned by the host's user
+ * namespace, loopback up, its read-only sysfs attached at /sys. */
+static void
+test_netns_pool (void)
+{
+  wr_err_t err = { 0 };
+  unsigned ready = 0;
+  uint64_t taken0 = 0, taken1 = 0, missed = 0;
+  for (int i = 0; i < 3000 && ready == 0; i++) /* generous: the machine is shared */
+    {
+      wr_netns_pool_stats (rt->netns_pool, &ready, &taken0, &missed);
+      if (ready == 0)
+        usleep (10000);
+    }
+  TAP_GT_INT ((int)ready, 0, "netns pool filled by its worker (%u ready)", ready);
+  struct wr_container_spec spec = { .memory_mb = 64, .disk_mb = 16 };
+  struct wr_container c;
+  char sdir[512];
+  int r = spec_create ("t-netns", &spec, sdir, sizeof sdir, &c, &err);
+  TAP_EQ (r, 0, "create with a pooled netns (%s)", r ? err.msg : "ok");
+  if (r)
+    return;
+  read_hello (c.agent_fd);
+  wr_netns_pool_stats (rt->netns_pool, &ready, &taken1, &missed);
+  TAP_EQ ((int)(taken1 - taken0), 1, "the create took a pooled netns");
+  char path[64];
+  snprintf (path, sizeof path, "/proc/%d/ns/net", (int)c.pid);
+  _cleanup_close_ int ns = open (path, O_RDONLY | O_CLOEXEC);
+  _cleanup_close_ int owner = ns >= 0 ? ioctl (ns, NS_GET_USERNS) : -1;
+  struct stat so, si;
+  TAP_OK (owner >= 0 && fstat (owner, &so) == 0 && stat ("/proc/self/ns/user", &si) == 0
+              && so.st_ino == si.st_ino,
+          "the netns belongs to the host's user namespace, not the sandbox's");
+  struct out o;
+  RUN (c.agent_fd, &o, "/bin/ls", "/sys/class/net");
+  TAP_EQ_STR (o.stdout_buf, "lo\n", "pooled netns: only lo in /sys (%s)", o.stdout_buf);
+  out_free (&o);
+  RUN (c.agent_fd, &o, "/bin/cat", "/sys/class/net/lo/operstate");
+  TAP_OK (TAP_C_EQ (o.exit_code, 0) && TAP_C_HAS_STR (o.stdout_buf, "unknown"),
+          "pooled netns: lo is up (%s)", o.stdout_buf);
+  out_free (&o);
+  RUN (c.agent_fd, &o, "/bin/sh", "-c", "touch /sys/x || grep -c ' /sys ro,' /proc/self/mountinfo");
+  TAP_EQ_STR (o.stdout_buf, "1\n", "pooled netns: /sys read-only (%s)", o.stdout_buf);
+  out_free (&o);
+  TAP_EQ (wr_container_destroy (rt, &c, sdir, &err), 0, "destroy (%s)", err.msg);
+  rmdir (sdir);
+}
+
 /* The idmapped layer mounts are attached at the child stack slot's mount
  * points, which stay for the next create: no mkdir/rmdir (an inode
  * allocation each) per layer and sandbox. */
@@ -606,6 +658,7 @@ main (int argc, char **argv)
   test_main_sandbox ();
   test_reap_without_pid ();
   test_layer_mount_points_reused ();
+  test_netns_pool ();
   int iters = argc > 1 ? atoi (argv[1]) : 200;
   test_loop (iters > 0 ? iters : 200, false);
   test_loop (iters > 0 ? iters / 4 + 1 : 50, true);

@@ -1,0 +1,31 @@
+/* Network namespaces made ahead of creates by one worker thread (pool.c). */
+#ifndef WR_POOL_H
+#define WR_POOL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+struct wr_netns_pool;
+
+/* enough for the two builder threads to find one ready after a burst */
+#define WR_NETNS_POOL_DEFAULT 4
+
+/* target 0: no pool (*ret = NULL; take then always misses). The worker
+ * starts at the first take. */
+int wr_netns_pool_new (unsigned target, struct wr_netns_pool **ret, wr_err_t *err);
+/* Stops the worker and closes the namespaces not handed out. NULL is fine. */
+void wr_netns_pool_free (struct wr_netns_pool *p);
+/* A ready netns (loopback up, owned by the host's user namespace) and a
+ * detached read-only sysfs mount of it, both O_CLOEXEC fds the caller owns;
+ * -EAGAIN when none is ready. */
+int wr_netns_pool_take (struct wr_netns_pool *p, int *ret_netns, int *ret_sysfs);
+/* Move the calling thread into netns_fd (around a clone3) and back home;
+ * abort () rather than leave a daemon thread in a sandbox's netns. */
+void wr_netns_pool_enter (struct wr_netns_pool *p, int netns_fd);
+void wr_netns_pool_leave (struct wr_netns_pool *p);
+void wr_netns_pool_stats (struct wr_netns_pool *p, unsigned *ready, uint64_t *taken,
+                          uint64_t *missed);
+
+#endif
