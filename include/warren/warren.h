@@ -113,6 +113,11 @@ extern "C"
                                               warren_error_t *err);
   WARREN_EXPORT json_t *warren_sandbox_resume (warren_client_t *c, const char *id,
                                                warren_error_t *err);
+  /* Change a live "allow=" sandbox's network policy (docs/network.md):
+   * network is the string "allow=RULE,..." (replace) or {"allow": RULES}
+   * / {"deny": RULES} (edit); returns the sandbox. */
+  WARREN_EXPORT json_t *warren_sandbox_set_network (warren_client_t *c, const char *id,
+                                                    const json_t *network, warren_error_t *err);
   /* Group fork (docs/api.md): count new sandboxes starting from id's current
    * file system; overrides (NULL or an object: memory_mb, cpus, ttl_s, network,
    * env, labels, ...) apply to every child. {"parent","sandboxes":[...],...} */

@@ -117,10 +117,16 @@ cmd_net (cli_t *cli, int argc, char **argv)
       json_decref (change);
       return cli_usage ("net", "ID --allow RULES | --deny RULES");
     }
-  char path[128];
-  snprintf (path, sizeof path, "/v1/sandboxes/%s", argv[optind]);
-  json_t *out = NULL;
-  int r = request (cli, "PATCH", path, json_pack ("{s:o}", "network", change), &out);
+  warren_client_t *c = cli_client (cli);
+  if (c == NULL)
+    {
+      json_decref (change);
+      return CLI_EXIT_FAIL;
+    }
+  warren_error_t e;
+  json_t *out = warren_sandbox_set_network (c, argv[optind], change, &e);
+  json_decref (change);
+  int r = out ? 0 : cli_fail (&e, NULL);
   if (r == 0 && as_json)
     cli_print_json (out);
   else if (r == 0)

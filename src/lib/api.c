@@ -135,6 +135,16 @@ warren_sandbox_resume (warren_client_t *c, const char *id, warren_error_t *err)
 }
 
 json_t *
+warren_sandbox_set_network (warren_client_t *c, const char *id, const json_t *network,
+                            warren_error_t *err)
+{
+  json_t *body = json_pack ("{s:O}", "network", (json_t *)network);
+  json_t *j = body ? sandbox_op (c, "PATCH", id, "", body, 0, err) : NULL;
+  json_decref (body);
+  return j;
+}
+
+json_t *
 warren_sandbox_log (warren_client_t *c, const char *id, warren_error_t *err)
 {
   return sandbox_op (c, "GET", id, "/log", NULL, 0, err);
