@@ -916,23 +916,26 @@ call_start (struct wrd *d, struct fn_member *m, struct fn_call *c)
       return;
     }
   json_object_set_new (c->body, "mode", json_string (m->reuse ? "reuse" : "fork"));
+  /* the frame right after its length prefix, copied once into the agent's
+   * output buffer (the zygote passes a reuse request on as it is) */
   char *text = json_dumps (c->body, JSON_COMPACT);
-  if (text == NULL)
+  size_t n = text ? strlen (text) : 0;
+  uint8_t *frame = text ? malloc (n + 4) : NULL;
+  if (frame == NULL)
     {
+      free (text);
       m->cur = NULL;
       c->m = NULL;
       call_fail (c, WR_E_INTERNAL, "out of memory");
       member_done (d, m);
       return;
     }
-  size_t n = strlen (text);
-  uint8_t hdr[4] = { (uint8_t)n, (uint8_t)(n >> 8), (uint8_t)(n >> 16), (uint8_t)(n >> 24) };
-  struct evbuffer *b = evbuffer_new ();
-  evbuffer_add (b, hdr, 4);
-  evbuffer_add (b, text, n);
+  frame[0] = (uint8_t)n, frame[1] = (uint8_t)(n >> 8), frame[2] = (uint8_t)(n >> 16),
+  frame[3] = (uint8_t)(n >> 24);
+  memcpy (frame + 4, text, n);
   free (text);
-  int r = agent_send (m->sb->conn, m->zsid, WR_MSG_STDIN, evbuffer_pullup (b, -1), n + 4);
-  evbuffer_free (b);
+  int r = agent_send (m->sb->conn, m->zsid, WR_MSG_STDIN, frame, n + 4);
+  free (frame);
   if (r < 0)
     {
       member_kill (d, m, "its agent is gone");

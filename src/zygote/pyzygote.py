@@ -37,6 +37,7 @@ os.dup2(_null, 1)
 os.set_inheritable(OUT, False)
 HDR = struct.Struct("<I")
 MAX_REQ = 64 << 20
+INLINE_REQ = 32 << 10  # reuse requests up to this size travel in the control message
 
 for _m in PRELOAD:
     try:
@@ -540,46 +541,53 @@ def worker_main(ctl):
     # what a call may leave armed that would fire inside the next one (an
     # alarm its own timeout code did not cancel): reset after every call
     handlers = {s: signal.getsignal(s) for s in TIMER_SIGNALS}
+    as_set = None  # RLIMIT_AS in force (a pool's calls all have the same)
     while True:
-        # one message per call: a request memfd and the write end of a pipe
-        # made for this call's result alone (the zygote closes the read end
-        # once it has the result, so a copy kept by the call leads nowhere)
+        # one message per call: the request (inline, or a memfd when larger
+        # than INLINE_REQ) and the write end of a pipe made for this call's
+        # result alone (the zygote closes the read end once it has the
+        # result, so a copy kept by the call leads nowhere)
         try:
-            msg, fds, _, _ = socket.recv_fds(ctl, 16, 2)
+            msg, fds, flags, _ = socket.recv_fds(ctl, INLINE_REQ, 2)
         except OSError:
             os._exit(1)
         if not msg:
             os._exit(0)
-        if len(fds) != 2:
+        if flags & socket.MSG_TRUNC or not 1 <= len(fds) <= 2:
             os._exit(1)
-        req_fd, res_fd = fds
-        chunks = []
-        while True:
-            b = os.read(req_fd, 1 << 20)
-            if not b:
-                break
-            chunks.append(b)
-        os.close(req_fd)
-        req = json.loads(b"".join(chunks))
-        del chunks
+        res_fd = fds[-1]
+        if len(fds) == 2:
+            req_fd = fds[0]
+            chunks = []
+            while True:
+                b = os.read(req_fd, 1 << 20)
+                if not b:
+                    break
+                chunks.append(b)
+            os.close(req_fd)
+            msg = b"".join(chunks)
+            del chunks
+        req = json.loads(msg)
+        del msg
         limits = req.get("limits") or {}
         try:
             os.chdir(SCRATCH)
         except OSError:
             pass
         lim_as = limits.get("as_bytes")
-        if lim_as:
-            resource.setrlimit(resource.RLIMIT_AS, (lim_as, resource.RLIM_INFINITY))
+        if lim_as != as_set:
+            resource.setrlimit(resource.RLIMIT_AS, (lim_as or resource.RLIM_INFINITY,
+                                                    resource.RLIM_INFINITY))
+            as_set = lim_as
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
         cpu = limits.get("cpu_s")
         if cpu:
-            ru = resource.getrusage(resource.RUSAGE_SELF)
-            used = int(ru.ru_utime + ru.ru_stime)
+            used = int(r0.ru_utime + r0.ru_stime)
             resource.setrlimit(resource.RLIMIT_CPU, (used + cpu, resource.RLIM_INFINITY))
         out, err = CapText(req.get("out_cap", 1 << 20)), CapText(req.get("err_cap", 1 << 20))
         saved = sys.stdin, sys.stdout, sys.stderr
         sys.stdin = io.TextIOWrapper(io.BytesIO(decode_stdin(req)), encoding="utf-8")
         sys.stdout, sys.stderr = out, err
-        r0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.monotonic()
         glb = {"__name__": "__main__", "__builtins__": __builtins__}
         code = run_code(req.get("code", ""), glb)
@@ -594,8 +602,6 @@ def worker_main(ctl):
             gc.collect()  # a failed call's frames may sit in cycles
         r1 = resource.getrusage(resource.RUSAGE_SELF)
         sys.stdin, sys.stdout, sys.stderr = saved
-        if lim_as:
-            resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
         hdr = {"exit_code": code, "stdout_truncated": out.trunc, "stderr_truncated": err.trunc,
                "duration_ms": int(dur * 1000),
                "usage": {"cpu_user_ms": int((r1.ru_utime - r0.ru_utime) * 1000),
@@ -655,8 +661,8 @@ MAX_RESULT_HDR = 1 << 16
 
 def read_result(fd, deadline, out_cap, err_cap):
     """One result frame from the call's own pipe, read until the deadline.
-    None when the worker died, timed out or wrote something malformed."""
-    os.set_blocking(fd, False)
+    None when the worker died, timed out or wrote something malformed.
+    Blocking reads, each after select() found data: they return what is there."""
     buf = bytearray()
     hdr = None
     need = 4  # then 4 + header, then 4 + header + output
@@ -685,10 +691,7 @@ def read_result(fd, deadline, out_cap, err_cap):
         left = deadline - time.monotonic()
         if left <= 0 or not select.select([fd], [], [], left)[0]:
             return None
-        try:
-            b = os.read(fd, max(65536, need - len(buf)))
-        except BlockingIOError:
-            continue
+        b = os.read(fd, max(65536, need - len(buf)))
         if not b:
             return None
         buf += b
@@ -721,12 +724,15 @@ def worker_alive(w):
     return False
 
 
-def call_reuse(req):
+def call_reuse(req, raw):
+    """raw: the request frame as the daemon sent it (passed on, not re-encoded)."""
     global worker
     timeout = req.get("timeout_ms", 30000) / 1000.0
-    j = json.dumps(req, separators=(",", ":")).encode()
-    req_fd = os.memfd_create("call", os.MFD_CLOEXEC)
-    write_all(req_fd, j)
+    if len(raw) < INLINE_REQ:
+        req_fd = None
+    else:
+        req_fd = os.memfd_create("call", os.MFD_CLOEXEC)
+        write_all(req_fd, raw)
     res_r, res_w = os.pipe2(os.O_CLOEXEC)
     t0 = time.monotonic()
     # A worker that a previous call broke after its result (closed the
@@ -737,14 +743,18 @@ def call_reuse(req):
             worker = None
         if worker is None:
             worker = Worker()
-        os.lseek(req_fd, 0, 0)
         try:
-            socket.send_fds(worker.ctl, [b"c"], [req_fd, res_w], socket.MSG_NOSIGNAL)
+            if req_fd is None:
+                socket.send_fds(worker.ctl, [raw], [res_w], socket.MSG_NOSIGNAL)
+            else:
+                os.lseek(req_fd, 0, 0)
+                socket.send_fds(worker.ctl, [b"m"], [req_fd, res_w], socket.MSG_NOSIGNAL)
             break
         except OSError:
             worker.close()
             worker = None
-    os.close(req_fd)
+    if req_fd is not None:
+        os.close(req_fd)
     os.close(res_w)
     if worker is None:
         worker = Worker()  # so that the failure path below has one to reap
@@ -781,11 +791,12 @@ def call_reuse(req):
     send_result(OUT, clean_result(hdr), out, err)
     # best effort: only files, the worker cannot have started processes
     wipe_files()
-    try:
-        os.mkdir(SCRATCH, 0o700)
-        os.chown(SCRATCH, UID, GID)
-    except OSError:
-        pass
+    if not scratch_ok:
+        try:
+            os.mkdir(SCRATCH, 0o700)
+            os.chown(SCRATCH, UID, GID)
+        except OSError:
+            pass
 
 
 def main():
@@ -817,7 +828,7 @@ def main():
             if (req.get("mode") or "fork") != MODE:
                 raise ValueError("this zygote runs %s calls, not %s" % (MODE, req.get("mode")))
             if MODE == "reuse":
-                call_reuse(req)
+                call_reuse(req, raw)
             else:
                 call_fork(req)
         except Exception as e:

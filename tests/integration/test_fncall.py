@@ -1,4 +1,5 @@
 """fncall: stateless calls in warm pools (docs/fncall.md)."""
+import json
 import os
 import shutil
 import subprocess
@@ -592,3 +593,64 @@ def test_cli_call(fn, one):
     assert r.returncode == 2 and r.stdout == b"42\n", r
     r = fn.cli("call", "--image", "python:latest", "--python", "print(1)", "--mode", "reuse")
     assert r.returncode != 0 and b"owner" in r.stderr, r  # the default pool is a fork pool
+
+
+def test_reuse_requests_inline_and_in_a_memfd(fn, one):
+    """A reuse request travels in the control message up to 32 KiB and in a
+    memfd beyond: both, interleaved on one worker, give each call its own
+    code, stdin and output."""
+    big = "x" * (40 << 10)
+    calls = [
+        ("print(len(%r))" % "abc", None, "3\n"),
+        ("print(len(%r))" % big, None, "%d\n" % len(big)),
+        ("import sys; print(len(sys.stdin.read()))", "y" * (100 << 10), "%d\n" % (100 << 10)),
+        ("import sys; print(sys.stdin.read())", "small", "small\n"),
+        # just under and just over the inline limit, counting the JSON around it
+        ("s = %r\nprint(len(s))" % ("z" * ((32 << 10) - 400)), None, "%d\n" % ((32 << 10) - 400)),
+        ("s = %r\nprint(len(s))" % ("z" * (32 << 10)), None, "%d\n" % (32 << 10)),
+    ]
+    results = []
+    for _ in range(2):
+        for code, stdin, want in calls:
+            req = dict(image="python:latest", lang="python", memory_mb=206, code=code)
+            if stdin is not None:
+                req["stdin"] = stdin
+            j = ok(fn.api, **req)
+            assert j["mode"] == "reuse" and j["exit_code"] == 0 and j["stdout"] == want, j
+            results.append(j)
+    same_member(results)
+
+
+def test_bench_call_blocks(rootfs, pyroot):
+    """warren bench call interleaves fncall with its references in short
+    blocks and reports each ratio as median and range over the blocks."""
+    d = _start(rootfs, pyroot)
+    try:
+        r = d.cli("bench", "call", "--count", "20", "--blocks", "2", "--concurrency", "1,2",
+                  "--pool-size", "1", "--alt-count", "6", "--no-alt", "--quiet", timeout=600)
+        assert r.returncode == 0, r
+        j = json.loads(r.stdout)
+        assert j["blocks"] == 2
+        for k in ("true_vs_posix_spawn", "python_fork_vs_python3_c"):
+            v = j["ratios"][k]
+            assert 0 < v["min"] <= v["median"] <= v["max"], j["ratios"]
+        for k in ("fncall_true", "fncall_python_fork", "fncall_python_reuse"):
+            assert j[k]["c1"]["count"] == 20 and j[k]["c2"]["count"] == 20, j[k]
+            assert j[k]["best_rate_per_block"]["median"] > 0, j[k]
+        assert j["host_posix_spawn_true"]["rate_per_block"]["median"] > 0
+        assert j["host_python3_c"]["count"] == 6  # 2 blocks of 3 (--alt-count 6)
+        metrics = [t["metric"] for t in j["targets"]]
+        assert any("median of per-block ratios" in m for m in metrics), metrics
+        # --only: just the reuse calls, no reference needed
+        r = d.cli("bench", "call", "--count", "10", "--blocks", "1", "--concurrency", "1",
+                  "--pool-size", "1", "--only", "reuse", "--quiet", timeout=600)
+        assert r.returncode == 0, r
+        j = json.loads(r.stdout)
+        assert "fncall_python_reuse" in j and "fncall_true" not in j
+        assert "host_posix_spawn_true" not in j and "host_python3_c" not in j
+        assert [t["metric"] for t in j["targets"]] == [
+            "python reuse calls/s (median of per-block best)",
+            "python reuse p99/p50 at concurrency 1"]
+    finally:
+        d.stop()
+        shutil.rmtree(d.root, ignore_errors=True)
