@@ -575,6 +575,15 @@ fmt_addr (uint32_t a, char *buf)
   inet_ntop (AF_INET, &x, buf, INET_ADDRSTRLEN);
 }
 
+/* Is a (addresses and ports) inside b? */
+static bool
+allow_within (const struct wr_net_allow *a, const struct wr_net_allow *b)
+{
+  uint32_t mb = b->prefix ? 0xffffffffu << (32 - b->prefix) : 0;
+  return a->prefix >= b->prefix && (a->addr & mb) == (b->addr & mb) && a->port_lo >= b->port_lo
+         && a->port_hi <= b->port_hi;
+}
+
 int
 wr_net_set_policy (struct wr_net *n, unsigned slot, const struct wr_net_allow *allow,
                    size_t n_allow, const char *group, wr_err_t *err)
@@ -594,13 +603,23 @@ wr_net_set_policy (struct wr_net *n, unsigned slot, const struct wr_net_allow *a
   if (n_allow)
     {
       OUT ("add element inet %s a%u { ", n->table, slot);
+      bool first = true;
       for (size_t i = 0; i < n_allow; i++)
         {
+          /* an element inside another (or equal to an earlier one) makes
+           * the transaction fail with EEXIST: leave it out */
+          bool covered = false;
+          for (size_t k = 0; k < n_allow && !covered; k++)
+            covered = k != i && allow_within (&allow[i], &allow[k])
+                      && (!allow_within (&allow[k], &allow[i]) || k < i);
+          if (covered)
+            continue;
           char a[INET_ADDRSTRLEN];
           uint32_t mask = allow[i].prefix ? 0xffffffffu << (32 - allow[i].prefix) : 0;
           fmt_addr (allow[i].addr & mask, a);
-          OUT ("%s%s/%u . %u-%u", i ? ", " : "", a, allow[i].prefix, allow[i].port_lo,
+          OUT ("%s%s/%u . %u-%u", first ? "" : ", ", a, allow[i].prefix, allow[i].port_lo,
                allow[i].port_hi);
+          first = false;
         }
       OUT (" }\n");
     }
@@ -641,22 +660,20 @@ int
 wr_net_allow_add (struct wr_net *n, unsigned slot, const struct wr_net_allow *allow, size_t n_allow,
                   wr_err_t *err)
 {
-  if (n_allow == 0)
-    return 0;
-  char cmds[8192];
-  size_t o = (size_t)snprintf (cmds, sizeof cmds, "add element inet %s a%u { ", n->table, slot);
-  for (size_t i = 0; i < n_allow && o < sizeof cmds - 64; i++)
-    {
-      char a[INET_ADDRSTRLEN];
-      fmt_addr (allow[i].addr, a);
-      o += (size_t)snprintf (cmds + o, sizeof cmds - o, "%s%s/%u . %u-%u", i ? ", " : "", a,
-                             allow[i].prefix, allow[i].port_lo, allow[i].port_hi);
-    }
-  snprintf (cmds + o, sizeof cmds - o, " }\n");
+  int r = 0;
   pthread_mutex_lock (&n->lock);
-  int r = nft_run (n, cmds, err);
+  for (size_t i = 0; i < n_allow; i++)
+    {
+      char cmd[256], a[INET_ADDRSTRLEN];
+      fmt_addr (allow[i].addr, a);
+      snprintf (cmd, sizeof cmd, "add element inet %s a%u { %s/%u . %u-%u }\n", n->table, slot, a,
+                allow[i].prefix, allow[i].port_lo, allow[i].port_hi);
+      /* EEXIST: already covered by the policy, which is what we wanted */
+      if (nft_run (n, cmd, NULL) < 0 && errno != EEXIST)
+        r = -1;
+    }
   pthread_mutex_unlock (&n->lock);
-  return r;
+  return r < 0 ? wr_error (err, 0, WR_E_INTERNAL, "nftables: adding learned addresses") : 0;
 }
 
 void

@@ -211,6 +211,13 @@ def test_services_and_cidr(d):
             assert not can_reach(d, sid, HOST_IP, 22)
         finally:
             d.api.delete(sid)
+        # overlapping rules (one inside another, the same address by name)
+        sid = create(d, f"allow={NET}.0/24:8080,{MIRROR}:8080,mirror.test:8080,{MIRROR}:8000-8090")
+        try:
+            assert fetch(d, sid, "http://mirror.test:8080/")[0] == 0
+            assert fetch(d, sid, f"http://{FORBIDDEN}:8080/")[0] == 0
+        finally:
+            d.api.delete(sid)
         r = d.api.raw("POST", "/v1/sandboxes", {"network": "allow=nosuchservice"})
         assert r.status == 400 and "no such service" in r.json()["error"]["message"]
     finally:
