@@ -798,7 +798,7 @@ wrd_net_detach (struct wrd *d WR_UNUSED, struct sandbox *sb)
 }
 
 json_t *
-wrd_net_json (struct wrd *d WR_UNUSED, struct sandbox *sb)
+wrd_net_json (struct wrd *d WR_UNUSED, struct sandbox *sb, bool detail)
 {
   struct sbnet *s = sbnet_of (sb);
   if (s == NULL)
@@ -808,18 +808,22 @@ wrd_net_json (struct wrd *d WR_UNUSED, struct sandbox *sb)
   inet_ntop (AF_INET, &x, a, sizeof a);
   inet_ntop (AF_INET, &y, g, sizeof g);
   uint64_t denied = 0;
-  wr_net_denied (knet, s->slot, &denied, NULL);
+  if (detail)
+    wr_net_denied (knet, s->slot, &denied, NULL);
   json_t *names = json_array ();
   const char *k;
   json_t *v;
   json_object_foreach (s->names, k, v) json_array_append_new (names, json_string (k));
   char ifn[16];
   wr_net_ifname (knet, s->slot, ifn);
-  return json_pack ("{s:s,s:s,s:s,s:o,s:I,s:o}", "address", a, "gateway", g, "interface", ifn,
-                    "names", names, "denied_packets", (json_int_t)denied, "group",
-                    json_object_get (sb->spec, "net_group")
-                        ? json_incref (json_object_get (sb->spec, "net_group"))
-                        : json_null ());
+  json_t *j = json_pack ("{s:s,s:s,s:s,s:o,s:o}", "address", a, "gateway", g, "interface", ifn,
+                         "names", names, "group",
+                         json_object_get (sb->spec, "net_group")
+                             ? json_incref (json_object_get (sb->spec, "net_group"))
+                             : json_null ());
+  if (detail)
+    json_object_set_new (j, "denied_packets", json_integer ((json_int_t)denied));
+  return j;
 }
 
 void

@@ -32,8 +32,9 @@ void wrd_net_start (struct wrd *d, struct sandbox *sb);
 /* Restart: the link survived; chains, policy and resolver again. */
 int wrd_net_readopt (struct wrd *d, struct sandbox *sb, wr_err_t *err);
 void wrd_net_detach (struct wrd *d, struct sandbox *sb);
-/* "net" object for inspect: address, group, names, denied packets */
-json_t *wrd_net_json (struct wrd *d, struct sandbox *sb);
+/* "net" object for inspect: address, group, names, and with detail the
+ * denied packets (a counter read from nftables) */
+json_t *wrd_net_json (struct wrd *d, struct sandbox *sb, bool detail);
 /* metrics lines: warren_net_denied_packets_total{sandbox=...} */
 void wrd_net_metrics (struct wrd *d, FILE *f);
 

@@ -1463,7 +1463,7 @@ wrd_sandbox_json (struct wrd *d, struct sandbox *sb, bool detail)
     }
   if (detail)
     json_object_set_new (j, "checkpoints", wrd_checkpoints_json (d, sb->id));
-  json_t *net = wrd_net_json (d, sb);
+  json_t *net = wrd_net_json (d, sb, detail);
   if (net)
     json_object_set_new (j, "net", net);
   return j;
