@@ -76,7 +76,9 @@ int wr_cg_pids (struct wr_cgroups *cg, struct wr_cg_sandbox *s, pid_t *pids, int
 /* Wait (polling, at most timeout_ms) until a freeze has stopped every task:
  * 0, -ETIMEDOUT, or -ENOTSUP without a freezer. */
 int wr_cg_wait_frozen (struct wr_cgroups *cg, struct wr_cg_sandbox *s, int timeout_ms);
-int wr_cg_reclaim (struct wr_cgroups *cg, struct wr_cg_sandbox *s, wr_err_t *err);
+int wr_cg_reclaim_begin (struct wr_cgroups *cg, struct wr_cg_sandbox *s, wr_err_t *err);
+int wr_cg_reclaim (struct wr_cgroups *cg, struct wr_cg_sandbox *s, const atomic_bool *stop,
+                   wr_err_t *err);
 int wr_cg_unreclaim (struct wr_cgroups *cg, struct wr_cg_sandbox *s, wr_err_t *err);
 int wr_cg_stats (struct wr_cgroups *cg, struct wr_cg_sandbox *s, struct wr_container_stats *ret,
                  wr_err_t *err);

@@ -543,9 +543,26 @@ wr_cg_wait_frozen (struct wr_cgroups *cg WR_UNUSED, struct wr_cg_sandbox *s, int
  * makes no more progress, tasks or not, with swappiness 100 while paused;
  * memsw (memory + swap) stays what it was, so its limit is no obstacle.
  * Neither fails because something stayed (unreclaimable kernel memory, no
- * swap): the caller measures. */
+ * swap): the caller measures. wr_cg_reclaim_begin lets the swap in (a
+ * knob write, on the caller's side of a resume); wr_cg_reclaim runs the
+ * rounds (seconds for hundreds of MB: on a worker thread, warrend) and
+ * stops early once *stop is set or the group is no longer frozen. */
 int
-wr_cg_reclaim (struct wr_cgroups *cg, struct wr_cg_sandbox *s, wr_err_t *err)
+wr_cg_reclaim_begin (struct wr_cgroups *cg, struct wr_cg_sandbox *s, wr_err_t *err)
+{
+  bool v2 = cg->v2_limits && s->v2_fd >= 0;
+  int m = v2 ? s->v2_fd : s->v1_fd[WR_V1_MEMORY];
+  if (m < 0)
+    return wr_error (err, ENOTSUP, WR_E_UNSUPPORTED, "no memory cgroup for this sandbox");
+  if (v2)
+    return faccessat (m, "memory.swap.max", F_OK, 0) == 0 ? knob (m, "memory.swap.max", "max", err)
+                                                          : 0;
+  return v1_swappiness (m, true, err);
+}
+
+int
+wr_cg_reclaim (struct wr_cgroups *cg, struct wr_cg_sandbox *s, const atomic_bool *stop,
+               wr_err_t *err)
 {
   int r;
   bool v2 = cg->v2_limits && s->v2_fd >= 0;
@@ -553,14 +570,13 @@ wr_cg_reclaim (struct wr_cgroups *cg, struct wr_cg_sandbox *s, wr_err_t *err)
   const char *usage = v2 ? "memory.current" : "memory.usage_in_bytes";
   if (m < 0)
     return wr_error (err, ENOTSUP, WR_E_UNSUPPORTED, "no memory cgroup for this sandbox");
-  if (v2 && faccessat (m, "memory.swap.max", F_OK, 0) == 0
-      && (r = knob (m, "memory.swap.max", "max", err)) < 0)
-    return r;
-  if (!v2 && (r = v1_swappiness (m, true, err)) < 0)
-    return r;
   uint64_t cur = read_u64 (m, usage);
   for (int round = 0; round < 8 && cur > (1u << 20); round++)
     {
+      /* resumed (or being destroyed) meanwhile: a running sandbox's memory
+       * is not pushed out (its swap is denied again anyway) */
+      if ((stop && atomic_load (stop)) || wr_cg_wait_frozen (cg, s, 0) == -ETIMEDOUT)
+        break;
       /* Reclaim sizes the LRU lists from the memcg's rstat counters, which
        * the kernel flushes lazily (every 2 s or so): right after a working
        * set was written the active anon list still reads as empty, nothing

@@ -1233,11 +1233,12 @@ madvise_pid (pid_t pid, int advice)
 }
 
 static void
-madvise_sandbox (struct wr_runtime *rt, struct wr_cg_sandbox *cgs, int advice)
+madvise_sandbox (struct wr_runtime *rt, struct wr_cg_sandbox *cgs, int advice,
+                 const atomic_bool *stop)
 {
   pid_t pids[256];
   int n = wr_cg_pids (&rt->cg, cgs, pids, (int)WR_ARRAY_SIZE (pids));
-  for (int i = 0; i < n && i < (int)WR_ARRAY_SIZE (pids); i++)
+  for (int i = 0; i < n && i < (int)WR_ARRAY_SIZE (pids) && !(stop && atomic_load (stop)); i++)
     madvise_pid (pids[i], advice);
 }
 
@@ -1258,31 +1259,21 @@ wr_container_pause (struct wr_runtime *rt, struct wr_container *c, bool pause,
   int r = 0;
   if (pause)
     {
-      /* frozen means stopped: no task faults pages back in (or holds them
-       * isolated) while they are reclaimed; a task stuck in the kernel
-       * past the wait only costs what it holds */
+      /* the swap goes in here, before any resume can take it away again;
+       * the reclaim itself is wr_container_reclaim's */
       r = wr_cg_freeze (&rt->cg, &cgs, true, err);
-      if (r == 0)
-        wr_cg_wait_frozen (&rt->cg, &cgs, 2000);
-      st.freeze_ns = wr_now_ns () - t0;
-      t0 = wr_now_ns ();
-      /* processes' anonymous memory first, whatever its LRU age, then the
-       * cgroup's reclaim for the rest (tmpfs, page cache, what madvise
-       * could not reach) */
-      if (r == 0)
-        madvise_sandbox (rt, &cgs, MADV_PAGEOUT);
-      if (r == 0 && wr_cg_reclaim (&rt->cg, &cgs, err) < 0)
+      if (r == 0 && wr_cg_reclaim_begin (&rt->cg, &cgs, err) < 0)
         {
           wr_cg_freeze (&rt->cg, &cgs, false, NULL);
           r = -1;
         }
-      st.reclaim_ns = wr_now_ns () - t0;
+      st.freeze_ns = wr_now_ns () - t0;
     }
   else
     {
       r = wr_cg_unreclaim (&rt->cg, &cgs, err);
       if (r == 0)
-        madvise_sandbox (rt, &cgs, MADV_WILLNEED);
+        madvise_sandbox (rt, &cgs, MADV_WILLNEED, NULL);
       st.reclaim_ns = wr_now_ns () - t0;
       t0 = wr_now_ns ();
       if (r == 0)
@@ -1294,6 +1285,39 @@ wr_container_pause (struct wr_runtime *rt, struct wr_container *c, bool pause,
   wr_cg_sandbox_close (&cgs);
   if (ret)
     *ret = st;
+  return r < 0 ? r : 0;
+}
+
+int
+wr_container_reclaim (struct wr_runtime *rt, const char *id, const atomic_bool *stop,
+                      struct wr_pause_stats *st)
+{
+  if (!wr_valid_id (id))
+    return -EINVAL;
+  struct wr_cg_sandbox cgs;
+  if (wr_cg_open (&rt->cg, id, &cgs) == 0)
+    return -ENOENT;
+  /* frozen means stopped: no task faults pages back in (or holds them
+   * isolated) while they are reclaimed; a task stuck in the kernel past
+   * the wait only costs what it holds */
+  uint64_t t0 = wr_now_ns ();
+  for (int ms = 0; ms < 2000 && !atomic_load (stop); ms++)
+    if (wr_cg_wait_frozen (&rt->cg, &cgs, 0) != -ETIMEDOUT)
+      break;
+    else
+      usleep (1000);
+  st->freeze_ns += wr_now_ns () - t0;
+  t0 = wr_now_ns ();
+  /* processes' anonymous memory first, whatever its LRU age, then the
+   * cgroup's reclaim for the rest (tmpfs, page cache, what madvise could
+   * not reach) */
+  madvise_sandbox (rt, &cgs, MADV_PAGEOUT, stop);
+  int r = wr_cg_reclaim (&rt->cg, &cgs, stop, NULL);
+  st->reclaim_ns = wr_now_ns () - t0;
+  struct wr_container_stats cs;
+  if (wr_cg_stats (&rt->cg, &cgs, &cs, NULL) == 0)
+    st->memory_after_bytes = cs.memory_bytes;
+  wr_cg_sandbox_close (&cgs);
   return r < 0 ? r : 0;
 }
 

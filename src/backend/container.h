@@ -3,6 +3,7 @@
 #ifndef WR_CONTAINER_H
 #define WR_CONTAINER_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -130,11 +131,12 @@ int wr_container_adopt (struct wr_runtime *rt, const char *id, pid_t pid, uint64
 /* Freeze / thaw every process (pause / resume). */
 int wr_container_freeze (struct wr_runtime *rt, struct wr_container *c, bool frozen, wr_err_t *err);
 
-/* Pause that frees memory (docs/containers.md, "Pause"): freeze, then
- * reclaim what the sandbox's cgroup holds into swap (zram when warrend
- * sets it up); resume: prefetch the processes' swapped-out memory
- * (MADV_WILLNEED through process_madvise) and thaw. ret (may be NULL)
- * gets the cgroup's memory before and after, and the time each step took. */
+/* Pause that frees memory (docs/containers.md, "Pause"): freeze and let
+ * the sandbox's cgroup swap (fast); wr_container_reclaim then pushes what
+ * it holds into swap (zram when warrend sets it up). Resume: deny swap
+ * again, prefetch the processes' swapped-out memory (MADV_WILLNEED through
+ * process_madvise) and thaw. ret (may be NULL) gets the cgroup's memory
+ * before and after, and the time each step took. */
 struct wr_pause_stats
 {
   uint64_t memory_before_bytes, memory_after_bytes;
@@ -142,6 +144,14 @@ struct wr_pause_stats
 };
 int wr_container_pause (struct wr_runtime *rt, struct wr_container *c, bool pause,
                         struct wr_pause_stats *ret, wr_err_t *err);
+/* The slow half of a pause (seconds for hundreds of MB), safe on a worker
+ * thread: it uses only id and rt's cgroup roots. Waits for the freeze to
+ * stop every task, pages out the processes' anonymous memory, then runs
+ * the cgroup's reclaim rounds; stops early once *stop is set (a resume or
+ * destroy meanwhile) or the group is no longer frozen. Adds to st's
+ * freeze_ns, sets reclaim_ns and memory_after_bytes. 0 or -errno. */
+int wr_container_reclaim (struct wr_runtime *rt, const char *id, const atomic_bool *stop,
+                          struct wr_pause_stats *st);
 
 struct wr_container_stats
 {

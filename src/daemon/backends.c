@@ -46,6 +46,12 @@ ct_pause (struct wrd *d, struct wr_container *c, bool pause, struct wr_pause_sta
 }
 
 static int
+ct_reclaim (struct wrd *d, const char *id, const atomic_bool *stop, struct wr_pause_stats *st)
+{
+  return wr_container_reclaim (d->rt, id, stop, st);
+}
+
+static int
 ct_stats (struct wrd *d, struct wr_container *c, struct wr_container_stats *ret, wr_err_t *err)
 {
   return wr_container_stats (d->rt, c, ret, err);
@@ -85,6 +91,7 @@ static const struct wrd_backend container_backend = {
   .adopt = ct_adopt,
   .freeze = ct_freeze,
   .pause = ct_pause,
+  .reclaim = ct_reclaim,
   .stats = ct_stats,
 };
 

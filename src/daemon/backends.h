@@ -29,6 +29,10 @@ struct wrd_backend
   /* pause that frees memory and resume (NULL: pause is freeze) */
   int (*pause) (struct wrd *d, struct wr_container *c, bool pause, struct wr_pause_stats *ret,
                 wr_err_t *err);
+  /* the slow half of a pause, on a worker thread (wr_container_reclaim;
+   * NULL: none): it may use d->rt and id only */
+  int (*reclaim) (struct wrd *d, const char *id, const atomic_bool *stop,
+                  struct wr_pause_stats *st);
   int (*stats) (struct wrd *d, struct wr_container *c, struct wr_container_stats *ret,
                 wr_err_t *err);
   /* the writable layer as a directory fd, for pack (NULL: no pack) */

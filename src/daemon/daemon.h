@@ -61,6 +61,7 @@ struct sandbox
   double last_used;
   struct wr_pause_stats last_pause;
   uint64_t resume_ns;
+  struct sb_reclaim *reclaim; /* a pause's reclaim on a worker (sandbox.c) */
   struct wrd *d;
 };
 
@@ -145,6 +146,11 @@ int wrd_sandbox_destroy (struct wrd *d, struct sandbox *sb, wr_err_t *err);
 struct sandbox *wrd_sandbox_find (struct wrd *d, const char *id);
 json_t *wrd_sandbox_json (struct wrd *d, struct sandbox *sb, bool detail);
 int wrd_sandbox_pause (struct wrd *d, struct sandbox *sb, bool pause, wr_err_t *err);
+/* Pause's reclaim runs on a worker after wrd_sandbox_pause returned: call
+ * cb on the loop once it ended (sb NULL: destroyed meanwhile) and return 1,
+ * or 0 (cb not called) when none is under way. */
+typedef void (*wrd_reclaim_cb) (struct wrd *d, struct sandbox *sb, void *ud);
+int wrd_sandbox_reclaim_wait (struct sandbox *sb, wrd_reclaim_cb cb, void *ud);
 /* A request for sb starts: resume it first when paused (idle or not). */
 int wrd_sandbox_wake (struct wrd *d, struct sandbox *sb, wr_err_t *err);
 /* A request for sb ended: its idle-pause countdown restarts. */

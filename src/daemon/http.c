@@ -1124,6 +1124,52 @@ create_done (struct wrd *d, struct sandbox *sb, wr_err_t *err, void *ud)
     }
 }
 
+/* A pause answers when its reclaim (on a worker) ended, with what it gave
+ * back; the loop serves other requests meanwhile. */
+struct pause_reply
+{
+  struct evhttp_request *req; /* NULL once the client went away */
+  struct evhttp_connection *evcon;
+};
+
+static void
+pause_reply_closed (struct evhttp_connection *evcon WR_UNUSED, void *arg)
+{
+  ((struct pause_reply *)arg)->req = NULL;
+}
+
+static void
+pause_reply_send (struct wrd *d, struct sandbox *sb, void *arg)
+{
+  struct pause_reply *p = arg;
+  if (p->req)
+    {
+      evhttp_connection_set_closecb (p->evcon, NULL, NULL);
+      if (sb)
+        wrd_reply_json (p->req, 200, wrd_sandbox_json (d, sb, false));
+      else
+        wrd_reply_error_code (p->req, WR_E_GONE, "the sandbox was destroyed while it paused");
+    }
+  free (p);
+}
+
+static bool
+pause_reply_later (struct wrd *d WR_UNUSED, struct evhttp_request *req, struct sandbox *sb)
+{
+  struct pause_reply *p = calloc (1, sizeof *p);
+  if (p == NULL)
+    return false;
+  p->req = req;
+  p->evcon = evhttp_request_get_connection (req);
+  if (wrd_sandbox_reclaim_wait (sb, pause_reply_send, p) == 0)
+    {
+      free (p);
+      return false;
+    }
+  evhttp_connection_set_closecb (p->evcon, pause_reply_closed, p);
+  return true;
+}
+
 static void
 handle_sandboxes (struct wrd *d, struct evhttp_request *req, const char *rest, struct evkeyvalq *q)
 {
@@ -1222,9 +1268,10 @@ handle_sandboxes (struct wrd *d, struct evhttp_request *req, const char *rest, s
     ; /* fork, checkpoints, restore, diff (fork.c) */
   else if ((strcmp (sub, "pause") == 0 || strcmp (sub, "resume") == 0) && m == EVHTTP_REQ_POST)
     {
-      if (wrd_sandbox_pause (d, sb, strcmp (sub, "pause") == 0, &err) < 0)
+      bool pause = strcmp (sub, "pause") == 0;
+      if (wrd_sandbox_pause (d, sb, pause, &err) < 0)
         wrd_reply_error (req, &err);
-      else
+      else if (!pause || !pause_reply_later (d, req, sb))
         wrd_reply_json (req, 200, wrd_sandbox_json (d, sb, false));
     }
   else

@@ -346,9 +346,12 @@ wrd_parse_create (struct wrd *d, json_t *req, json_t **ret, wr_err_t *err)
 
 /* ---- lifecycle ---- */
 
+static void reclaim_detach (struct sandbox *sb);
+
 static void
 sb_free (struct sandbox *sb)
 {
+  reclaim_detach (sb);
   if (sb->ttl_ev)
     event_free (sb->ttl_ev);
   if (sb->reap_ev)
@@ -1279,6 +1282,7 @@ wrd_sandbox_destroy (struct wrd *d, struct sandbox *sb, wr_err_t *err)
       sb->pool = NULL;
       pool_kick (d);
     }
+  reclaim_detach (sb); /* a pause's reclaim stops, its record comes first */
   wrd_traj_lifecycle (d, sb, "destroy", NULL);
   agent_conn_free (sb->conn);
   sb->conn = NULL;
@@ -1316,6 +1320,189 @@ wrd_sandbox_destroy (struct wrd *d, struct sandbox *sb, wr_err_t *err)
   return 0;
 }
 
+/* ---- pause: the reclaim on a worker ----
+ * Pushing hundreds of MB into swap takes seconds; on the loop every other
+ * request would wait. The freeze (and the swap let in) happen on the loop,
+ * the sandbox reads "paused" at once, and the reclaim runs on a worker
+ * that knows the sandbox by id only. A resume or destroy meanwhile sets
+ * stop (the worker ends its rounds: thawed, new swap denied again, nothing
+ * of a running sandbox is pushed out); destroy detaches sb, so the result
+ * is delivered to no sandbox. The pause's "pause" log record and its
+ * figures come when the reclaim ends, or with the resume that cut it.
+ * A reclaim pass in the kernel (v1 memory.force_empty above all) goes on
+ * until the group is empty, thawed or not: a resume would see what its
+ * first requests read back pushed out again. Such passes stop at a
+ * signal, so stop also sends the worker SIGUSR2 (a handler that does
+ * nothing, without SA_RESTART). */
+
+struct reclaim_waiter
+{
+  wrd_reclaim_cb cb;
+  void *ud;
+  struct reclaim_waiter *next;
+};
+
+struct sb_reclaim
+{
+  struct wrd *d;
+  struct sandbox *sb; /* NULL once destroyed */
+  char id[sizeof ((struct sandbox *)0)->id];
+  const struct wrd_backend *ops;
+  atomic_bool stop;
+  bool again;  /* paused again while a stopped reclaim was still running */
+  bool logged; /* the "pause" record is written */
+  uint64_t t0;
+  struct wr_pause_stats st; /* the worker's until done */
+  struct reclaim_waiter *waiters;
+  pthread_mutex_t lock; /* thread is valid (and signalled) while running */
+  pthread_t thread;
+  bool running;
+};
+
+static void
+reclaim_interrupt (int sig WR_UNUSED)
+{
+}
+
+static void
+reclaim_signal_init (void)
+{
+  struct sigaction sa = { .sa_handler = reclaim_interrupt };
+  sigemptyset (&sa.sa_mask);
+  sigaction (SIGUSR2, &sa, NULL);
+}
+
+static void
+reclaim_log (struct sb_reclaim *rc)
+{
+  if (rc->logged || rc->sb == NULL)
+    return;
+  rc->logged = true;
+  struct wr_pause_stats *st = &rc->sb->last_pause;
+  wrd_traj_lifecycle (
+      rc->d, rc->sb, "pause",
+      json_pack ("{s:I,s:I,s:f,s:b}", "memory_before_bytes", (json_int_t)st->memory_before_bytes,
+                 "memory_after_bytes", (json_int_t)st->memory_after_bytes, "ms",
+                 (double)(wr_now_ns () - rc->t0) / 1e6, "completed", !atomic_load (&rc->stop)));
+}
+
+static void
+reclaim_work (void *arg)
+{
+  struct sb_reclaim *rc = arg;
+  pthread_mutex_lock (&rc->lock);
+  rc->thread = pthread_self ();
+  rc->running = true;
+  pthread_mutex_unlock (&rc->lock);
+  if (!atomic_load (&rc->stop))
+    rc->ops->reclaim (rc->d, rc->id, &rc->stop, &rc->st);
+  pthread_mutex_lock (&rc->lock);
+  rc->running = false;
+  pthread_mutex_unlock (&rc->lock);
+}
+
+static int reclaim_start (struct wrd *d, struct sandbox *sb);
+
+static void
+reclaim_done (void *arg)
+{
+  struct sb_reclaim *rc = arg;
+  struct sandbox *sb = rc->sb;
+  if (sb)
+    sb->reclaim = NULL;
+  /* paused again meanwhile: its reclaim starts now; the waiters (its
+   * request among them) wait for that one */
+  if (sb && rc->again && sb->state == SB_PAUSED && reclaim_start (rc->d, sb) == 0)
+    {
+      sb->reclaim->waiters = rc->waiters;
+      rc->waiters = NULL;
+    }
+  else if (sb)
+    {
+      if (!atomic_load (&rc->stop))
+        {
+          sb->last_pause.freeze_ns += rc->st.freeze_ns;
+          sb->last_pause.reclaim_ns = rc->st.reclaim_ns;
+          sb->last_pause.memory_after_bytes = rc->st.memory_after_bytes;
+        }
+      reclaim_log (rc);
+    }
+  for (struct reclaim_waiter *w = rc->waiters, *next; w; w = next)
+    {
+      next = w->next;
+      w->cb (rc->d, sb, w->ud);
+      free (w);
+    }
+  pthread_mutex_destroy (&rc->lock);
+  free (rc);
+}
+
+static int
+reclaim_start (struct wrd *d, struct sandbox *sb)
+{
+  struct sb_reclaim *rc = calloc (1, sizeof *rc);
+  if (rc == NULL)
+    return -ENOMEM;
+  rc->d = d;
+  rc->sb = sb;
+  rc->ops = sb->ops;
+  rc->t0 = wr_now_ns ();
+  snprintf (rc->id, sizeof rc->id, "%s", sb->id);
+  atomic_init (&rc->stop, false);
+  static pthread_once_t sig_once = PTHREAD_ONCE_INIT;
+  pthread_once (&sig_once, reclaim_signal_init);
+  pthread_mutex_init (&rc->lock, NULL);
+  int r = wrd_job_run (d, reclaim_work, reclaim_done, rc);
+  if (r < 0)
+    {
+      pthread_mutex_destroy (&rc->lock);
+      free (rc);
+      return r;
+    }
+  sb->reclaim = rc;
+  return 0;
+}
+
+/* resume or destroy: the worker stops at its next step */
+static void
+reclaim_stop (struct sandbox *sb)
+{
+  if (sb->reclaim == NULL)
+    return;
+  struct sb_reclaim *rc = sb->reclaim;
+  atomic_store (&rc->stop, true);
+  pthread_mutex_lock (&rc->lock);
+  if (rc->running) /* cut the kernel's pass short (EINTR) */
+    pthread_kill (rc->thread, SIGUSR2);
+  pthread_mutex_unlock (&rc->lock);
+  sb->reclaim->again = false;
+  reclaim_log (sb->reclaim);
+}
+
+static void
+reclaim_detach (struct sandbox *sb)
+{
+  if (sb->reclaim == NULL)
+    return;
+  reclaim_stop (sb);
+  sb->reclaim->sb = NULL;
+  sb->reclaim = NULL;
+}
+
+int
+wrd_sandbox_reclaim_wait (struct sandbox *sb, wrd_reclaim_cb cb, void *ud)
+{
+  struct reclaim_waiter *w;
+  if (sb->reclaim == NULL || (atomic_load (&sb->reclaim->stop) && !sb->reclaim->again)
+      || (w = calloc (1, sizeof *w)) == NULL)
+    return 0;
+  w->cb = cb;
+  w->ud = ud;
+  w->next = sb->reclaim->waiters;
+  sb->reclaim->waiters = w;
+  return 1;
+}
+
 int
 wrd_sandbox_pause (struct wrd *d, struct sandbox *sb, bool pause, wr_err_t *err)
 {
@@ -1323,10 +1510,13 @@ wrd_sandbox_pause (struct wrd *d, struct sandbox *sb, bool pause, wr_err_t *err)
     return wr_error (err, 0, WR_E_GONE, "sandbox %s is dead (its agent exited)", sb->id);
   if ((pause && sb->state == SB_PAUSED) || (!pause && sb->state == SB_RUNNING))
     return 0;
-  /* containers: freeze and reclaim into swap, prefetch and thaw
-   * (docs/containers.md, "Pause"); other backends just freeze */
+  /* containers: freeze (and let swap in) here, reclaim on a worker;
+   * prefetch and thaw (docs/containers.md, "Pause"); other backends just
+   * freeze */
   struct wr_pause_stats st = { 0 };
   uint64_t t0 = wr_now_ns ();
+  if (!pause)
+    reclaim_stop (sb);
   int r = sb->ops->pause ? sb->ops->pause (d, &sb->c, pause, &st, err)
                          : sb->ops->freeze (d, &sb->c, pause, err);
   if (r < 0)
@@ -1336,13 +1526,22 @@ wrd_sandbox_pause (struct wrd *d, struct sandbox *sb, bool pause, wr_err_t *err)
   else
     sb->resume_ns = wr_now_ns () - t0;
   sb->state = pause ? SB_PAUSED : SB_RUNNING;
-  json_t *info
-      = pause && sb->ops->pause
-            ? json_pack ("{s:I,s:I,s:f}", "memory_before_bytes", (json_int_t)st.memory_before_bytes,
-                         "memory_after_bytes", (json_int_t)st.memory_after_bytes, "ms",
-                         (double)(wr_now_ns () - t0) / 1e6)
-            : NULL;
-  wrd_traj_lifecycle (d, sb, pause ? "pause" : "resume", info);
+  bool later = false;
+  if (pause && sb->ops->pause && sb->ops->reclaim)
+    {
+      if (sb->reclaim) /* a stopped one still running: this one follows it */
+        {
+          sb->reclaim->again = later = true;
+          sb->reclaim->logged = false;
+          sb->reclaim->t0 = t0;
+        }
+      else
+        later = reclaim_start (d, sb) == 0;
+      if (!later)
+        wrd_log (WRD_LOG_WARN, "pause %s: no worker for the reclaim; frozen only\n", sb->id);
+    }
+  if (!later)
+    wrd_traj_lifecycle (d, sb, pause ? "pause" : "resume", NULL);
   if (!pause)
     wrd_sandbox_touch (sb);
   return wrd_db_put (d, sb, err);
@@ -1430,13 +1629,13 @@ wrd_sandbox_json (struct wrd *d, struct sandbox *sb, bool detail)
       j, "idle_pause_s",
       json_integer (json_integer_value (json_object_get (sb->spec, "idle_pause_s"))));
   if (sb->state == SB_PAUSED && sb->last_pause.memory_before_bytes)
-    json_object_set_new (j, "pause",
-                         json_pack ("{s:I,s:I,s:f,s:f}", "memory_before_bytes",
-                                    (json_int_t)sb->last_pause.memory_before_bytes,
-                                    "memory_after_bytes",
-                                    (json_int_t)sb->last_pause.memory_after_bytes, "freeze_ms",
-                                    (double)sb->last_pause.freeze_ns / 1e6, "reclaim_ms",
-                                    (double)sb->last_pause.reclaim_ns / 1e6));
+    json_object_set_new (
+        j, "pause",
+        json_pack ("{s:I,s:I,s:f,s:f,s:b}", "memory_before_bytes",
+                   (json_int_t)sb->last_pause.memory_before_bytes, "memory_after_bytes",
+                   (json_int_t)sb->last_pause.memory_after_bytes, "freeze_ms",
+                   (double)sb->last_pause.freeze_ns / 1e6, "reclaim_ms",
+                   (double)sb->last_pause.reclaim_ns / 1e6, "reclaiming", sb->reclaim != NULL));
   else if (sb->state == SB_RUNNING && sb->resume_ns)
     json_object_set_new (j, "resume", json_pack ("{s:f}", "ms", (double)sb->resume_ns / 1e6));
   json_t *det = json_object_get (sb->spec, "deterministic");
