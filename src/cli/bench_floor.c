@@ -25,13 +25,6 @@ extern char **environ;
 #define WR_BENCH_WARMUP 3
 #define WR_BENCH_CMD_TIMEOUT_MS 10000
 
-static int
-cmp_double (const void *a, const void *b)
-{
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 /* Nearest-rank percentile of a sorted array. */
 static double
 percentile (const double *sorted, size_t n, double p)
@@ -56,7 +49,7 @@ wr_bench_stats_compute (double *lat_ms, size_t n, double wall_s, unsigned concur
   ret->wall_s = wall_s;
   if (n == 0)
     return;
-  qsort (lat_ms, n, sizeof *lat_ms, cmp_double);
+  qsort (lat_ms, n, sizeof *lat_ms, wr_bench_cmp_double);
   double sum = 0;
   for (size_t i = 0; i < n; i++)
     sum += lat_ms[i];
@@ -73,6 +66,27 @@ static double
 round3 (double v)
 {
   return round (v * 1000.0) / 1000.0;
+}
+
+int
+wr_bench_cmp_double (const void *a, const void *b)
+{
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+json_t *
+wr_bench_range_json (double *v, size_t n, double *ret_median)
+{
+  if (n > 0)
+    qsort (v, n, sizeof *v, wr_bench_cmp_double);
+  double med = n ? (v[(n - 1) / 2] + v[n / 2]) / 2 : 0;
+  if (ret_median)
+    *ret_median = med;
+  if (n == 0)
+    return json_null ();
+  return json_pack ("{s:f, s:f, s:f}", "median", round (med * 1000) / 1000, "min",
+                    round (v[0] * 1000) / 1000, "max", round (v[n - 1] * 1000) / 1000);
 }
 
 json_t *

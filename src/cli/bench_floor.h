@@ -42,6 +42,12 @@ void wr_bench_stats_compute (double *lat_ms, size_t n, double wall_s, unsigned c
                              wr_bench_stats_t *ret);
 /* {"count","concurrency","rate_per_s","p50_ms","p90_ms","p99_ms","mean_ms",...} */
 json_t *wr_bench_stats_json (const wr_bench_stats_t *s);
+/* qsort comparator for doubles, ascending */
+int wr_bench_cmp_double (const void *a, const void *b);
+/* {"median","min","max"} of n values (sorted in place; 3 decimals), null
+ * when n is 0; *ret_median (may be NULL): the median, the mean of the two
+ * middle values when n is even */
+json_t *wr_bench_range_json (double *v, size_t n, double *ret_median);
 /* {"step": mean_ms, ...} in order, or NULL when the sample has no steps. */
 json_t *wr_bench_steps_json (const wr_bench_sample_t *s);
 

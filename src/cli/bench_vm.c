@@ -18,23 +18,17 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli/bench_floor.h"
 #include "common/util.h"
 
 int wr_cli_bench_vm (warren_client_t *c, int argc, char **argv);
-
-static int
-cmp_double (const void *a, const void *b)
-{
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
 
 static json_t *
 summary (double *v, size_t n)
 {
   if (n == 0)
     return json_null ();
-  qsort (v, n, sizeof *v, cmp_double);
+  qsort (v, n, sizeof *v, wr_bench_cmp_double);
   double sum = 0;
   for (size_t i = 0; i < n; i++)
     sum += v[i];
