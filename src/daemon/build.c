@@ -27,6 +27,7 @@
 #include "common/proto.h"
 #include "common/util.h"
 #include "daemon/http_util.h"
+#include "daemon/netsvc.h"
 #include "daemon/uploads.h"
 #include "image/sha256.h"
 
@@ -103,9 +104,10 @@ struct build
   char *spec;
   struct step steps[MAX_STEPS];
   size_t n_steps;
-  char cur[72];  /* current manifest digest */
-  bool net_host; /* RUN steps in the host's network namespace */
-  json_t *log;   /* [{"step","cached","digest"}] */
+  char cur[72];       /* current manifest digest */
+  bool net_host;      /* RUN steps in the host's network namespace */
+  char network[2048]; /* RUN steps' "network": none, host or allow=... (docs/network.md) */
+  json_t *log;        /* [{"step","cached","digest"}] */
   struct wr_image *img;
   wr_err_t err;
   int r;
@@ -698,8 +700,8 @@ static void
 loop_create_and_exec (void *arg)
 {
   struct run_ctx *x = arg;
-  json_t *req = json_pack ("{s:s,s:s,s:i}", "image", x->b->cur, "network",
-                           x->b->net_host ? "host" : "none", "ttl_s", 7200);
+  json_t *req
+      = json_pack ("{s:s,s:s,s:i}", "image", x->b->cur, "network", x->b->network, "ttl_s", 7200);
   struct sandbox *sb = NULL;
   x->r = wrd_sandbox_create (x->b->d, req, &sb, &x->err);
   json_decref (req);
@@ -862,6 +864,8 @@ build_work (void *arg)
        * its own cache entries (those without keep the old keys). */
       if (s->op == OP_RUN && b->net_host)
         snprintf (extra_hex, sizeof extra_hex, "network=host");
+      else if (s->op == OP_RUN && strcmp (b->network, "none") != 0) /* allow=: by its policy */
+        wr_sha256_hex (b->network, strlen (b->network), extra_hex);
       char key[65];
       key_of (b->cur, s, extra_hex[0] ? extra_hex : NULL, key);
       char cache_ref[128];
@@ -970,17 +974,33 @@ wrd_http_image_build (struct wrd *d, struct evhttp_request *req)
       || (uv && !json_is_null (uv) && !upload) || (context && upload)
       || (sv && !json_is_boolean (sv))
       || (nv && !json_is_null (nv)
-          && (net == NULL || (strcmp (net, "none") != 0 && strcmp (net, "host") != 0))))
+          && (net == NULL || strlen (net) >= sizeof ((struct build *)0)->network
+              || (strcmp (net, "none") != 0 && strcmp (net, "host") != 0
+                  && strncmp (net, "allow=", 6) != 0))))
     {
       json_decref (body);
       wrd_reply_error_code (req, WR_E_INVALID,
                             "fields \"name\" (NAME[:TAG]) and \"spec\" (text, at most 256 KiB) "
                             "are required; \"context\" is an absolute directory on the daemon's "
                             "host, or \"context_upload\" an upload id (a tar); \"stream\" a "
-                            "boolean; \"network\" \"none\" or \"host\"");
+                            "boolean; \"network\" \"none\", \"host\" or \"allow=RULE,...\"");
       return;
     }
   bool net_host = net && strcmp (net, "host") == 0;
+  json_t *norm = NULL;
+  wr_err_t nerr;
+  if (net && strncmp (net, "allow=", 6) == 0 && wrd_net_parse (d, nv, NULL, &norm, &nerr) < 0)
+    {
+      json_decref (body);
+      wrd_reply_error (req, &nerr);
+      return;
+    }
+  char network[sizeof ((struct build *)0)->network];
+  snprintf (network, sizeof network, "%s",
+            norm       ? json_string_value (norm)
+            : net_host ? "host"
+                       : "none");
+  json_decref (norm);
   if (net_host && !d->allow_host_network)
     {
       json_decref (body);
@@ -1008,6 +1028,7 @@ wrd_http_image_build (struct wrd *d, struct evhttp_request *req)
       return;
     }
   b->net_host = net_host;
+  snprintf (b->network, sizeof b->network, "%s", network);
   snprintf (b->name, sizeof b->name, "%s", name);
   if (context)
     snprintf (b->context, sizeof b->context, "%s", context);

@@ -488,8 +488,12 @@ wrd_net_attach (struct wrd *d, struct sandbox *sb, wr_err_t *err)
   if (knet == NULL)
     return wr_error (err, 0, WR_E_UNSUPPORTED, "no sandbox networking on this node: %s",
                      knet_error);
-  if (wr_container_pidfd (&sb->c) < 0)
-    return wr_error (err, 0, WR_E_UNSUPPORTED, "network policy needs the container backend");
+  /* VM backends: the process behind the pidfd is the VMM, in the host's
+   * network namespace; their tap devices are not policed yet */
+  if (strcmp (sb->backend, "container") != 0 || wr_container_pidfd (&sb->c) < 0)
+    return wr_error (err, 0, WR_E_UNSUPPORTED,
+                     "\"network\": \"allow=...\" needs the container backend (not %s yet)",
+                     sb->backend);
   unsigned slot;
   int r = wr_net_slot_alloc (knet, &slot, err);
   if (r < 0)

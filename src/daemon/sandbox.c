@@ -298,6 +298,12 @@ wrd_parse_create (struct wrd *d, json_t *req, json_t **ret, wr_err_t *err)
       < 0)
     return -EINVAL;
   const char *net = json_string_value (netj);
+  if (strncmp (net, "allow=", 6) == 0 && strcmp (backend, "container") != 0)
+    {
+      json_decref (netj);
+      return wr_error (err, 0, WR_E_UNSUPPORTED,
+                       "\"network\": \"allow=...\" needs the container backend (docs/network.md)");
+    }
   if (check_string_map (json_object_get (req, "env"), "env", err) < 0
       || check_string_map (json_object_get (req, "labels"), "labels", err) < 0)
     {

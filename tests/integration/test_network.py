@@ -418,3 +418,41 @@ def test_sdk_network_policy(d):
         with pytest.raises(warren.WarrenError):
             sb.set_network("allow=no/such/rule")
     c.close()
+
+
+def test_build_run_steps_take_the_policy(d, world):
+    ctx = world / "buildctx"
+    ctx.mkdir(exist_ok=True)
+    spec = f"FROM busybox:latest\nRUN wget -q -O /fetched http://{MIRROR}:8080/index.html\n"
+    # without network, the RUN step cannot fetch (and the build fails)
+    r = d.api.raw("POST", "/v1/images/build",
+                  {"name": "netbuild:none", "spec": spec, "context": str(ctx)}, timeout=600)
+    assert r.status != 201, r
+    r = d.api.raw("POST", "/v1/images/build",
+                  {"name": "netbuild:mirror", "spec": spec, "context": str(ctx),
+                   "network": f"allow={MIRROR}:8080"}, timeout=600)
+    assert r.status == 201, r
+    sid = create(d, "none", image="netbuild:mirror")
+    try:
+        assert "this is the mirror" in d.api.sh(sid, "cat /fetched")["stdout"]
+    finally:
+        d.api.delete(sid)
+    # the forbidden site stays forbidden to a build allowed the mirror only
+    spec2 = f"FROM busybox:latest\nRUN timeout 3 wget -q -O /x http://{FORBIDDEN}:8080/\n"
+    r = d.api.raw("POST", "/v1/images/build",
+                  {"name": "netbuild:forbidden", "spec": spec2, "context": str(ctx),
+                   "network": f"allow={MIRROR}:8080"}, timeout=600)
+    assert r.status != 201, r
+    r = d.api.raw("POST", "/v1/images/build",
+                  {"name": "netbuild:bad", "spec": spec, "context": str(ctx),
+                   "network": "allow=nosuchservice"}, timeout=600)
+    assert r.status == 400, r
+    for ref in ("netbuild:mirror",):
+        d.api.raw("DELETE", f"/v1/images/{ref}")
+
+
+def test_vm_backends_refuse_allow(d):
+    # their tap devices are not policed yet (docs/network.md): refused up front
+    for backend in ("microvm", "vm"):
+        r = d.api.raw("POST", "/v1/sandboxes", {"backend": backend, "network": f"allow={MIRROR}:8080"})
+        assert r.status == 501 and "container backend" in r.json()["error"]["message"], r
