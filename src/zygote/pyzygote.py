@@ -1,7 +1,7 @@
 # Warren's Python fncall zygote (docs/fncall.md).
 #
 # warrend starts one per pool sandbox as a long-running exec:
-#   python3 -I -S -u -c <this file> UID GID SCRATCH MODULES MODE
+#   python3 -I -S -u -c <this file> UID GID SCRATCH MODULES MODE [WORKER_CALLS]
 # and talks to it over that exec's stdin/stdout. Single threaded; one call at
 # a time. Frames both ways: u32 little-endian length + JSON. A result frame's
 # JSON carries out_len/err_len and the raw output bytes follow it.
@@ -30,6 +30,7 @@ import time
 UID, GID, SCRATCH = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 PRELOAD = [m for m in (sys.argv[4] if len(sys.argv) > 4 else "").split(",") if m]
 MODE = sys.argv[5] if len(sys.argv) > 5 else "fork"
+WORKER_CALLS = int(sys.argv[6]) if len(sys.argv) > 6 else 0  # reuse: calls per worker (0: no limit)
 TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 IN, OUT = 0, os.dup(1)  # the daemon's frames; fd 1 itself goes to /dev/null
 _null = os.open("/dev/null", os.O_RDWR)
@@ -640,6 +641,7 @@ class Worker:
         ws.close()
         self.ctl = zs
         self.reaped = False
+        self.calls = 0
 
     def close(self):
         self.ctl.close()
@@ -791,7 +793,13 @@ def call_reuse(req, raw):
     send_result(OUT, clean_result(hdr), out, err)
     # best effort: only files, the worker cannot have started processes
     wipe_files()
-    if not scratch_ok:
+    worker.calls += 1
+    if WORKER_CALLS and worker.calls >= WORKER_CALLS:
+        # what calls leave in the interpreter (and its fragmented heap) goes
+        # with the worker: a fresh one now, while the daemon answers
+        worker.close()
+        worker = Worker()
+    elif not scratch_ok:
         try:
             os.mkdir(SCRATCH, 0o700)
             os.chown(SCRATCH, UID, GID)

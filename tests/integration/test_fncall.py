@@ -654,3 +654,26 @@ def test_bench_call_blocks(rootfs, pyroot):
     finally:
         d.stop()
         shutil.rmtree(d.root, ignore_errors=True)
+
+
+def test_reuse_worker_replaced_after_max_calls(rootfs, pyroot):
+    """In a reuse pool --fncall-max-calls N replaces the worker (a fork in
+    the member) every N calls; the member sandbox goes after 16 N, not N."""
+    d = _start(rootfs, pyroot, "--fncall-max-calls", "3", "--fncall-size", "1")
+    try:
+        set_pool(d.api, "python:latest", 1, 256, lang="python", mode="reuse")
+        req = dict(image="python:latest", lang="python", code="import os; print(os.getpid())")
+        runs = [ok(d.api, **req) for _ in range(48)]
+        pids = [r["stdout"] for r in runs]
+        assert len(set(pids)) == 16, pids
+        assert all(pids[i] == pids[i - i % 3] for i in range(48)), pids  # 3 calls each
+        assert len({r["fncall"]["sandbox"] for r in runs}) == 1, "the member is kept"
+        nxt = ok(d.api, **req)
+        assert nxt["fncall"]["sandbox"] != runs[0]["fncall"]["sandbox"], "replaced after 16 N"
+        # fork and command pools: the member goes after N calls, as before
+        ids = [ok(d.api, image="python:latest", lang="python", code="print(1)",
+                  memory_mb=64)["fncall"]["sandbox"] for _ in range(4)]
+        assert len(set(ids)) == 2, ids
+    finally:
+        d.stop()
+        shutil.rmtree(d.root, ignore_errors=True)
