@@ -194,12 +194,13 @@ run_calls (warren_client_t *c, json_t *req, size_t count, unsigned conc, struct 
 
 /* Warm the pool (size members, a few calls each) before measuring. */
 static int
-warm (warren_client_t *c, const char *image, const char *lang, unsigned size, json_t *req,
-      char *msg, size_t msglen)
+warm (warren_client_t *c, const char *lang, unsigned size, json_t *req, char *msg, size_t msglen)
 {
   warren_error_t e;
-  json_t *body
-      = json_pack ("{s:s,s:s,s:I}", "image", image, "lang", lang, "size", (json_int_t)size);
+  const char *image = json_string_value (json_object_get (req, "image"));
+  json_int_t mem = json_integer_value (json_object_get (req, "memory_mb"));
+  json_t *body = json_pack ("{s:s,s:s,s:I,s:I}", "image", image, "lang", lang, "size",
+                            (json_int_t)size, "memory_mb", mem);
   /* the pool's isolation mode is its owner's to set (calls may only repeat it) */
   json_t *mode = json_object_get (req, "mode");
   if (json_is_string (mode))
@@ -229,7 +230,7 @@ warm (warren_client_t *c, const char *image, const char *lang, unsigned size, js
         const char *img = json_string_value (json_object_get (it, "image"));
         const char *l = json_string_value (json_object_get (it, "lang"));
         if (img && l && strcmp (img, image) == 0 && strcmp (l, lang) == 0
-            && json_integer_value (json_object_get (it, "memory_mb")) == 256)
+            && json_integer_value (json_object_get (it, "memory_mb")) == mem)
           {
             size_t k;
             json_t *m;
@@ -519,19 +520,21 @@ wr_cli_bench_call (warren_client_t *c, int argc, char **argv)
                            "blocks", (json_int_t)blocks, "pool_size", (json_int_t)o.pool_size);
   int status = 0;
 
-  kinds[K_TRUE].req = json_pack ("{s:s,s:[s]}", "image", o.image, "cmd", "true");
-  kinds[K_FORK].req = json_pack ("{s:s,s:s,s:s,s:s}", "image", o.py_image, "lang", "python", "code",
-                                 "print(1+1)", "mode", "fork");
-  kinds[K_REUSE].req = json_pack ("{s:s,s:s,s:s,s:s}", "image", o.py_image, "lang", "python",
-                                  "code", "print(1+1)", "mode", "reuse");
-  /* The fork and reuse pools share a key (image, lang, memory): their
-   * owner-set mode is switched before each of their runs below. */
+  /* The reuse pool is keyed with 1 MB more than the fork pool (a pool is
+   * (image, lang, memory)): both stay warm side by side, no mode switch and
+   * no member rebuilt between blocks. */
+  kinds[K_TRUE].req
+      = json_pack ("{s:s,s:[s],s:i}", "image", o.image, "cmd", "true", "memory_mb", 256);
+  kinds[K_FORK].req = json_pack ("{s:s,s:s,s:s,s:s,s:i}", "image", o.py_image, "lang", "python",
+                                 "code", "print(1+1)", "mode", "fork", "memory_mb", 256);
+  kinds[K_REUSE].req = json_pack ("{s:s,s:s,s:s,s:s,s:i}", "image", o.py_image, "lang", "python",
+                                  "code", "print(1+1)", "mode", "reuse", "memory_mb", 257);
   for (int k = 0; k < N_KINDS; k++)
-    if (kinds[k].on && k != K_REUSE)
+    if (kinds[k].on)
       {
         say (&o, "warming the %s pool (%u sandboxes)", kinds[k].name, o.pool_size);
-        if (warm (c, k == K_TRUE ? o.image : o.py_image, k == K_TRUE ? "cmd" : "python",
-                  o.pool_size, kinds[k].req, kinds[k].err, sizeof kinds[k].err)
+        if (warm (c, k == K_TRUE ? "cmd" : "python", o.pool_size, kinds[k].req, kinds[k].err,
+                  sizeof kinds[k].err)
             < 0)
           status = 1;
       }
@@ -554,7 +557,6 @@ wr_cli_bench_call (warren_client_t *c, int argc, char **argv)
   double spawn_blk[MAX_BLOCKS] = { 0 }, pyc_blk[MAX_BLOCKS] = { 0 };
   size_t per = o.count / blocks < 10 ? 10 : o.count / blocks;
   size_t alt_per = o.alt_count / blocks < 3 ? 3 : o.alt_count / blocks;
-  bool python_mode_reuse = false; /* the Python pool's current mode */
   for (size_t b = 0; b < blocks; b++)
     {
       say (&o, "block %zu/%zu: %zu calls per concurrency level", b + 1, blocks, per);
@@ -576,16 +578,6 @@ wr_cli_bench_call (warren_client_t *c, int argc, char **argv)
               struct kind *kd = &kinds[k];
               if (!kd->on || kd->err[0])
                 continue;
-              if (k != K_TRUE && python_mode_reuse != (k == K_REUSE))
-                {
-                  if (warm (c, o.py_image, "python", o.pool_size, kd->req, kd->err, sizeof kd->err)
-                      < 0)
-                    {
-                      status = 1;
-                      continue;
-                    }
-                  python_mode_reuse = k == K_REUSE;
-                }
               kind_block (c, &o, kd, b, per);
               if (kd->err[0])
                 status = 1;
