@@ -204,10 +204,11 @@ sb_json (const struct sim_sb *s)
 {
   char id[64];
   snprintf (id, sizeof id, "%s-%012llx", sim.nodes[s->node].name, (unsigned long long)s->rnd);
-  return json_pack ("{s:s,s:s,s:s,s:s,s:f,s:i,s:O,s:b,s:b}", "id", id, "backend", s->backend,
+  return json_pack ("{s:s,s:s,s:s,s:s,s:f,s:i,s:o,s:b,s:b}", "id", id, "backend", s->backend,
                     "image", s->image, "state", s->paused ? "paused" : "running", "created_at",
                     s->created_at, "memory_mb", (int)s->memory_mb, "labels",
-                    s->labels ? s->labels : json_object (), "pooled", 0, "simulated", 1);
+                    s->labels ? json_incref (s->labels) : json_object (), "pooled", 0, "simulated",
+                    1);
 }
 
 /* ---- HTTP ---- */

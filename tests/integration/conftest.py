@@ -8,6 +8,17 @@ import pytest
 from wr import Daemon, busybox_rootfs
 
 BUILD = os.environ.get("WARREN_BUILD", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
+
+
+def san_cflags():
+    """The sanitizer flags a C program needs to link this build's libwarren.a
+    (`make SAN=1` builds it with ASan + UBSan)."""
+    try:
+        with open(os.path.join(os.path.abspath(BUILD), "lib", "libwarren.a"), "rb") as f:
+            san = b"__asan_init" in f.read()
+    except OSError:
+        san = False
+    return ["-fsanitize=address,undefined"] if san else []
 MUST_WORK = os.environ.get("WARREN_MUST_WORK") == "1"
 
 

@@ -24,7 +24,7 @@ import time
 
 import pytest
 
-from conftest import BUILD, need, start_daemon
+from conftest import BUILD, need, san_cflags, start_daemon
 from test_cluster import (ADMIN, ETCD, LEASE_TTL, NODE_TOKEN, Etcd, Gateway, Http, free_port,
                           node_of, wait_for)
 
@@ -221,7 +221,7 @@ def build_libwarren_loop(tmp):
         f.write(LIBWARREN_LOOP.replace("#include <unistd.h>", "#include <stdlib.h>\n#include <unistd.h>"))
     exe = os.path.join(tmp, "loop")
     top = os.path.join(os.path.dirname(__file__), "..", "..")
-    subprocess.run(["cc", "-O1", "-I", os.path.join(top, "include"), src, "-o", exe,
+    subprocess.run(["cc", "-O1"] + san_cflags() + ["-I", os.path.join(top, "include"), src, "-o", exe,
                     os.path.join(os.path.abspath(BUILD), "lib", "libwarren.a"), "-ljansson", "-lm"],
                    check=True, capture_output=True, timeout=120)
     return exe
