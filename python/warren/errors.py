@@ -88,7 +88,7 @@ class NotFound(TaskError, LookupError):
 
 
 class Conflict(TaskError):
-    """409: name or state conflict (e.g. exec in a paused sandbox)."""
+    """409: name or state conflict (e.g. a step id reused with another request)."""
     code = "conflict"
 
 

@@ -11,7 +11,7 @@ import tempfile
 
 import pytest
 
-from conftest import BUILD, need
+from conftest import BUILD, need, san_cflags
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BUILD_ABS = os.path.abspath(BUILD)
@@ -175,7 +175,7 @@ def test_pkg_config_builds_a_client_that_runs(tmp, daemon):
     with open(src, "w") as f:
         f.write(C_PROG)
     exe = os.path.join(tmp, "client")
-    run(["cc", "-o", exe, src] + flags)
+    run(["cc", "-o", exe, src] + san_cflags() + flags)
     # the shared library from the DESTDIR, not the build tree
     lenv = dict(os.environ, LD_LIBRARY_PATH=dest + PREFIX + "/lib")
     ldd = run(["ldd", exe], env=lenv).stdout

@@ -220,11 +220,12 @@ def test_sync_client_shared_by_threads(client, sb):
 
 def test_pause_resume(sb):
     assert sb.pause().state == "paused"
-    with pytest.raises(warren.Conflict) as e:
-        sb.exec(["true"])
-    assert e.value.status == 409
+    assert sb.refresh().state == "paused"
     assert sb.resume().state == "running"
+    # an exec to a paused sandbox resumes it first (docs/api.md, pause)
+    assert sb.pause().state == "paused"
     assert sb.exec(["true"]).ok
+    assert sb.refresh().state == "running"
 
 
 def test_error_mapping(client, sb):
@@ -551,9 +552,9 @@ def test_async_every_method(host, client):
                 with pytest.raises(warren.NotFound):
                     await sb.stat("/tmp/q")
                 assert (await sb.pause()).state == "paused"
-                with pytest.raises(warren.Conflict):
-                    await sb.exec(["true"])
                 assert (await sb.resume()).state == "running"
+                assert (await sb.pause()).state == "paused"
+                assert (await sb.exec(["true"])).ok  # resumes it first
                 assert (await sb.refresh()).state == "running"
                 with pytest.raises(warren.InvalidArgument):
                     await sb.exec(["pwd"], cwd="rel")
