@@ -626,6 +626,14 @@ wr_net_set_policy (struct wr_net *n, unsigned slot, const struct wr_net_allow *a
   /* the chain is rebuilt in the same transaction: a group change and the
    * set are seen together by the next packet */
   OUT ("flush chain inet %1$s e%2$u\n", n->table, slot);
+  {
+    /* only its own address: NET_RAW could otherwise forge a neighbour's,
+     * whose replies conntrack would then let in as established */
+    char me[INET_ADDRSTRLEN];
+    struct in_addr x = wr_net_address (n, slot);
+    inet_ntop (AF_INET, &x, me, sizeof me);
+    OUT ("add rule inet %1$s e%2$u ip saddr != %3$s counter name c%2$u drop\n", n->table, slot, me);
+  }
   if (group)
     OUT ("add set inet %1$s g_%2$s { type ipv4_addr; }\n"
          "add rule inet %1$s e%3$u ip daddr @g_%2$s accept\n",
