@@ -10,7 +10,8 @@
  * sysfs. The namespaces are owned by the host's user namespace, so the
  * sandbox's root holds no capability over its network (it could configure
  * its own before): `none` means loopback up and nothing else, which the
- * sandbox cannot change. A pool that is empty, disabled
+ * sandbox cannot change. The pool is filled when it is made; the worker
+ * starts with the first take. A pool that is empty, disabled
  * (WARREN_NETNS_POOL=0) or failing leaves the create to CLONE_NEWNET. */
 #include <errno.h>
 #include <fcntl.h>
@@ -153,6 +154,16 @@ wr_netns_pool_new (unsigned target, struct wr_netns_pool **ret, wr_err_t *err)
     }
   pthread_mutex_init (&p->lock, NULL);
   pthread_cond_init (&p->cond, NULL);
+  /* Filled now, on the caller's thread: the daemon starts with the pool it
+   * keeps (its descriptor count at rest includes them), and the first
+   * creates find one. A failure here leaves creates to CLONE_NEWNET. */
+  while (p->n < p->target && !p->broken)
+    {
+      if (make_one (p->home_fd, &p->ready[p->n]) < 0)
+        p->broken = true;
+      else
+        p->n++;
+    }
   *ret = p;
   return 0;
 }

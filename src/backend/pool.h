@@ -12,8 +12,10 @@ struct wr_netns_pool;
 /* enough for the two builder threads to find one ready after a burst */
 #define WR_NETNS_POOL_DEFAULT 4
 
-/* target 0: no pool (*ret = NULL; take then always misses). The worker
- * starts at the first take. */
+/* target 0: no pool (*ret = NULL; take then always misses). Filled on the
+ * calling thread before it returns (no thread yet: call it before any fork
+ * that must not lose one); the worker that refills it starts at the first
+ * take. */
 int wr_netns_pool_new (unsigned target, struct wr_netns_pool **ret, wr_err_t *err);
 /* Stops the worker and closes the namespaces not handed out. NULL is fine. */
 void wr_netns_pool_free (struct wr_netns_pool *p);

@@ -524,9 +524,9 @@ test_loop (int iters, bool net_host)
   free (destroy);
 }
 
-/* A sandbox with its own network gets a netns the pool made ahead (after
- * the first create started the pool's worker): owned by the host's user
- * namespace, loopback up, its read-only sysfs attached at /sys. */
+/* A sandbox with its own network gets a netns the pool made ahead: owned
+ * by the host's user namespace, loopback up, its read-only sysfs attached
+ * at /sys. Without a pool, clone3 makes one owned by the sandbox. */
 static void
 test_netns_pool (void)
 {
@@ -539,7 +539,7 @@ test_netns_pool (void)
       if (ready == 0)
         usleep (10000);
     }
-  TAP_GT_INT ((int)ready, 0, "netns pool filled by its worker (%u ready)", ready);
+  TAP_GT_INT ((int)ready, 0, "netns pool filled (%u ready)", ready);
   struct wr_container_spec spec = { .memory_mb = 64, .disk_mb = 16 };
   struct wr_container c;
   char sdir[512];
@@ -568,6 +568,29 @@ test_netns_pool (void)
   out_free (&o);
   RUN (c.agent_fd, &o, "/bin/sh", "-c", "touch /sys/x || grep -c ' /sys ro,' /proc/self/mountinfo");
   TAP_EQ_STR (o.stdout_buf, "1\n", "pooled netns: /sys read-only (%s)", o.stdout_buf);
+  out_free (&o);
+  TAP_EQ (wr_container_destroy (rt, &c, sdir, &err), 0, "destroy (%s)", err.msg);
+  rmdir (sdir);
+
+  /* without a pool (disabled, or empty): a netns of its own, made by clone3 */
+  struct wr_netns_pool *pool = rt->netns_pool;
+  rt->netns_pool = NULL;
+  r = spec_create ("t-netns", &spec, sdir, sizeof sdir, &c, &err);
+  rt->netns_pool = pool;
+  TAP_EQ (r, 0, "create without the pool (%s)", r ? err.msg : "ok");
+  if (r)
+    return;
+  read_hello (c.agent_fd);
+  snprintf (path, sizeof path, "/proc/%d/ns/net", (int)c.pid);
+  _cleanup_close_ int ns2 = open (path, O_RDONLY | O_CLOEXEC);
+  _cleanup_close_ int owner2 = ns2 >= 0 ? ioctl (ns2, NS_GET_USERNS) : -1;
+  snprintf (path, sizeof path, "/proc/%d/ns/user", (int)c.pid);
+  TAP_OK (owner2 >= 0 && fstat (owner2, &so) == 0 && stat (path, &si) == 0
+              && so.st_ino == si.st_ino,
+          "own netns: it belongs to the sandbox's user namespace");
+  RUN (c.agent_fd, &o, "/bin/cat", "/sys/class/net/lo/operstate");
+  TAP_OK (TAP_C_EQ (o.exit_code, 0) && TAP_C_HAS_STR (o.stdout_buf, "unknown"),
+          "own netns: lo is up (%s)", o.stdout_buf);
   out_free (&o);
   TAP_EQ (wr_container_destroy (rt, &c, sdir, &err), 0, "destroy (%s)", err.msg);
   rmdir (sdir);
