@@ -113,6 +113,20 @@ range_json (double *v, size_t n, double *ret_median)
                     round (v[0] * 100) / 100, "max", round (v[n - 1] * 100) / 100);
 }
 
+/* A reference's stats over all blocks and its rate per block (median and
+ * range; blk itself stays in block order for the per-block ratios). */
+static json_t *
+ref_json (struct acc *a, const double *blk, size_t blocks, const char *why)
+{
+  if (a->n == 0)
+    return err_entry (why);
+  double v[MAX_BLOCKS], med;
+  memcpy (v, blk, blocks * sizeof *v);
+  json_t *j = acc_json (a, 1, NULL);
+  json_object_set_new (j, "rate_per_block", range_json (v, blocks, &med));
+  return j;
+}
+
 /* ---- fncall at one concurrency ---- */
 
 struct shared
@@ -612,43 +626,39 @@ wr_cli_bench_call (warren_client_t *c, int argc, char **argv)
       json_object_set_new (j, "best_rate_per_block", range_json (v, blocks, &med[k]));
       json_object_set_new (rep, kd->key, j);
     }
-  double spawn_med = 0, pyc_med = 0;
   if (kinds[K_TRUE].on)
-    {
-      if (spawn_acc.n)
-        {
-          json_t *j = acc_json (&spawn_acc, 1, NULL);
-          json_object_set_new (j, "rate_per_block", range_json (spawn_blk, blocks, &spawn_med));
-          json_object_set_new (rep, "host_posix_spawn_true", j);
-        }
-      else
-        json_object_set_new (rep, "host_posix_spawn_true",
-                             err_entry (err.msg[0] ? err.msg : "spawn failed or exited non-zero"));
-    }
+    json_object_set_new (rep, "host_posix_spawn_true",
+                         ref_json (&spawn_acc, spawn_blk, blocks,
+                                   err.msg[0] ? err.msg : "spawn failed or exited non-zero"));
   if (kinds[K_FORK].on)
-    {
-      if (pyc_acc.n)
-        {
-          json_t *j = acc_json (&pyc_acc, 1, NULL);
-          json_object_set_new (j, "rate_per_block", range_json (pyc_blk, blocks, &pyc_med));
-          json_object_set_new (rep, "host_python3_c", j);
-        }
-      else
-        json_object_set_new (
-            rep, "host_python3_c",
-            err_entry (have_py ? "python3 -c failed" : "/usr/bin/python3 not found"));
-    }
+    json_object_set_new (rep, "host_python3_c",
+                         ref_json (&pyc_acc, pyc_blk, blocks,
+                                   have_py ? "python3 -c failed" : "/usr/bin/python3 not found"));
 
   /* ratios per block: median and range */
   double r_true[MAX_BLOCKS], r_fork[MAX_BLOCKS], r_true_med = 0, r_fork_med = 0;
   size_t n_true = 0, n_fork = 0;
+  json_t *per_block = json_array ();
   for (size_t b = 0; b < blocks; b++)
     {
+      /* what each ratio of this block was computed from (calls/s) */
+      json_t *jb = json_object ();
+      static const char *ref_names[N_KINDS] = { "posix_spawn", "python3_c", NULL };
+      double *refs[N_KINDS] = { spawn_blk, pyc_blk, NULL };
+      for (int k = 0; k < N_KINDS; k++)
+        if (kinds[k].on)
+          {
+            json_object_set_new (jb, kinds[k].name, json_real (round (kinds[k].best[b])));
+            if (ref_names[k])
+              json_object_set_new (jb, ref_names[k], json_real (round (refs[k][b] * 10) / 10));
+          }
+      json_array_append_new (per_block, jb);
       if (kinds[K_TRUE].best[b] > 0 && spawn_blk[b] > 0)
         r_true[n_true++] = kinds[K_TRUE].best[b] / spawn_blk[b];
       if (kinds[K_FORK].best[b] > 0 && pyc_blk[b] > 0)
         r_fork[n_fork++] = kinds[K_FORK].best[b] / pyc_blk[b];
     }
+  json_object_set_new (rep, "per_block", per_block);
   json_t *ratios = json_object ();
   json_object_set_new (ratios, "true_vs_posix_spawn", range_json (r_true, n_true, &r_true_med));
   json_object_set_new (ratios, "python_fork_vs_python3_c",

@@ -634,6 +634,16 @@ def test_bench_call_blocks(rootfs, pyroot):
         for k in ("true_vs_posix_spawn", "python_fork_vs_python3_c"):
             v = j["ratios"][k]
             assert 0 < v["min"] <= v["median"] <= v["max"], j["ratios"]
+        # each ratio pairs a block's fncall figure with the reference of the same block
+        blocks = j["per_block"]
+        assert len(blocks) == 2 and all(set(b) == {"true", "posix_spawn", "fork", "python3_c",
+                                                   "reuse"} for b in blocks), blocks
+        for k, f, ref in (("true_vs_posix_spawn", "true", "posix_spawn"),
+                          ("python_fork_vs_python3_c", "fork", "python3_c")):
+            want = sorted(b[f] / b[ref] for b in blocks)
+            got = j["ratios"][k]
+            assert abs(got["min"] - want[0]) < 0.02 * want[0] + 0.01, (got, blocks)
+            assert abs(got["max"] - want[1]) < 0.02 * want[1] + 0.01, (got, blocks)
         for k in ("fncall_true", "fncall_python_fork", "fncall_python_reuse"):
             assert j[k]["c1"]["count"] == 20 and j[k]["c2"]["count"] == 20, j[k]
             assert j[k]["best_rate_per_block"]["median"] > 0, j[k]
