@@ -1015,12 +1015,12 @@ wrd_http_net_services (struct wrd *d, struct evhttp_request *req, const char *re
             r = wr_error (&err, 0, WR_E_INTERNAL, "services: %s", sqlite3_errmsg (d->db));
           sqlite3_finalize (st);
         }
-      json_decref (body);
       if (r < 0)
         wrd_reply_error (req, &err);
       else
         wrd_reply_json (req, 201,
                         json_pack ("{s:s,s:o}", "name", name, "targets", split_rules (joined)));
+      json_decref (body); /* after the reply: name is body's */
       return;
     }
   if (rest && m == EVHTTP_REQ_DELETE)
