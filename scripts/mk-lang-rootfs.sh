@@ -9,6 +9,9 @@
 #   scripts/mk-lang-rootfs.sh --packages LANG -> prints LANG's extra packages
 #                                                (empty: LANG is in the base)
 #   scripts/mk-lang-rootfs.sh --list          -> the known languages
+#   scripts/mk-lang-rootfs.sh --cached LANG   -> the layer's path if it is
+#                                                cached, else exit 1 (builds
+#                                                nothing but a missing base)
 #
 # How: debootstrap base + LANG's packages (mk-debian-rootfs.sh with
 # WARREN_DEBIAN_PACKAGES, cached by package set), then keep what differs from
@@ -49,9 +52,10 @@ case "${1:-}" in
   --packages)
     packages "${2:-}" || { echo "mk-lang-rootfs: unknown language '${2:-}' (known: $LANGS)" >&2; exit 2; }
     exit 0 ;;
-  "" | -*) echo "usage: mk-lang-rootfs.sh LANG | --packages LANG | --list" >&2; exit 2 ;;
+  --cached) only_cached=1; shift ;;
+  "" | -*) echo "usage: mk-lang-rootfs.sh LANG | --cached LANG | --packages LANG | --list" >&2; exit 2 ;;
 esac
-lang=$1
+lang=${1:-}
 pkgs=$(packages "$lang") || { echo "mk-lang-rootfs: unknown language '$lang' (known: $LANGS)" >&2; exit 2; }
 [ -n "$pkgs" ] || { echo "mk-lang-rootfs: $lang is in the base image" >&2; exit 2; }
 
@@ -64,6 +68,7 @@ if [ -s "$CACHED" ]; then
   echo "$CACHED"
   exit 0
 fi
+[ -z "${only_cached:-}" ] || exit 1
 extra="${WARREN_DEBIAN_PACKAGES:+$WARREN_DEBIAN_PACKAGES,}$pkgs"
 full=$(WARREN_DEBIAN_PACKAGES=$extra bash "$here/mk-debian-rootfs.sh")
 echo "mk-lang-rootfs: $lang layer: $(basename "$full") minus $(basename "$base")" >&2

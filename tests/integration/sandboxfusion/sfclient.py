@@ -26,6 +26,16 @@ def debian_tarball():
     return r.stdout.strip()
 
 
+def lang_layer(lang):
+    """The cached layer tarball of lang-LANG:bookworm (LANG as
+    scripts/mk-lang-rootfs.sh names it), or None when it was never built:
+    the script's --cached mode computes the cache key the way a build does
+    and builds nothing but a missing base."""
+    r = subprocess.run(["bash", os.path.join(TOP, "scripts", "mk-lang-rootfs.sh"), "--cached",
+                        lang], capture_output=True, text=True)
+    return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else None
+
+
 class SF:
     """POST /run_code and friends over http.client (no PyPI packages)."""
 
@@ -64,8 +74,10 @@ def free_port():
     return port
 
 
-def start(rootfs, extra=()):
-    """(daemon, SF client): warrend with --listen-compat and base:bookworm."""
+def start(rootfs, extra=(), import_base=True):
+    """(daemon, SF client): warrend with --listen-compat and base:bookworm
+    (imported from its tarball unless import_base is False: then the caller
+    imports it, e.g. with `warren image defaults`)."""
     need(os.geteuid() == 0, "container tests need root")
     tarball = debian_tarball()
     for attempt in range(5):
@@ -80,9 +92,10 @@ def start(rootfs, extra=()):
             shutil.rmtree(d.root, ignore_errors=True)
             if "in use" not in str(e) or attempt == 4:
                 raise
-    r = d.api.raw("POST", "/v1/images/import", {"name": "base:bookworm", "path": tarball},
-                  timeout=600)
-    assert r.status == 201, r
+    if import_base:
+        r = d.api.raw("POST", "/v1/images/import", {"name": "base:bookworm", "path": tarball},
+                      timeout=600)
+        assert r.status == 201, r
     return d, SF(port)
 
 

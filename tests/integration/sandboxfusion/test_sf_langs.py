@@ -1,0 +1,201 @@
+"""SandboxFusion's languages beyond base:bookworm (issue 11 item 2), run
+through /run_code wherever their image has been built here.
+
+A language is tested when scripts/mk-lang-rootfs.sh has its layer cached
+(`warren image defaults --lang LANG` or the script itself builds it, a few
+minutes each); otherwise its tests skip visibly, naming the command that
+builds it. These images are built on request only, so a missing one is a
+plain skip, not conftest.need(). One daemon serves every cached language:
+`warren image defaults --lang LIST` imports base:bookworm and the language
+images into it, and `--compat-image LANG=lang-LANG:bookworm` routes each
+language to its image.
+
+Per language: hello world on stdout, stdin echoed, a runtime error with its
+return code and stderr, a time limit, and for compiled languages a compile
+error (Failed, compile_result with a non-zero return code, no run)."""
+import os
+import shutil
+
+import pytest
+
+from sfclient import lang_layer, start
+
+# SandboxFusion language -> scripts/mk-lang-rootfs.sh's name for its image
+IMAGE_LANG = {"go": "go", "java": "java", "nodejs": "nodejs", "rust": "rust", "php": "php",
+              "lua": "lua", "ruby": "ruby", "R": "r", "perl": "perl"}
+COMPILED = ("go", "java", "rust")
+COMPILE_TIMEOUT = 120  # a JVM or rustc on two cores shared with other builds
+RUN_TIMEOUT = 60
+TLE_TIMEOUT = 2  # the programs below sleep for an hour: any limit is hit
+
+# (hello, stdin echo, "boom" on stderr and exit 3, sleep for an hour,
+#  compile error or None)
+PROGRAMS = {
+    "go": (
+        'package main\nimport "fmt"\nfunc main() { fmt.Println("hello") }\n',
+        'package main\nimport ("bufio"; "fmt"; "os")\n'
+        'func main() { s := bufio.NewScanner(os.Stdin); s.Scan(); fmt.Println(s.Text()) }\n',
+        'package main\nimport ("fmt"; "os")\n'
+        'func main() { fmt.Fprintln(os.Stderr, "boom"); os.Exit(3) }\n',
+        'package main\nimport "time"\nfunc main() { time.Sleep(time.Hour) }\n',
+        'package main\nfunc main() { x := ; }\n',
+    ),
+    "rust": (
+        'fn main() { println!("hello"); }\n',
+        'fn main() { let mut s = String::new(); std::io::stdin().read_line(&mut s).unwrap();'
+        ' print!("{}", s); }\n',
+        'fn main() { eprintln!("boom"); std::process::exit(3); }\n',
+        'fn main() { std::thread::sleep(std::time::Duration::from_secs(3600)); }\n',
+        'fn main() { let x: i32 = "a"; }\n',
+    ),
+    "java": (
+        'public class Main { public static void main(String[] a) {'
+        ' System.out.println("hello"); } }\n',
+        'import java.io.*;\npublic class Main { public static void main(String[] a)'
+        ' throws Exception { BufferedReader r = new BufferedReader(new InputStreamReader('
+        'System.in)); System.out.println(r.readLine()); } }\n',
+        'public class Main { public static void main(String[] a) {'
+        ' System.err.println("boom"); System.exit(3); } }\n',
+        'public class Main { public static void main(String[] a) throws Exception {'
+        ' Thread.sleep(3600000); } }\n',
+        'public class Main { public static void main(String[] a) { int x = "a"; } }\n',
+    ),
+    "nodejs": (
+        'console.log("hello");\n',
+        'process.stdout.write(require("fs").readFileSync(0, "utf8"));\n',
+        'console.error("boom"); process.exit(3);\n',
+        'setTimeout(() => {}, 3600e3);\n',
+        None,
+    ),
+    "php": (
+        '<?php echo "hello\\n";\n',
+        '<?php echo fgets(STDIN);\n',
+        '<?php fwrite(STDERR, "boom\\n"); exit(3);\n',
+        '<?php sleep(3600);\n',
+        None,
+    ),
+    "lua": (
+        'print("hello")\n',
+        'io.write(io.read("l"), "\\n")\n',
+        'io.stderr:write("boom\\n") os.exit(3)\n',
+        'while true do end\n',  # no sleep in plain lua: the limit stops it
+        None,
+    ),
+    "ruby": (
+        'puts "hello"\n',
+        'print STDIN.gets\n',
+        '$stderr.puts "boom"; exit 3\n',
+        'sleep 3600\n',
+        None,
+    ),
+    "R": (
+        'cat("hello\\n")\n',
+        'cat(readLines(file("stdin"), n = 1), "\\n", sep = "")\n',
+        'message("boom"); quit(status = 3)\n',
+        'Sys.sleep(3600)\n',
+        None,
+    ),
+    "perl": (
+        'print "hello\\n";\n',
+        'print scalar <STDIN>;\n',
+        'print STDERR "boom\\n"; exit 3;\n',
+        'sleep 3600;\n',
+        None,
+    ),
+}
+
+_layers = {}
+
+
+def cached(lang):
+    if lang not in _layers:
+        _layers[lang] = lang_layer(IMAGE_LANG[lang])
+    return _layers[lang]
+
+
+def image(lang):
+    return "lang-%s:bookworm" % IMAGE_LANG[lang]
+
+
+@pytest.fixture(scope="module")
+def sf(rootfs):
+    langs = [l for l in PROGRAMS if cached(l)]
+    extra = [a for l in langs for a in ("--compat-image", "%s=%s" % (l, image(l)))]
+    d, client = start(rootfs, extra, import_base=False)
+    try:
+        r = d.cli("image", "defaults", "--quiet", "--lang",
+                  ",".join(sorted({IMAGE_LANG[l] for l in langs})), timeout=1800)
+        assert r.returncode == 0, r.stderr[-3000:]
+        yield client
+    finally:
+        d.stop()
+        shutil.rmtree(d.root, ignore_errors=True)
+
+
+@pytest.fixture
+def sf_lang(request, lang):
+    """The module's daemon, after a visible skip for a language whose image
+    is not built (before the daemon starts: nothing cached, nothing run)."""
+    if not cached(lang):
+        pytest.skip("%s not built: warren image defaults --lang %s" % (image(lang), IMAGE_LANG[lang]))
+    return request.getfixturevalue("sf")
+
+
+def run(sf, lang, code, **kw):
+    kw.setdefault("compile_timeout", COMPILE_TIMEOUT)
+    kw.setdefault("run_timeout", RUN_TIMEOUT)
+    return sf.run_code(language=lang, code=code, **kw)
+
+
+def check_compiled(lang, r):
+    if lang in COMPILED:
+        assert r["compile_result"]["status"] == "Finished", r
+        assert r["compile_result"]["return_code"] == 0, r
+    else:
+        assert r["compile_result"] is None, r
+
+
+@pytest.mark.parametrize("lang", list(PROGRAMS))
+def test_hello(sf_lang, lang):
+    r = run(sf_lang, lang, PROGRAMS[lang][0])
+    assert r["status"] == "Success", r
+    check_compiled(lang, r)
+    assert r["run_result"]["status"] == "Finished", r
+    assert r["run_result"]["return_code"] == 0, r
+    assert r["run_result"]["stdout"] == "hello\n", r
+
+
+@pytest.mark.parametrize("lang", list(PROGRAMS))
+def test_stdin(sf_lang, lang):
+    r = run(sf_lang, lang, PROGRAMS[lang][1], stdin="65535 warren\n")
+    assert r["status"] == "Success", r
+    assert r["run_result"]["stdout"] == "65535 warren\n", r
+
+
+@pytest.mark.parametrize("lang", list(PROGRAMS))
+def test_runtime_error(sf_lang, lang):
+    r = run(sf_lang, lang, PROGRAMS[lang][2])
+    assert r["status"] == "Failed", r
+    check_compiled(lang, r)
+    assert r["run_result"]["status"] == "Finished", r
+    assert r["run_result"]["return_code"] == 3, r
+    assert "boom" in r["run_result"]["stderr"], r
+
+
+@pytest.mark.parametrize("lang", list(PROGRAMS))
+def test_time_limit(sf_lang, lang):
+    r = run(sf_lang, lang, PROGRAMS[lang][3], run_timeout=TLE_TIMEOUT)
+    assert r["status"] == "Failed", r
+    check_compiled(lang, r)
+    assert r["run_result"]["status"] == "TimeLimitExceeded", r
+    assert r["run_result"]["return_code"] is None, r
+
+
+@pytest.mark.parametrize("lang", COMPILED)
+def test_compile_error(sf_lang, lang):
+    r = run(sf_lang, lang, PROGRAMS[lang][4])
+    assert r["status"] == "Failed", r
+    assert r["compile_result"]["status"] == "Finished", r
+    assert r["compile_result"]["return_code"] != 0, r
+    assert r["compile_result"]["stderr"], r
+    assert r["run_result"] is None, r
