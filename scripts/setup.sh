@@ -12,6 +12,7 @@ PKGS=(
   docker-registry apache2-utils python3-cryptography debootstrap etcd-server
   qemu-system-x86 qemu-utils seabios cpio fdisk extlinux syslinux-common
   nftables libnftables-dev dnsutils # sandbox networking (docs/network.md)
+  criu # fork with "processes": true asks `criu check` what blocks it (docs/rl.md)
   nodejs npm # E2B conformance: the e2b npm SDK (tests/integration/test_e2b.py)
 )
 missing=()

@@ -24,6 +24,7 @@
 
 #include "common/util.h"
 #include "daemon/backends.h"
+#include "daemon/criu.h"
 #include "daemon/fsdiff.h"
 #include "daemon/http_util.h"
 #include "daemon/images.h"
@@ -717,14 +718,8 @@ http_fork (struct wrd *d, struct evhttp_request *req, struct sandbox *sb)
     }
   if (json_is_true (procs))
     {
-      /* docs/api.md: CRIU cannot checkpoint a process tree whose pid 1 is
-       * in a user namespace it does not own, nor restore it into another
-       * sandbox's namespaces and uid block, without a runtime of its own */
-      wr_error (&err, 0, WR_E_UNSUPPORTED,
-                "fork with \"processes\": true (CRIU) is not supported by the %s backend on "
-                "this node%s; fork copies the file system only",
-                sb->backend,
-                access ("/usr/sbin/criu", X_OK) == 0 ? "" : " (criu is not installed)");
+      /* docs/rl.md, "Process state in a fork": what blocks it here */
+      wrd_criu_fork_blocker (sb->backend, &err);
       goto fail;
     }
   if (check_fs_ops (sb, "fork", &err) < 0)

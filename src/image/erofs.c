@@ -127,8 +127,8 @@ wr_read_tail (int fd, char *errbuf, size_t errsz)
 
 /* Run argv with a clean environment; stdout to /dev/null, stderr captured
  * (last bytes kept) into errbuf. Returns the wait status or -errno. */
-static int
-run_capture (char *const argv[], char *errbuf, size_t errsz, wr_err_t *err)
+int
+wr_run_capture (char *const argv[], char *errbuf, size_t errsz, wr_err_t *err)
 {
   static char *const envp[] = { "PATH=" WR_DEFAULT_PATH, "LC_ALL=C", NULL };
   int pipefd[2];
@@ -187,7 +187,7 @@ wr_erofs_build_here (const char *src_dir, const char *out_path, wr_err_t *err)
                          (char *)src_dir,
                          NULL };
   char errbuf[512];
-  int status = run_capture (argv, errbuf, sizeof errbuf, err);
+  int status = wr_run_capture (argv, errbuf, sizeof errbuf, err);
   if (status < 0)
     return status;
   if (!WIFEXITED (status) || WEXITSTATUS (status) != 0)

@@ -92,6 +92,9 @@ int wr_erofs_build_here (const char *src_dir, const char *out_path, wr_err_t *er
 int wr_erofs_canonicalize (int fd, wr_err_t *err);
 /* Read fd to EOF, keeping its last size - 1 bytes in buf as one line. */
 void wr_read_tail (int fd, char *buf, size_t size);
+/* Run argv (clean environment, stdout to /dev/null), its stderr's tail in
+ * errbuf as by wr_read_tail. Returns the wait status or -1. */
+int wr_run_capture (char *const argv[], char *errbuf, size_t errsz, wr_err_t *err);
 
 /* wr_erofs_canonicalize, then fsync (path names it in errors). */
 int wr_erofs_seal (int fd, const char *path, wr_err_t *err);
