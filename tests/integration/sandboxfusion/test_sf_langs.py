@@ -13,7 +13,6 @@ language to its image.
 Per language: hello world on stdout, stdin echoed, a runtime error with its
 return code and stderr, a time limit, and for compiled languages a compile
 error (Failed, compile_result with a non-zero return code, no run)."""
-import os
 import shutil
 
 import pytest
