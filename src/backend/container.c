@@ -1002,7 +1002,8 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
 
   /* a network namespace made ahead by the pool, joined around clone3 */
   _cleanup_close_ int pooled_netns = -1, pooled_sysfs = -1;
-  if (!spec->net_host && wr_netns_pool_take (rt->netns_pool, &pooled_netns, &pooled_sysfs) == 0)
+  struct wr_netns_pool *netns_pool = spec->netns_pool ? spec->netns_pool : rt->netns_pool;
+  if (!spec->net_host && wr_netns_pool_take (netns_pool, &pooled_netns, &pooled_sysfs) == 0)
     {
       ca.flags &= ~(uint64_t)CLONE_NEWNET;
       ctx.sysfs_fd = pooled_sysfs;
@@ -1021,10 +1022,10 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
   ctx.lowers = lm.dir;
   pthread_sigmask (SIG_SETMASK, &all, &old);
   if (pooled_netns >= 0)
-    wr_netns_pool_enter (rt->netns_pool, pooled_netns);
+    wr_netns_pool_enter (netns_pool, pooled_netns);
   long pid = clone_as (base, securebits, &ca, rt, slot, &ctx);
   if (pooled_netns >= 0)
-    wr_netns_pool_leave (rt->netns_pool);
+    wr_netns_pool_leave (netns_pool);
   pthread_sigmask (SIG_SETMASK, &old, NULL);
   if (pid < 0)
     {

@@ -82,6 +82,9 @@ struct wr_container_spec
   /* CPU QoS "best-effort" (docs/performance.md): the sandbox's cpu group
    * idle (or weight 1) and its processes SCHED_IDLE */
   bool best_effort;
+  /* take the netns from this pool instead of the runtime's (networked
+   * namespaces for allow=, docs/network.md); NULL: the runtime's */
+  struct wr_netns_pool *netns_pool;
 };
 
 /* fd number at which the agent of a container holds its writable upper dir

@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <netinet/in.h>
+#include <sys/types.h>
 
 #include "common/err.h"
 
@@ -48,6 +49,16 @@ void wr_net_ifname (struct wr_net *n, unsigned slot, char buf[16]);
 /* Make the veth pair (eth0 inside the netns of the process behind pidfd),
  * addresses, routes, and the slot's empty (deny-all) chains. */
 int wr_net_attach (struct wr_net *n, unsigned slot, int pidfd, wr_err_t *err);
+/* Networked namespaces made ahead (docs/network.md, "Creation cost"): a
+ * free slot's link made into netns_fd (a pooled netns, pool.c), recorded
+ * by the namespace's inode. A create that got that netns claims the slot
+ * (ret_slot: link, addresses and route ready, chains made by its first
+ * wr_net_set_policy); -ENOENT when pid's netns is not a prepared one. A
+ * prepared netns closed unused gives its slot back with wr_net_unprepare. */
+#define WR_NET_PREPARED_MAX 64
+int wr_net_prepare (struct wr_net *n, int netns_fd, wr_err_t *err);
+int wr_net_claim (struct wr_net *n, pid_t pid, unsigned *ret_slot);
+void wr_net_unprepare (struct wr_net *n, int netns_fd);
 /* Re-create the slot's chains for a link that survived a restart. */
 int wr_net_readopt (struct wr_net *n, unsigned slot, wr_err_t *err);
 /* Replace the slot's allowed destinations and its net group (NULL: none) in

@@ -43,7 +43,8 @@ struct wr_netns_pool
   pthread_t worker;
   bool started, stopping, broken;
   unsigned target, n;
-  int home_fd; /* the daemon's netns, where the worker returns */
+  int home_fd;                      /* the daemon's netns, where the worker returns */
+  struct wr_netns_pool_hooks hooks; /* zero: plain namespaces */
   struct ready_netns ready[POOL_MAX];
   uint64_t made, taken, missed;
 };
@@ -105,6 +106,26 @@ make_one (int home_fd, struct ready_netns *ret)
   return r;
 }
 
+/* make_one, then the owner's preparation (a networked pool: net.c's link
+ * into it), back home */
+static int
+make_ready (struct wr_netns_pool *p, struct ready_netns *ret)
+{
+  int r = make_one (p->home_fd, ret);
+  if (r == 0 && p->hooks.prepare && (r = p->hooks.prepare (p->hooks.arg, ret->netns_fd)) < 0)
+    ready_close (ret);
+  return r;
+}
+
+/* a namespace the pool closes without handing it out */
+static void
+drop (struct wr_netns_pool *p, struct ready_netns *r)
+{
+  if (p->hooks.discard)
+    p->hooks.discard (p->hooks.arg, r->netns_fd);
+  ready_close (r);
+}
+
 static void *
 worker (void *arg)
 {
@@ -119,12 +140,12 @@ worker (void *arg)
         }
       pthread_mutex_unlock (&p->lock);
       struct ready_netns one;
-      int r = make_one (p->home_fd, &one);
+      int r = make_ready (p, &one);
       pthread_mutex_lock (&p->lock);
       if (r < 0)
         p->broken = true; /* creates fall back to CLONE_NEWNET from now on */
       else if (p->stopping || p->n >= p->target)
-        ready_close (&one);
+        drop (p, &one);
       else
         {
           p->ready[p->n++] = one;
@@ -138,6 +159,13 @@ worker (void *arg)
 int
 wr_netns_pool_new (unsigned target, struct wr_netns_pool **ret, wr_err_t *err)
 {
+  return wr_netns_pool_new_hooked (target, NULL, ret, err);
+}
+
+int
+wr_netns_pool_new_hooked (unsigned target, const struct wr_netns_pool_hooks *hooks,
+                          struct wr_netns_pool **ret, wr_err_t *err)
+{
   *ret = NULL;
   if (target == 0)
     return 0;
@@ -145,6 +173,8 @@ wr_netns_pool_new (unsigned target, struct wr_netns_pool **ret, wr_err_t *err)
   if (p == NULL)
     return wr_error (err, ENOMEM, WR_E_INTERNAL, "netns pool");
   p->target = target > POOL_MAX ? POOL_MAX : target;
+  if (hooks)
+    p->hooks = *hooks;
   p->home_fd = open ("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
   if (p->home_fd < 0)
     {
@@ -159,7 +189,7 @@ wr_netns_pool_new (unsigned target, struct wr_netns_pool **ret, wr_err_t *err)
    * creates find one. A failure here leaves creates to CLONE_NEWNET. */
   while (p->n < p->target && !p->broken)
     {
-      if (make_one (p->home_fd, &p->ready[p->n]) < 0)
+      if (make_ready (p, &p->ready[p->n]) < 0)
         p->broken = true;
       else
         p->n++;
@@ -181,7 +211,7 @@ wr_netns_pool_free (struct wr_netns_pool *p)
   if (started)
     pthread_join (p->worker, NULL);
   for (unsigned i = 0; i < p->n; i++)
-    ready_close (&p->ready[i]);
+    drop (p, &p->ready[i]);
   close (p->home_fd);
   pthread_mutex_destroy (&p->lock);
   pthread_cond_destroy (&p->cond);

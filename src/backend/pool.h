@@ -17,6 +17,19 @@ struct wr_netns_pool;
  * that must not lose one); the worker that refills it starts at the first
  * take. */
 int wr_netns_pool_new (unsigned target, struct wr_netns_pool **ret, wr_err_t *err);
+/* A pool of prepared namespaces (net.c: a sandbox link into each, for
+ * `allow=` creates): prepare runs on the filling thread, back in the
+ * daemon's netns, with each new netns's fd; < 0 drops that netns and stops
+ * the pool like any failure. discard gets each prepared netns the pool
+ * closes without handing it out. */
+struct wr_netns_pool_hooks
+{
+  int (*prepare) (void *arg, int netns_fd);
+  void (*discard) (void *arg, int netns_fd);
+  void *arg;
+};
+int wr_netns_pool_new_hooked (unsigned target, const struct wr_netns_pool_hooks *hooks,
+                              struct wr_netns_pool **ret, wr_err_t *err);
 /* Stops the worker and closes the namespaces not handed out. NULL is fine. */
 void wr_netns_pool_free (struct wr_netns_pool *p);
 /* A ready netns (loopback up, owned by the host's user namespace) and a

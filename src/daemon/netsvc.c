@@ -27,6 +27,7 @@
 #include <event2/keyvalq_struct.h>
 
 #include "backend/net.h"
+#include "backend/pool.h"
 #include "common/util.h"
 
 #define MAX_RULES 256
@@ -51,6 +52,8 @@ struct sbnet
 };
 
 static struct wr_net *knet; /* NULL: no networking on this host */
+/* namespaces with a sandbox link made ahead, for allow= creates (NULL: none) */
+static struct wr_netns_pool *npool;
 static char knet_error[256];
 static struct sbnet *sbnets;
 static struct sockaddr_in upstream;
@@ -103,11 +106,56 @@ upstream_init (void)
 static void
 net_atexit (void)
 {
+  wr_netns_pool_free (npool);
+  npool = NULL;
   if (knet && sbnets == NULL)
     {
       wr_net_free (knet);
       knet = NULL;
     }
+}
+
+static int
+npool_prepare (void *arg WR_UNUSED, int netns_fd)
+{
+  wr_err_t e;
+  if (wr_net_prepare (knet, netns_fd, &e) < 0)
+    {
+      wrd_log (WRD_LOG_WARN, "net: prepared links stop: %s\n", e.msg);
+      return -1;
+    }
+  return 0;
+}
+
+static void
+npool_discard (void *arg WR_UNUSED, int netns_fd)
+{
+  wr_net_unprepare (knet, netns_fd);
+}
+
+/* The pool of networked namespaces (docs/network.md, "Creation cost"):
+ * WARREN_NET_POOL=N of them (0: none; default the netns pool's size). An
+ * allow= create takes one instead of a plain one and only its policy is
+ * left to apply; without one it makes its link itself. */
+static void
+npool_up (void)
+{
+  static bool tried; /* one attempt: a failing pool leaves creates to the old path */
+  if (tried)
+    return;
+  tried = true;
+  const char *np = getenv ("WARREN_NET_POOL");
+  unsigned n = np && *np ? (unsigned)strtoul (np, NULL, 10) : WR_NETNS_POOL_DEFAULT;
+  struct wr_netns_pool_hooks h = { npool_prepare, npool_discard, NULL };
+  wr_err_t e;
+  if (wr_netns_pool_new_hooked (n, &h, &npool, &e) < 0)
+    wrd_log (WRD_LOG_WARN, "net: no pool of networked namespaces: %s\n", e.msg);
+}
+
+struct wr_netns_pool *
+wrd_net_pool (json_t *spec)
+{
+  return wrd_net_wanted (spec) ? npool : NULL;
 }
 
 /* The table and the address block are taken on first use: a daemon that
@@ -154,6 +202,9 @@ wrd_net_init (struct wrd *d)
 void
 wrd_net_shutdown (struct wrd *d WR_UNUSED)
 {
+  /* before the table: its namespaces give their slots back */
+  wr_netns_pool_free (npool);
+  npool = NULL;
   if (knet == NULL)
     return;
   if (sbnets) /* networked sandboxes outlive us: keep their rules */
@@ -403,6 +454,10 @@ wrd_net_parse (struct wrd *d, json_t *network, json_t *group, json_t **ret_netwo
                      "field \"network\" must be \"none\", \"host\" or \"allow=RULE,...\"");
   if (knet_up (d, err) < 0)
     return -EOPNOTSUPP;
+  /* here, not in knet_up: a restarted daemon adopts its sandboxes (and
+   * their slots) before it serves, and the pool takes free slots */
+  if (npool == NULL)
+    npool_up ();
   struct compiled *c = calloc (1, sizeof *c);
   int r = compile_rules (d, s + 6, false, c, err);
   free (c);
@@ -495,11 +550,14 @@ wrd_net_attach (struct wrd *d, struct sandbox *sb, wr_err_t *err)
                      "\"network\": \"allow=...\" needs the container backend (not %s yet)",
                      sb->backend);
   unsigned slot;
-  int r = wr_net_slot_alloc (knet, &slot, err);
-  if (r < 0)
+  int r = 0;
+  /* a netns from npool has its link ready: only the policy is left */
+  bool prepared = wr_net_claim (knet, sb->c.pid, &slot) == 0;
+  if (!prepared && (r = wr_net_slot_alloc (knet, &slot, err)) < 0)
     return r;
   struct sbnet *s = sbnet_new (sb, slot);
-  r = wr_net_attach (knet, slot, wr_container_pidfd (&sb->c), err);
+  if (!prepared)
+    r = wr_net_attach (knet, slot, wr_container_pidfd (&sb->c), err);
   if (r == 0)
     r = apply (d, s, rules_of (sb->spec), err);
   if (r < 0)
@@ -833,6 +891,20 @@ wrd_net_json (struct wrd *d WR_UNUSED, struct sandbox *sb, bool detail)
 void
 wrd_net_metrics (struct wrd *d WR_UNUSED, FILE *f)
 {
+  if (npool)
+    {
+      unsigned ready;
+      uint64_t taken, missed;
+      wr_netns_pool_stats (npool, &ready, &taken, &missed);
+      fprintf (f,
+               "# HELP warren_net_pool_ready Network namespaces with a sandbox link made ahead.\n"
+               "# TYPE warren_net_pool_ready gauge\nwarren_net_pool_ready %u\n"
+               "# HELP warren_net_pool_taken_total allow= creates that took a prepared one.\n"
+               "# TYPE warren_net_pool_taken_total counter\nwarren_net_pool_taken_total %llu\n"
+               "# HELP warren_net_pool_missed_total allow= creates that made their own link.\n"
+               "# TYPE warren_net_pool_missed_total counter\nwarren_net_pool_missed_total %llu\n",
+               ready, (unsigned long long)taken, (unsigned long long)missed);
+    }
   if (sbnets)
     fprintf (f, "# HELP warren_net_denied_packets_total Packets a sandbox's network policy "
                 "dropped.\n# TYPE warren_net_denied_packets_total counter\n");

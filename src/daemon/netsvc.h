@@ -24,6 +24,9 @@ void wrd_net_shutdown (struct wrd *d);
 int wrd_net_parse (struct wrd *d, json_t *network, json_t *group, json_t **ret_network,
                    wr_err_t *err);
 bool wrd_net_wanted (json_t *spec);
+/* The pool a create of spec takes its netns from (networked namespaces for
+ * allow=, made ahead), or NULL: the runtime's own. */
+struct wr_netns_pool *wrd_net_pool (json_t *spec);
 /* Worker thread, right after the sandbox's first process started: the link,
  * addresses, policy, /etc/resolv.conf. */
 int wrd_net_attach (struct wrd *d, struct sandbox *sb, wr_err_t *err);

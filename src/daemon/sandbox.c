@@ -587,6 +587,7 @@ build_prepare (struct wrd *d, json_t *spec, enum sb_state state, struct build **
     .cpus = json_number_value (json_object_get (spec, "cpus")),
     .pids_max = (uint64_t)json_integer_value (json_object_get (spec, "pids_max")),
     .net_host = strcmp (json_string_value (json_object_get (spec, "network")), "host") == 0,
+    .netns_pool = wrd_net_pool (spec),
     .layer_files = b->file_ptrs,
     .n_layer_files = sb->n_layers,
     .image_config = sb->img_conf,

@@ -151,15 +151,25 @@ def patch(d, sid, network):
     return d.api.raw("PATCH", f"/v1/sandboxes/{sid}", {"network": network})
 
 
-def links(d):
-    """host-side links of this daemon's sandboxes"""
-    table = nft_table(d)
-    if table is None:
-        return []
-    prefix = "wr" + table.split("_")[1]
+def prefixed_links(prefix):
     out = sh("ip", "-o", "link", "show").stdout
     return [l.split(":")[1].strip().split("@")[0] for l in out.splitlines()
             if l.split(":")[1].strip().startswith(prefix)]
+
+
+def links(d):
+    """host-side links of this daemon (its sandboxes' and its pool's)"""
+    table = nft_table(d)
+    if table is None:
+        return []
+    return prefixed_links("wr" + table.split("_")[1])
+
+
+def metric(d, name):
+    for line in d.api.raw("GET", "/metrics").body.decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
 
 
 def nft_table(d):
@@ -337,6 +347,31 @@ def test_inbound_port_proxy(d, mode):
         d.api.delete(sid)
 
 
+def test_allow_creates_take_prepared_links(d):
+    # the first networked sandbox makes the pool (docs/network.md, "Creation cost")
+    first = create(d, "allow=")
+    try:
+        wait_for(lambda: (metric(d, "warren_net_pool_ready") or 0) >= 1, what="a prepared netns")
+        taken = metric(d, "warren_net_pool_taken_total")
+        sid = create(d, f"allow={MIRROR}:8080")
+        try:
+            assert metric(d, "warren_net_pool_taken_total") == taken + 1
+            net = inspect(d, sid)["net"]
+            assert net["interface"] in links(d)
+            assert fetch(d, sid, f"http://{MIRROR}:8080/")[0] == 0
+            assert fetch(d, sid, f"http://{FORBIDDEN}:8080/")[0] != 0
+            # a pooled netns belongs to the host's user namespace: the
+            # sandbox's root cannot re-address or take down its eth0
+            r = d.api.sh(sid, "ip addr add 10.99.0.9/32 dev eth0; echo rc=$?; "
+                              "ip link set eth0 down; echo rc=$?; ip -4 -o addr show eth0")
+            assert r["stdout"].count("rc=0") == 0, r
+            assert net["address"] in r["stdout"] and "10.99.0.9" not in r["stdout"], r
+        finally:
+            d.api.delete(sid)
+    finally:
+        d.api.delete(first)
+
+
 def test_daemon_listeners_unreachable(rootfs, world):
     s = socket.socket()
     s.bind((HOST_IP, 0))
@@ -379,9 +414,12 @@ def test_cleanup_after_destroy_and_crash(rootfs, world):
         table = nft_table(dm)
         assert table and table_exists(table)
         gone = create(dm, f"allow={MIRROR}:8080")
-        assert len(links(dm)) == 2
+        prefix = "wr" + table.split("_")[1]
+        # links of sandboxes, and those made ahead in pooled namespaces
+        sid_if, gone_if = (inspect(dm, x)["net"]["interface"] for x in (sid, gone))
+        assert {sid_if, gone_if} <= set(links(dm))
         dm.api.delete(gone)
-        wait_for(lambda: len(links(dm)) == 1, what="link of a destroyed sandbox gone")
+        wait_for(lambda: gone_if not in links(dm), what="link of a destroyed sandbox gone")
         dm.kill9()
         # what a crash leaves: the rules stay, so the sandbox stays confined
         assert table_exists(table)
@@ -394,11 +432,14 @@ def test_cleanup_after_destroy_and_crash(rootfs, world):
         assert fetch(dm, sid, f"http://{MIRROR}:8080/")[0] == 0
         assert fetch(dm, sid, f"http://{FORBIDDEN}:8080/")[0] != 0
         dm.api.delete(sid)
-        wait_for(lambda: not links(dm), what="no links left")
+        wait_for(lambda: sid_if not in links(dm), what="the adopted sandbox's link gone")
     finally:
         dm.stop()
         shutil.rmtree(dm.root, ignore_errors=True)
     assert not table_exists(table)
+    # the pooled namespaces' links go with them (the kernel frees a closed
+    # netns asynchronously)
+    wait_for(lambda: not prefixed_links(prefix), what="no links left")
 
 
 def test_sdk_network_policy(d):
