@@ -142,7 +142,7 @@ main (int argc, char **argv)
   /* trajectory log */
   double traj_retention = WRD_TRAJ_DEFAULT_RETENTION_S;
   char *traj_end = NULL;
-  unsigned max_sandboxes = 0; /* limits.c */
+  unsigned max_sandboxes = 0;                      /* limits.c */
   unsigned long long zram_mb = 0, zram_prio = 100; /* pause */
   struct wrd_zram zram = { .dev = -1 };
   int c;
