@@ -22,7 +22,7 @@ struct help
 };
 
 #define CREATE_FLAGS                                                                               \
-  "  --backend B     fncall | container | microvm | vm (default: container)\n"                     \
+  "  --backend B     container | microvm | vm (default: container)\n"                              \
   "  --image REF     image NAME[:TAG] (default: the daemon's default image)\n"                     \
   "  --layer REF     extra layer image stacked on top (repeatable)\n"                              \
   "  --memory MB     memory limit\n"                                                               \
@@ -166,16 +166,18 @@ static const char main_usage[]
     = "Usage: warren [--host HOST] [--token-file FILE] COMMAND [ARGS...]\n"
       "\n"
       "Sandboxes:  create, ls, inspect, rm, exec, run, cp, pause, resume, pack\n"
+      "Network:    net ID --allow | --deny, net service add | ls | rm, port\n"
       "Functions:  call\n"
-      "Images:     image import | ls | inspect | rm | tag | pull | build | gc | defaults\n"
+      "Images:     image import | ls | inspect | rm | tag | pull | push | build | gc | defaults\n"
       "Node:       pool ls | set, health, metrics, bench\n"
-      "RL:         log, replay\n"
+      "RL:         log, replay, fork, checkpoint, restore, diff\n"
       "Cluster:    node ls | drain | undrain, project create (through a gateway)\n"
       "\n"
       "Options:\n"
-      "  --host HOST        unix:/path/sock or http://host:port (env WARREN_HOST;\n"
-      "                     default unix:$WARREN_ROOT/warrend.sock, else\n"
-      "                     unix:/var/lib/warren/warrend.sock)\n"
+      "  --host HOST        unix:/path/sock, http://host:port or tcp:host:port, or a\n"
+      "                     comma-separated list of gateways to fail over between\n"
+      "                     (env WARREN_HOST; default unix:$WARREN_ROOT/warrend.sock,\n"
+      "                     else unix:/var/lib/warren/warrend.sock)\n"
       "  --token-file FILE  bearer token for TCP (env WARREN_TOKEN_FILE, or the token\n"
       "                     itself in WARREN_TOKEN)\n"
       "  --version          print the version\n"
