@@ -592,7 +592,7 @@ netns_ino (int fd, uint64_t *ret)
 int
 wr_net_prepare (struct wr_net *n, int netns_fd, wr_err_t *err)
 {
-  uint64_t ino;
+  uint64_t ino = 0;
   if (netns_ino (netns_fd, &ino) < 0)
     return wr_sys_error (err, "fstat netns");
   pthread_mutex_lock (&n->lock);
@@ -609,10 +609,21 @@ wr_net_prepare (struct wr_net *n, int netns_fd, wr_err_t *err)
       wr_net_slot_free (n, slot);
       return r;
     }
+  /* its chains (deny-all until the policy) too: the claiming create's
+   * transaction only fills them */
+  char cmds[2048];
+  slot_chains (n, slot, cmds, sizeof cmds);
   pthread_mutex_lock (&n->lock);
-  n->prepared[n->n_prepared++] = (struct prepared){ ino, slot };
+  r = nft_run (n, cmds, err);
+  if (r == 0)
+    {
+      n->fresh[slot] = 0;
+      n->prepared[n->n_prepared++] = (struct prepared){ ino, slot };
+    }
   pthread_mutex_unlock (&n->lock);
-  return 0;
+  if (r < 0)
+    wr_net_detach (n, slot, NULL);
+  return r;
 }
 
 /* the prepared slot of the netns with inode ino, taken off the list */
@@ -647,11 +658,11 @@ wr_net_claim (struct wr_net *n, pid_t pid, unsigned *ret_slot)
 void
 wr_net_unprepare (struct wr_net *n, int netns_fd)
 {
-  uint64_t ino;
+  uint64_t ino = 0;
   unsigned slot;
-  /* the link goes with the netns, once the pool has closed it */
+  /* chains and slot; the link goes with the netns, once the pool closed it */
   if (netns_ino (netns_fd, &ino) == 0 && prepared_take (n, ino, &slot) == 0)
-    wr_net_slot_free (n, slot);
+    wr_net_detach (n, slot, NULL);
 }
 
 int

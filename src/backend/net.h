@@ -52,9 +52,10 @@ int wr_net_attach (struct wr_net *n, unsigned slot, int pidfd, wr_err_t *err);
 /* Networked namespaces made ahead (docs/network.md, "Creation cost"): a
  * free slot's link made into netns_fd (a pooled netns, pool.c), recorded
  * by the namespace's inode. A create that got that netns claims the slot
- * (ret_slot: link, addresses and route ready, chains made by its first
- * wr_net_set_policy); -ENOENT when pid's netns is not a prepared one. A
- * prepared netns closed unused gives its slot back with wr_net_unprepare. */
+ * (ret_slot: link, addresses, route and deny-all chains ready: its first
+ * wr_net_set_policy fills them); -ENOENT when pid's netns is not a prepared one. A
+ * prepared netns closed unused gives its chains and slot back with
+ * wr_net_unprepare. */
 #define WR_NET_PREPARED_MAX 64
 int wr_net_prepare (struct wr_net *n, int netns_fd, wr_err_t *err);
 int wr_net_claim (struct wr_net *n, pid_t pid, unsigned *ret_slot);
