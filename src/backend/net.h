@@ -71,6 +71,9 @@ int wr_net_allow_add (struct wr_net *n, unsigned slot, const struct wr_net_allow
                       size_t n_allow, wr_err_t *err);
 /* Remove the slot's chains, set, counter and link (idempotent). */
 void wr_net_detach (struct wr_net *n, unsigned slot, const char *group);
+/* Bytes through the slot's link since it was made: sent by the sandbox
+ * (egress: everything it put on eth0, dropped or not) and sent to it. */
+void wr_net_bytes (struct wr_net *n, unsigned slot, uint64_t *ret_egress, uint64_t *ret_ingress);
 /* Packets the slot's policy dropped. */
 int wr_net_denied (struct wr_net *n, unsigned slot, uint64_t *ret_packets, wr_err_t *err);
 

@@ -884,7 +884,13 @@ wrd_net_json (struct wrd *d WR_UNUSED, struct sandbox *sb, bool detail)
                              ? json_incref (json_object_get (sb->spec, "net_group"))
                              : json_null ());
   if (detail)
-    json_object_set_new (j, "denied_packets", json_integer ((json_int_t)denied));
+    {
+      uint64_t eg, in;
+      wr_net_bytes (knet, s->slot, &eg, &in);
+      json_object_set_new (j, "denied_packets", json_integer ((json_int_t)denied));
+      json_object_set_new (j, "egress_bytes", json_integer ((json_int_t)eg));
+      json_object_set_new (j, "ingress_bytes", json_integer ((json_int_t)in));
+    }
   return j;
 }
 
@@ -914,6 +920,16 @@ wrd_net_metrics (struct wrd *d WR_UNUSED, FILE *f)
       if (wr_net_denied (knet, s->slot, &denied, NULL) == 0)
         fprintf (f, "warren_net_denied_packets_total{sandbox=\"%s\"} %llu\n", s->sb->id,
                  (unsigned long long)denied);
+    }
+  if (sbnets)
+    fprintf (f, "# HELP warren_net_egress_bytes_total Bytes a sandbox sent on its link.\n"
+                "# TYPE warren_net_egress_bytes_total counter\n");
+  for (struct sbnet *s = sbnets; s; s = s->next)
+    {
+      uint64_t eg, in;
+      wr_net_bytes (knet, s->slot, &eg, &in);
+      fprintf (f, "warren_net_egress_bytes_total{sandbox=\"%s\"} %llu\n", s->sb->id,
+               (unsigned long long)eg);
     }
 }
 

@@ -1670,6 +1670,9 @@ wrd_sandbox_json (struct wrd *d, struct sandbox *sb, bool detail)
   if (detail)
     json_object_set_new (j, "checkpoints", wrd_checkpoints_json (d, sb->id));
   json_t *net = wrd_net_json (d, sb, detail);
+  json_t *usage = json_object_get (j, "usage");
+  if (net && usage && json_object_get (net, "egress_bytes"))
+    json_object_set (usage, "net_egress_bytes", json_object_get (net, "egress_bytes"));
   if (net)
     json_object_set_new (j, "net", net);
   return j;

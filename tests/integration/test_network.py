@@ -372,6 +372,26 @@ def test_allow_creates_take_prepared_links(d):
         d.api.delete(first)
 
 
+def test_byte_counters_in_usage(d):
+    sid = create(d, f"allow={MIRROR}:8080")
+    try:
+        before = inspect(d, sid)
+        payload = "x" * 20000
+        # egress: a POST with a 20 kB body (the mirror's answer does not matter)
+        d.api.sh(sid, f"timeout 3 wget -q -O /dev/null --post-data {payload} "
+                      f"http://{MIRROR}:8080/ ; true")
+        code, body = fetch(d, sid, f"http://{MIRROR}:8080/")
+        assert code == 0
+        after = inspect(d, sid)
+        assert after["net"]["egress_bytes"] >= before["net"]["egress_bytes"] + 20000, after["net"]
+        assert after["net"]["ingress_bytes"] >= before["net"]["ingress_bytes"] + len(body)
+        assert after["usage"]["net_egress_bytes"] == after["net"]["egress_bytes"]
+        metrics = d.api.raw("GET", "/metrics").body.decode()
+        assert f'warren_net_egress_bytes_total{{sandbox="{sid}"}}' in metrics
+    finally:
+        d.api.delete(sid)
+
+
 def test_daemon_listeners_unreachable(rootfs, world):
     s = socket.socket()
     s.bind((HOST_IP, 0))
