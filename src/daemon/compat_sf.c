@@ -79,7 +79,14 @@ static const struct sf_lang langs[] = {
     "sh -c 'go build -o out main.go && exec ./out'", "main.go", false },
   /* unstripped, hello world (4 MB) exceeds a stage's 700 KiB input */
   { "rust", "main.rs", "rustc -C strip=symbols main.rs -o test", "./test", "test", false },
-  { "java", "Main.java", "javac Main.java", "java -ea Main", "*.class", false },
+  /* the call's address-space limit (memory_mb) leaves G1's reservations
+   * and the default 1 GB class space no room for a thread stack: the JVM
+   * did not start; the serial collector and smaller reservations fit */
+  { "java", "Main.java",
+    "javac -J-XX:+UseSerialGC -J-XX:CompressedClassSpaceSize=64m -J-XX:ReservedCodeCacheSize=64m "
+    "-J-XX:TieredStopAtLevel=1 Main.java",
+    "java -XX:+UseSerialGC -XX:CompressedClassSpaceSize=64m -XX:ReservedCodeCacheSize=64m -ea Main",
+    "*.class", false },
   { "php", "main.php", NULL, "php -f main.php", NULL, false },
   { "lua", "main.lua", NULL, "lua main.lua", NULL, false },
   { "ruby", "main.rb", NULL, "ruby main.rb", NULL, false },

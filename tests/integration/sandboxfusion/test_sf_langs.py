@@ -149,7 +149,7 @@ def run(sf, lang, code, **kw):
 def check_compiled(lang, r):
     if lang in COMPILED:
         assert r["compile_result"]["status"] == "Finished", r
-        assert r["compile_result"]["return_code"] == 0, r
+        assert r["compile_result"]["return_code"] == 0, r["compile_result"]["stderr"]
     else:
         assert r["compile_result"] is None, r
 
@@ -157,7 +157,7 @@ def check_compiled(lang, r):
 @pytest.mark.parametrize("lang", list(PROGRAMS))
 def test_hello(sf_lang, lang):
     r = run(sf_lang, lang, PROGRAMS[lang][0])
-    assert r["status"] == "Success", r
+    assert r["status"] == "Success", (r["compile_result"] or {}).get("stderr", r)
     check_compiled(lang, r)
     assert r["run_result"]["status"] == "Finished", r
     assert r["run_result"]["return_code"] == 0, r
@@ -167,7 +167,7 @@ def test_hello(sf_lang, lang):
 @pytest.mark.parametrize("lang", list(PROGRAMS))
 def test_stdin(sf_lang, lang):
     r = run(sf_lang, lang, PROGRAMS[lang][1], stdin="65535 warren\n")
-    assert r["status"] == "Success", r
+    assert r["status"] == "Success", (r["compile_result"] or {}).get("stderr", r)
     assert r["run_result"]["stdout"] == "65535 warren\n", r
 
 
