@@ -1216,3 +1216,50 @@ def test_gateway_create_joins_a_create_in_flight_on_its_node(cluster):
         st, lst = api.raw("GET", "/v1/sandboxes")
         for sid in keyed(lst["sandboxes"], key):
             g1.api.raw("DELETE", f"/v1/sandboxes/{sid}")
+
+
+def test_rl_features_through_gateways(cluster):
+    """Issue 14 in cluster mode: the trajectory log with step ids, replay,
+    group fork, checkpoints and diffs through a gateway; the children and
+    the replay live on the parent's node and route through either gateway."""
+    all_ready(cluster)
+    g1, g2 = cluster["gws"]
+    st, sb = g1.api.raw("POST", "/v1/sandboxes", {"memory_mb": 64})
+    assert st == 201, sb
+    sid = sb["id"]
+    made = [sid]
+    try:
+        body = {"cmd": ["sh", "-c", "echo x >> /tmp/f; wc -l < /tmp/f"], "step": "s1"}
+        st, r = g1.api.raw("POST", f"/v1/sandboxes/{sid}/exec", body)
+        assert st == 200 and r["stdout"].strip() == "1", r
+        st, r = g2.api.raw("POST", f"/v1/sandboxes/{sid}/exec", body)  # the same step again
+        assert st == 200 and r.get("replayed") is True and r["stdout"].strip() == "1", r
+        st, log = g2.api.raw("GET", f"/v1/sandboxes/{sid}/log")
+        assert st == 200, log
+        assert [e.get("step") for e in log["events"] if e.get("kind") == "exec"] == ["s1"], log
+        st, cp = g1.api.raw("POST", f"/v1/sandboxes/{sid}/checkpoints", {"name": "c1"})
+        assert st in (200, 201), cp
+        st, r = g2.api.raw("POST", f"/v1/sandboxes/{sid}/exec",
+                           {"cmd": ["sh", "-c", "echo new > /tmp/g"]})
+        assert st == 200 and r["exit_code"] == 0, r
+        st, d = g1.api.raw("GET", f"/v1/sandboxes/{sid}/diff?from=c1")
+        assert st == 200, d
+        assert "/tmp/g" in json.dumps(d), d
+        st, f = g2.api.raw("POST", f"/v1/sandboxes/{sid}/fork", {"count": 2})
+        assert st in (200, 201), f
+        kids = [c["id"] for c in f["sandboxes"]]
+        made += kids
+        assert len(kids) == 2 and all(node_of(k) == node_of(sid) for k in kids), kids
+        for k, g in zip(kids, (g1, g2)):
+            st, r = g.api.raw("POST", f"/v1/sandboxes/{k}/exec", {"cmd": ["cat", "/tmp/g"]})
+            assert st == 200 and r["stdout"] == "new\n", r
+        st, rp = g1.api.raw("POST", f"/v1/sandboxes/{sid}/replay", {"until": "s1"})
+        assert st in (200, 201), rp
+        rid = rp["id"]
+        made.append(rid)
+        assert node_of(rid) == node_of(sid), rp
+        st, r = g2.api.raw("POST", f"/v1/sandboxes/{rid}/exec", {"cmd": ["cat", "/tmp/f"]})
+        assert st == 200 and r["stdout"] == "x\n", r
+    finally:
+        for x in reversed(made):
+            g1.api.raw("DELETE", f"/v1/sandboxes/{x}")
