@@ -13,8 +13,13 @@ PKGS=(
   qemu-system-x86 qemu-utils seabios cpio fdisk extlinux syslinux-common
   nftables libnftables-dev dnsutils # sandbox networking (docs/network.md)
   criu # fork with "processes": true asks `criu check` what blocks it (docs/rl.md)
-  nodejs npm # E2B conformance: the e2b npm SDK (tests/integration/test_e2b.py)
 )
+# E2B conformance (tests/integration/test_e2b.py) runs the e2b npm SDK: the
+# machine's own Node.js and npm when it has them (Debian's npm conflicts with
+# a packaged Node.js that bundles its own), else Debian's.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  PKGS+=(nodejs npm)
+fi
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
