@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 #if defined(__x86_64__) && (defined(__clang__) || __GNUC__ >= 5)
+#include <cpuid.h>
 #include <immintrin.h>
 #define WR_SHA_NI 1
 #endif
@@ -114,8 +115,11 @@ have_ni (void)
 {
   if (use_ni < 0)
     {
-      __builtin_cpu_init ();
-      use_ni = __builtin_cpu_supports ("sha") && __builtin_cpu_supports ("sse4.1");
+      /* cpuid directly: clang 14's __builtin_cpu_supports has no "sha" */
+      unsigned a, b, c, d;
+      bool sse41 = __get_cpuid (1, &a, &b, &c, &d) && (c & (1u << 19));
+      bool sha = __get_cpuid_count (7, 0, &a, &b, &c, &d) && (b & (1u << 29));
+      use_ni = sse41 && sha;
     }
   return use_ni > 0;
 }
