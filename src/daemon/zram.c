@@ -60,7 +60,7 @@ wrd_zram_setup (struct wrd_zram *z, const char *root, uint64_t size_mb, int prio
   z->node[0] = '\0';
   if (access (ZRAM_CONTROL "/hot_add", F_OK) < 0)
     try_modprobe ();
-  _cleanup_free_ char *num = NULL;
+  _cleanup_free_ char *num = NULL, *devno = NULL; /* before any goto fail */
   if (wr_read_file_at (AT_FDCWD, ZRAM_CONTROL "/hot_add", &num, NULL, 32) < 0)
     return wr_error (err, errno, WR_E_UNSUPPORTED,
                      "no zram (" ZRAM_CONTROL "/hot_add: %m; a kernel without CONFIG_ZRAM?)");
@@ -74,7 +74,6 @@ wrd_zram_setup (struct wrd_zram *z, const char *root, uint64_t size_mb, int prio
       r = wr_error (err, -r, WR_E_INTERNAL, "write %s", path);
       goto fail;
     }
-  _cleanup_free_ char *devno = NULL;
   snprintf (path, sizeof path, "/sys/block/zram%d/dev", z->dev);
   unsigned maj, min;
   if (wr_read_file_at (AT_FDCWD, path, &devno, NULL, 32) < 0
