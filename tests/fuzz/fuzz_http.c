@@ -129,7 +129,15 @@ connect_to (bool tcp)
       struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons ((uint16_t)tcp_port) };
       sa.sin_addr.s_addr = htonl (INADDR_LOOPBACK);
       fd = socket (AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      if (fd < 0 || connect (fd, (struct sockaddr *)&sa, sizeof sa) < 0)
+      /* each connection from its own 127/8 source address: the listener
+       * closes first and keeps the 4-tuple in TIME_WAIT for a minute, so
+       * one source address runs out of ports after ~28K connections (a
+       * 15 s run makes ~200K) */
+      static uint32_t next_src;
+      struct sockaddr_in src = { .sin_family = AF_INET };
+      src.sin_addr.s_addr = htonl (0x7f000000u | (1 + next_src++ % 0xfffffdu));
+      if (fd < 0 || bind (fd, (struct sockaddr *)&src, sizeof src) < 0
+          || connect (fd, (struct sockaddr *)&sa, sizeof sa) < 0)
         abort ();
       /* the client closes first: no TIME_WAIT left on the fuzzer's ports */
       struct linger lg = { 1, 0 };
