@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -616,4 +617,71 @@ wr_httpd_limit_opt (int opt, const char *arg, unsigned *max_connections, unsigne
                                          : idle_timeout_s)
       = (unsigned)v;
   return 0;
+}
+
+/* ---- plain TCP listeners (the compat APIs) ---- */
+
+int
+wr_http_serve_tcp (struct evhttp *http, const char *spec, const char *flag, int backlog,
+                   int *ret_port, wr_err_t *err)
+{
+  const char *p = strncmp (spec, "tcp:", 4) == 0 ? spec + 4 : spec;
+  char host[256] = "127.0.0.1";
+  const char *colon = strrchr (p, ':');
+  if (colon && colon > p)
+    {
+      const char *h = p, *e = colon;
+      if (*h == '[' && e > h + 1 && e[-1] == ']')
+        h++, e--;
+      snprintf (host, sizeof host, "%.*s", (int)(e - h), h);
+    }
+  const char *port_s = colon ? colon + 1 : p;
+  char *end;
+  long port = strtol (port_s, &end, 10);
+  if (*port_s == '\0' || *end || port < 0 || port > 65535)
+    return wr_error (err, 0, WR_E_INVALID, "%s wants tcp:ADDR:PORT, got %s", flag, spec);
+  struct sockaddr_storage ss = { 0 };
+  socklen_t sl;
+  struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
+  struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
+  if (inet_pton (AF_INET, host, &a4->sin_addr) == 1)
+    {
+      a4->sin_family = AF_INET;
+      a4->sin_port = htons ((uint16_t)port);
+      sl = sizeof *a4;
+    }
+  else if (inet_pton (AF_INET6, host, &a6->sin6_addr) == 1)
+    {
+      a6->sin6_family = AF_INET6;
+      a6->sin6_port = htons ((uint16_t)port);
+      sl = sizeof *a6;
+    }
+  else
+    return wr_error (err, 0, WR_E_INVALID, "%s: %s is not an IP address", flag, host);
+  int fd = socket (ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  int one = 1;
+  if (fd < 0 || setsockopt (fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0
+      || setsockopt (fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0
+      || bind (fd, (struct sockaddr *)&ss, sl) < 0 || listen (fd, backlog) < 0)
+    {
+      int r = wr_sys_error (err, "listen on %s", spec);
+      if (fd >= 0)
+        close (fd);
+      return r;
+    }
+  struct sockaddr_storage bound;
+  socklen_t bl = sizeof bound;
+  if (ret_port)
+    *ret_port
+        = getsockname (fd, (struct sockaddr *)&bound, &bl) == 0
+              ? ntohs (bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                   : ((struct sockaddr_in *)&bound)->sin_port)
+              : (int)port;
+  struct evhttp_bound_socket *bs = evhttp_accept_socket_with_handle (http, fd);
+  if (bs == NULL)
+    {
+      close (fd);
+      return wr_error (err, 0, WR_E_INTERNAL, "cannot serve %s", spec);
+    }
+  return wr_accept_guard (http, bs, err); /* evhttp owns fd */
 }

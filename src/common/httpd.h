@@ -65,6 +65,14 @@ int wr_accept_guard (struct evhttp *owner, struct evhttp_bound_socket *bs, wr_er
 void wr_accept_guards_free (struct evhttp *owner); /* accepts NULL */
 uint64_t wr_accept_pauses (void);                  /* times a listener rested */
 
+/* A listening TCP socket for a plain evhttp server (the compat APIs):
+ * "tcp:ADDR:PORT", "tcp:PORT" or "PORT" (ADDR 127.0.0.1; IPv6 as [ADDR]),
+ * SO_REUSEADDR and TCP_NODELAY, served by http with its accept guard.
+ * flag names the option in errors; *ret_port (may be NULL) gets the port
+ * (PORT 0 picks one). Call wr_accept_guards_free (http) before evhttp_free. */
+int wr_http_serve_tcp (struct evhttp *http, const char *spec, const char *flag, int backlog,
+                       int *ret_port, wr_err_t *err);
+
 /* The listener flags warrend and warren-gateway share, as getopt_long
  * entries (include <getopt.h>), and their parser: opt is the entry's code,
  * the value a number in [1, 1000000] stored in the matching field. */

@@ -1593,42 +1593,8 @@ wrd_compat_e2b_attach (struct wrd *d, wr_err_t *err)
 int
 wrd_compat_e2b_start (struct wrd *d, const char *listen_spec, wr_err_t *err)
 {
-  const char *p = strncmp (listen_spec, "tcp:", 4) == 0 ? listen_spec + 4 : listen_spec;
-  char host[256] = "127.0.0.1";
-  const char *colon = strrchr (p, ':');
-  if (colon && colon > p)
-    snprintf (host, sizeof host, "%.*s", (int)(colon - p), p);
-  const char *port_s = colon ? colon + 1 : p;
-  char *end;
-  long port = strtol (port_s, &end, 10);
-  if (*end || port <= 0 || port > 65535)
-    return wr_error (err, 0, WR_E_INVALID, "--listen-e2b wants tcp:ADDR:PORT, got %s", listen_spec);
-  struct sockaddr_storage ss = { 0 };
-  socklen_t sl;
-  struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
-  struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
-  if (inet_pton (AF_INET, host, &a4->sin_addr) == 1)
-    {
-      a4->sin_family = AF_INET;
-      a4->sin_port = htons ((uint16_t)port);
-      sl = sizeof *a4;
-    }
-  else if (inet_pton (AF_INET6, host, &a6->sin6_addr) == 1)
-    {
-      a6->sin6_family = AF_INET6;
-      a6->sin6_port = htons ((uint16_t)port);
-      sl = sizeof *a6;
-    }
-  else
-    return wr_error (err, 0, WR_E_INVALID, "--listen-e2b: %s is not an IP address", host);
   if (wrd_compat_e2b_attach (d, err) < 0)
     return -1;
-  _cleanup_close_ int fd = socket (ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  int one = 1;
-  if (fd < 0 || setsockopt (fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0
-      || setsockopt (fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0
-      || bind (fd, (struct sockaddr *)&ss, sl) < 0 || listen (fd, 1024) < 0)
-    return wr_sys_error (err, "listen on %s", listen_spec);
   struct e2b *s = g_e2b;
   s->http = evhttp_new (d->base);
   if (s->http == NULL)
@@ -1639,10 +1605,9 @@ wrd_compat_e2b_start (struct wrd *d, const char *listen_spec, wr_err_t *err)
   evhttp_set_allowed_methods (s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_DELETE
                                            | EVHTTP_REQ_PUT | EVHTTP_REQ_HEAD);
   evhttp_set_timeout (s->http, 3600);
-  if (evhttp_accept_socket_with_handle (s->http, fd) == NULL)
-    return wr_error (err, 0, WR_E_INTERNAL, "cannot serve %s", listen_spec);
-  fd = -1; /* evhttp owns it */
-  wrd_log (WRD_LOG_INFO, "E2B API on %s:%ld", host, port);
+  if (wr_http_serve_tcp (s->http, listen_spec, "--listen-e2b", 1024, NULL, err) < 0)
+    return -1;
+  wrd_log (WRD_LOG_INFO, "E2B API on %s", listen_spec);
   return 0;
 }
 
@@ -1661,7 +1626,10 @@ wrd_compat_e2b_stop (struct wrd *d WR_UNUSED)
       proc_free (s, p);
     }
   if (s->http)
-    evhttp_free (s->http);
+    {
+      wr_accept_guards_free (s->http);
+      evhttp_free (s->http);
+    }
   free (s);
   g_e2b = NULL;
 }

@@ -1284,47 +1284,6 @@ normalize_spec (const char *spec, char *out, size_t len, wr_err_t *err)
 static int
 listen_open (struct sf *s, const char *spec, wr_err_t *err)
 {
-  char host[256];
-  snprintf (host, sizeof host, "%s", spec + 4);
-  char *colon = strrchr (host, ':');
-  *colon = '\0';
-  int port = atoi (colon + 1);
-  if (host[0] == '[')
-    {
-      memmove (host, host + 1, strlen (host));
-      char *rb = strchr (host, ']');
-      if (rb)
-        *rb = '\0';
-    }
-  struct sockaddr_storage ss = { 0 };
-  socklen_t sl;
-  struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
-  struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
-  if (inet_pton (AF_INET, host, &a4->sin_addr) == 1)
-    {
-      a4->sin_family = AF_INET;
-      a4->sin_port = htons ((uint16_t)port);
-      sl = sizeof *a4;
-    }
-  else if (inet_pton (AF_INET6, host, &a6->sin6_addr) == 1)
-    {
-      a6->sin6_family = AF_INET6;
-      a6->sin6_port = htons ((uint16_t)port);
-      sl = sizeof *a6;
-    }
-  else
-    return wr_error (err, 0, WR_E_INVALID, "--listen-compat: %s is not an IP address", host);
-  _cleanup_close_ int fd = socket (ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  int one = 1;
-  if (fd < 0 || setsockopt (fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0
-      || setsockopt (fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0
-      || bind (fd, (struct sockaddr *)&ss, sl) < 0 || listen (fd, 4096) < 0)
-    return wr_sys_error (err, "listen on %s", spec);
-  struct sockaddr_storage bound;
-  socklen_t bl = sizeof bound;
-  if (getsockname (fd, (struct sockaddr *)&bound, &bl) == 0)
-    s->port = ntohs (bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
-                                                 : ((struct sockaddr_in *)&bound)->sin_port);
   s->http = evhttp_new (s->d->base);
   if (s->http == NULL)
     return wr_error (err, ENOMEM, WR_E_INTERNAL, "evhttp_new");
@@ -1335,10 +1294,7 @@ listen_open (struct sf *s, const char *spec, wr_err_t *err)
                                            | EVHTTP_REQ_DELETE | EVHTTP_REQ_PUT);
   /* idle keep-alive connections close after this; a run may take an hour */
   evhttp_set_timeout (s->http, 3600);
-  if (evhttp_accept_socket_with_handle (s->http, fd) == NULL)
-    return wr_error (err, 0, WR_E_INTERNAL, "cannot serve %s", spec);
-  fd = -1; /* evhttp owns it */
-  return 0;
+  return wr_http_serve_tcp (s->http, spec, "--listen-compat", 4096, &s->port, err);
 }
 
 /* Our private socket on the daemon's owner-only unix server. */
@@ -1453,7 +1409,10 @@ wrd_compat_sf_stop (struct wrd *d WR_UNUSED)
   if (s == NULL)
     return;
   if (s->http)
-    evhttp_free (s->http);
+    {
+      wr_accept_guards_free (s->http);
+      evhttp_free (s->http);
+    }
   wr_httpd_free (s->guard);
   if (s->loop.sun_path[0])
     unlink (s->loop.sun_path);
