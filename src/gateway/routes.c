@@ -165,9 +165,9 @@ claim_main (void *arg)
   return NULL;
 }
 
-/* Record the outcome of a claimed create, off the loop. */
+/* Record the outcome of a claimed create on node NODE, off the loop. */
 static void
-idem_settle (struct gw *g, struct create_req *c, const char *id)
+idem_settle (struct gw *g, struct create_req *c, const char *node, const char *id)
 {
   struct claim *cl = calloc (1, sizeof *cl);
   pthread_t t;
@@ -177,8 +177,7 @@ idem_settle (struct gw *g, struct create_req *c, const char *id)
   cl->settle = true;
   cl->settle_id = id ? strdup (id) : NULL;
   snprintf (cl->idem.key, sizeof cl->idem.key, "%s", c->idem);
-  snprintf (cl->idem.node, sizeof cl->idem.node, "%s",
-            json_string_value (json_object_get (c->body, "__node")) ?: "");
+  snprintf (cl->idem.node, sizeof cl->idem.node, "%s", node ?: "");
   if (pthread_create (&t, NULL, claim_main, cl) != 0)
     {
       free (cl->settle_id);
@@ -226,7 +225,7 @@ idem_found (struct gw *g, struct evhttp_request *req, int status, struct evbuffe
   if (f->found)
     {
       if (f->node)
-        idem_settle (g, c, json_string_value (json_object_get (f->found, "id")));
+        idem_settle (g, c, f->node->name, json_string_value (json_object_get (f->found, "id")));
       gw_reply_json (req, 200, f->found); /* the sandbox the first create made */
     }
   else
@@ -356,7 +355,8 @@ create_answered (struct gw *g, struct evhttp_request *req, int status, struct ev
   if (c->claimed)
     {
       json_t *j = status == 201 ? body_json (body) : NULL;
-      idem_settle (g, c, json_string_value (json_object_get (j, "id")));
+      idem_settle (g, c, json_string_value (json_object_get (c->body, "__node")),
+                   json_string_value (json_object_get (j, "id")));
       json_decref (j);
     }
   if (status == 0)
@@ -395,7 +395,7 @@ create_place (struct create_req *c)
       if (c->proj)
         gw_quota_done (g, c->proj, c->mem, false);
       if (c->claimed)
-        idem_settle (g, c, NULL);
+        idem_settle (g, c, NULL, NULL);
       pthread_mutex_lock (&g->mu);
       bool synced = g->synced;
       pthread_mutex_unlock (&g->mu);

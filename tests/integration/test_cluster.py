@@ -547,8 +547,15 @@ def test_killed_gateways_idempotency_claim_expires(cluster):
             # 409 "still in progress; retry" while the retry's own claim is
             # being recorded with its sandbox; never another sandbox
             assert st in (200, 409) and (st == 409 or j["id"] == made), (st, j)
-            return st == 200 and (etcd.get("/warren-idem/" + key)[0] or {}).get("id") == made
-        wait_for("the claim settled with the sandbox", settled, timeout=60, interval=0.5)
+            claim = etcd.get("/warren-idem/" + key)[0] or {}
+            return st == 200 and claim.get("id") == made and claim
+        claim = wait_for("the claim settled with the sandbox", settled, timeout=60, interval=0.5)
+        # the settled claim names the sandbox's node: later retries find it
+        # there (it once recorded node "" and every later retry got 409)
+        assert claim.get("node") == "node-a", claim
+        for _ in range(3):
+            st, j = g1.api.raw("POST", "/v1/sandboxes", body)
+            assert st == 200 and j["id"] == made, (st, j)
     finally:
         if stopped:
             os.kill(node.proc.pid, signal.SIGCONT)
