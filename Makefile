@@ -64,7 +64,8 @@ $(B)/agent-obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CSTD) -Os -g $(WARN) -MMD -MP -c $< -o $@
 
-$(B)/bin/warren-agent: $(patsubst %.c,$(B)/agent-obj/%.o,$(AGENT_SRC) $(COMMON_SRC))
+# src/backend/child.c: the sandbox setup its zygote children run (docs/containers.md)
+$(B)/bin/warren-agent: $(patsubst %.c,$(B)/agent-obj/%.o,$(AGENT_SRC) $(COMMON_SRC) src/backend/child.c)
 	@mkdir -p $(dir $@)
 	$(CC) -static -o $@ $^ -ljansson
 

@@ -18,12 +18,16 @@
 #include <linux/random.h>
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
+#include <linux/securebits.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
+
+#include "backend/child.h"
+#include "backend/syscalls.h"
 
 #define DEVICE_RETRY_MS 100
 
@@ -561,6 +565,236 @@ usage (void)
   exit (2);
 }
 
+/* ---- agent zygote (docs/containers.md "Agent zygote") ----
+ * `warren-agent --zygote FD`: started once per daemon, it forks sandboxes'
+ * agents instead of the daemon exec'ing one per sandbox (execve, ELF
+ * mapping, the static glibc start-up with its CPUID traps under a
+ * hypervisor). It clones each child into the sandbox's new namespaces as
+ * the daemon's CLONE_VM child would; the child runs the very same setup
+ * (wr_child_setup: ids, mounts, pivot_root, capabilities, seccomp) and then
+ * continues in main as the sandbox's agent, pid 1 of its namespace. The
+ * zygote itself holds nothing but its control socket, keeps no request
+ * after answering it, and exits at the daemon's EOF. */
+static struct sock_filter zy_filter[BPF_MAXINSNS];
+static size_t zy_filter_len;
+static char zy_msg[WR_ZYGOTE_MAX_MSG];
+static char zy_a0[] = "warren-agent", zy_a1[] = "--listen-fd", zy_a2[] = "3", zy_a3[] = "--conn-fd",
+            zy_a4[] = "4", zy_a5[] = "--keep-fd", zy_a6[] = "7", zy_a7[] = "--cgroup-fd",
+            zy_a8[] = "8";
+static char *zy_argv[] = { zy_a0, zy_a1, zy_a2, zy_a3, zy_a4, zy_a5, zy_a6, NULL, NULL, NULL };
+
+static void
+zy_reply (int ctl, int32_t res, int fd)
+{
+  struct iovec iov = { &res, sizeof res };
+  union
+  {
+    char buf[CMSG_SPACE (sizeof (int))];
+    struct cmsghdr align;
+  } cm;
+  memset (&cm, 0, sizeof cm);
+  struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+  if (fd >= 0)
+    {
+      mh.msg_control = cm.buf;
+      mh.msg_controllen = sizeof cm.buf;
+      struct cmsghdr *c = CMSG_FIRSTHDR (&mh);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN (sizeof (int));
+      memcpy (CMSG_DATA (c), &fd, sizeof fd);
+    }
+  if (sendmsg (ctl, &mh, MSG_NOSIGNAL) < 0)
+    _exit (0); /* the daemon is gone */
+}
+
+/* One request: 0 in the new child (ready to be its agent), the child's pid
+ * or -errno in the zygote. */
+static long
+zy_fork (const struct wr_zygote_req *req, const char *strs, size_t len, const int *fds, int nfds,
+         int own_netns, int *ret_pidfd)
+{
+  bool cg = req->flags & WR_ZY_CGROUP, netns = req->flags & WR_ZY_NETNS;
+  if (req->magic != WR_ZYGOTE_MAGIC || req->n_lower == 0 || req->n_lower > WR_MAX_LAYERS
+      || req->owner == 0 || req->cap_last < 0 || req->cap_last > 63
+      || nfds != 4 + (cg ? 1 : 0) + (netns ? 2 : 0)
+      || (req->ns_flags
+          & ~(uint64_t)(CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWCGROUP
+                        | CLONE_NEWNET)))
+    return -EINVAL;
+  const char *s[4 + WR_MAX_LAYERS];
+  size_t off = 0;
+  for (size_t i = 0; i < 4 + req->n_lower; i++)
+    {
+      const char *z = off < len ? memchr (strs + off, 0, len - off) : NULL;
+      if (z == NULL)
+        return -EINVAL;
+      s[i] = strs + off;
+      off = (size_t)(z - strs) + 1;
+    }
+  int k = 4;
+  int cgroup_fd = cg ? fds[k++] : -1;
+  int netns_fd = netns ? fds[k++] : -1;
+  int sysfs_fd = netns ? fds[k++] : -1;
+  struct sock_fprog prog = { (unsigned short)zy_filter_len, zy_filter };
+  struct wr_child_ctx ctx = {
+    .sync_fd = fds[0],
+    .err_fd = fds[1],
+    .listen_fd = fds[2],
+    .conn_fd = fds[3],
+    .agent_fd = -1,
+    .cgroup_fd = (req->flags & WR_ZY_DELEGATE) ? cgroup_fd : -1,
+    .net_host = req->flags & WR_ZY_NET_HOST,
+    .timens_offsets = (req->flags & WR_ZY_TIMENS) ? s[3] : NULL,
+    .sysfs_fd = sysfs_fd,
+    .mnt = s[0],
+    .tmpfs_size = s[1],
+    .hostname = s[2],
+    .hostname_len = strlen (s[2]),
+    .lowers = s + 4,
+    .n_lower = req->n_lower,
+    .cap_keep = req->cap_keep,
+    .cap_last = req->cap_last,
+    .seccomp = &prog,
+    .securebits = req->securebits,
+  };
+  int pidfd = -1;
+  struct wr_clone_args ca = {
+    .flags = req->ns_flags | CLONE_PIDFD,
+    .pidfd = (uint64_t)(uintptr_t)&pidfd,
+    .exit_signal = SIGCHLD, /* ignored here: the kernel reaps them */
+  };
+  if (cgroup_fd >= 0)
+    {
+      ca.flags |= CLONE_INTO_CGROUP;
+      ca.cgroup = (uint64_t)cgroup_fd;
+    }
+  if (netns_fd >= 0)
+    {
+      ca.flags &= ~(uint64_t)CLONE_NEWNET;
+      if (setns (netns_fd, CLONE_NEWNET) < 0)
+        return -errno;
+    }
+  /* as the daemon's clone_as does: the owner of the new user namespace is
+   * the block's root, so per-user counts are charged to it; capabilities
+   * kept (NO_SETUID_FIXUP), fsuid stays 0 */
+  long pid;
+  if (prctl (PR_SET_SECUREBITS, req->securebits | SECBIT_NO_SETUID_FIXUP, 0, 0, 0) < 0)
+    pid = -errno;
+  else if (syscall (SYS_setresuid, -1, req->owner, -1) < 0)
+    pid = -errno;
+  else
+    {
+      syscall (SYS_setfsuid, 0);
+      pid = syscall (__NR_clone3, &ca, sizeof ca);
+      if (pid < 0)
+        pid = -errno;
+    }
+  if (pid == 0)
+    {
+      int r = wr_child_setup (&ctx);
+      if (r != 0)
+        _exit (r);
+      /* no exec: close what the exec'd agent's O_CLOEXEC would have, and
+       * forget the request */
+      close (WR_CHILD_ERR_FD);
+      prctl (PR_SET_NAME, "warren-agent", 0, 0, 0);
+      explicit_bzero (zy_msg, sizeof zy_msg);
+      zy_argv[7] = (req->flags & WR_ZY_DELEGATE) ? zy_a7 : NULL;
+      zy_argv[8] = (req->flags & WR_ZY_DELEGATE) ? zy_a8 : NULL;
+      return 0;
+    }
+  if (syscall (SYS_setresuid, -1, 0, -1) < 0
+      || prctl (PR_SET_SECUREBITS, req->securebits, 0, 0, 0) < 0
+      || (netns_fd >= 0 && setns (own_netns, CLONE_NEWNET) < 0))
+    _exit (1); /* never serve another request with the wrong identity */
+  prctl (PR_SET_DUMPABLE, 0, 0, 0, 0);
+  *ret_pidfd = pidfd;
+  return pid;
+}
+
+/* Returns only in a forked child, with *ret_argv its agent's arguments. */
+static void
+zygote_serve (int ctl, int *ret_argc, char ***ret_argv)
+{
+  /* out of the way of fds 3-8, which each child arranges */
+  int hi = fcntl (ctl, F_DUPFD_CLOEXEC, 64);
+  if (hi < 0)
+    exit (1);
+  close (ctl);
+  ctl = hi;
+  prctl (PR_SET_NAME, "warren-zygote", 0, 0, 0);
+  prctl (PR_SET_DUMPABLE, 0, 0, 0, 0);
+  sigset_t none;
+  sigemptyset (&none);
+  sigprocmask (SIG_SETMASK, &none, NULL);
+  for (int sig = 1; sig < 65; sig++)
+    if (sig != SIGKILL && sig != SIGSTOP)
+      signal (sig, SIG_DFL);
+  signal (SIGCHLD, SIG_IGN); /* children are reaped by the kernel */
+  ssize_t n = recv (ctl, zy_filter, sizeof zy_filter, 0);
+  if (n <= 0 || n % (ssize_t)sizeof zy_filter[0])
+    exit (1);
+  zy_filter_len = (size_t)n / sizeof zy_filter[0];
+  wr_dev_template_make ();
+  int own_netns = open ("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+  if (own_netns < 0)
+    exit (1);
+  {
+    int hi_ns = fcntl (own_netns, F_DUPFD_CLOEXEC, 64);
+    close (own_netns);
+    own_netns = hi_ns;
+  }
+  zy_reply (ctl, 0, -1); /* ready */
+  for (;;)
+    {
+      struct iovec iov = { zy_msg, sizeof zy_msg };
+      union
+      {
+        char buf[CMSG_SPACE (sizeof (int) * WR_ZYGOTE_MAX_FDS)];
+        struct cmsghdr align;
+      } cm;
+      struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf, .msg_controllen = sizeof cm.buf
+      };
+      n = recvmsg (ctl, &mh, MSG_CMSG_CLOEXEC);
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n <= 0)
+        exit (0); /* the daemon closed its end (or exited) */
+      int fds[WR_ZYGOTE_MAX_FDS], nfds = 0;
+      for (struct cmsghdr *c = CMSG_FIRSTHDR (&mh); c; c = CMSG_NXTHDR (&mh, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+          {
+            size_t k = (c->cmsg_len - CMSG_LEN (0)) / sizeof (int);
+            for (size_t i = 0; i < k && nfds < WR_ZYGOTE_MAX_FDS; i++)
+              memcpy (&fds[nfds++], CMSG_DATA (c) + i * sizeof (int), sizeof (int));
+          }
+      long pid = -EINVAL;
+      int pidfd = -1;
+      if ((size_t)n >= sizeof (struct wr_zygote_req) && !(mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)))
+        {
+          struct wr_zygote_req req;
+          memcpy (&req, zy_msg, sizeof req);
+          pid = zy_fork (&req, zy_msg + sizeof req, (size_t)n - sizeof req, fds, nfds, own_netns,
+                         &pidfd);
+          if (pid == 0)
+            {
+              *ret_argc = zy_argv[7] ? 9 : 7;
+              *ret_argv = zy_argv;
+              return;
+            }
+        }
+      /* the child holds its own copies; the error pipe's EOF must be its */
+      for (int i = 0; i < nfds; i++)
+        close (fds[i]);
+      zy_reply (ctl, (int32_t)pid, pidfd);
+      if (pidfd >= 0)
+        close (pidfd);
+      explicit_bzero (zy_msg, (size_t)n);
+    }
+}
+
 static void
 close_range_fallback (unsigned lo, unsigned hi)
 {
@@ -687,6 +921,13 @@ main (int argc, char **argv)
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 },
   };
+  if (argc == 3 && strcmp (argv[1], "--zygote") == 0)
+    {
+      int ctl = parse_fd (argv[2]);
+      if (ctl < 0)
+        usage ();
+      zygote_serve (ctl, &argc, &argv); /* returns in a sandbox's new agent */
+    }
   int listen_fd = -1, conn_fd = -1, keep_fd = -1, cgroup_fd = -1, c;
   const char *root = NULL;
   bool no_openat2 = false;

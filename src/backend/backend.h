@@ -149,6 +149,7 @@ struct wr_runtime
   bool stack_busy[WR_CHILD_STACKS];
   size_t stack_size;
   struct wr_netns_pool *netns_pool; /* pool.c; NULL: every create makes its own */
+  struct wr_zygote *zygote;         /* zygote.c: forks sandboxes' agents */
   char describe[1024];
 };
 

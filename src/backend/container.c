@@ -35,6 +35,7 @@
 #include "../common/limits.h" /* WR_MAX_LAYERS: one limit, store to backends */
 #include "../common/util.h"
 #include "backend.h"
+#include "child.h"
 #include "pool.h"
 #include "syscalls.h"
 
@@ -49,438 +50,7 @@ static const int keep_caps[] = {
   CAP_KILL,    CAP_AUDIT_WRITE,
 };
 
-/* Masked in /proc like Docker does (harmless to skip when absent). Already
- * protected by the user namespace; masking also hides the information. */
-static const char *const proc_masks[] = {
-  "proc/kcore",       "proc/keys",          "proc/timer_list",
-  "proc/sched_debug", "proc/sysrq-trigger", "proc/latency_stats",
-};
-
-static const struct
-{
-  const char *name;
-  unsigned major, minor;
-} dev_nodes[] = {
-  { "null", 1, 3 },   { "zero", 1, 5 },    { "full", 1, 7 },
-  { "random", 1, 8 }, { "urandom", 1, 9 }, { "tty", 5, 0 },
-};
-
-/* The sandbox's device nodes come from a detached tmpfs that host root makes
- * once per process (a tmpfs mounted in the sandbox's user namespace cannot
- * hold usable devices). Binds of the host's devtmpfs would show its mount
- * options, sized from the host's memory, in the sandbox's mountinfo. The
- * child clones single nodes out of it (open_tree of a detached mount);
- * without it, or where the kernel refuses that clone (EINVAL), it binds the
- * host's nodes. Read by the CLONE_VM child: set before the first clone,
- * never changed after. */
-static int dev_template_fd = -1;
-static char dev_template_path[32]; /* "/proc/self/fd/N/" */
 static pthread_once_t dev_template_once = PTHREAD_ONCE_INIT;
-
-static void
-dev_template_make (void)
-{
-  _cleanup_close_ int fs = (int)syscall (__NR_fsopen, "tmpfs", FSOPEN_CLOEXEC);
-  if (fs < 0 || syscall (__NR_fsconfig, fs, FSCONFIG_SET_STRING, "size", "4k", 0) < 0
-      || syscall (__NR_fsconfig, fs, FSCONFIG_SET_STRING, "nr_inodes", "16", 0) < 0
-      || syscall (__NR_fsconfig, fs, FSCONFIG_SET_STRING, "mode", "0755", 0) < 0
-      || syscall (__NR_fsconfig, fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
-    return;
-  _cleanup_close_ int m
-      = (int)syscall (__NR_fsmount, fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC);
-  if (m < 0)
-    return;
-  for (size_t i = 0; i < WR_ARRAY_SIZE (dev_nodes); i++)
-    if (mknodat (m, dev_nodes[i].name, S_IFCHR | 0666,
-                 makedev (dev_nodes[i].major, dev_nodes[i].minor))
-            < 0
-        || fchmodat (m, dev_nodes[i].name, 0666, 0) < 0)
-      return;
-  dev_template_fd = TAKE_FD (m);
-  snprintf (dev_template_path, sizeof dev_template_path, "/proc/self/fd/%d/", dev_template_fd);
-}
-
-/* Mount device node `name` of the template (or the host's) on dst. A plain
- * bind of the node's path through our copy of the template fd first: the
- * kernel lets a bind copy from a detached mount, and no detached tree of our
- * own is made. The open_tree clone (older kernels refuse that bind) is an
- * anonymous mount namespace per node, and closing its fd waits for an
- * expedited RCU grace period: 12 per sandbox were ~4% of the daemon's
- * create+destroy time (perf). */
-static long
-c_dev_node (const char *name, const char *dst)
-{
-  if (dev_template_fd >= 0)
-    {
-      char src[64];
-      size_t lp = strlen (dev_template_path), ln = strlen (name);
-      if (lp + ln < sizeof src)
-        {
-          memcpy (src, dev_template_path, lp);
-          memcpy (src + lp, name, ln + 1);
-          long r = wr_raw5 (__NR_mount, src, dst, NULL, MS_BIND, NULL);
-          if (r != -EINVAL)
-            return r;
-        }
-      long t = wr_raw3 (__NR_open_tree, dev_template_fd, name, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
-      if (t >= 0)
-        {
-          long r = wr_raw5 (__NR_move_mount, t, "", AT_FDCWD, dst, MOVE_MOUNT_F_EMPTY_PATH);
-          wr_raw1 (__NR_close, t);
-          return r;
-        }
-      if (t != -EINVAL)
-        return t;
-    }
-  char src[32] = "/dev/";
-  size_t len = strlen (name);
-  if (len > sizeof src - 6)
-    return -ENAMETOOLONG;
-  memcpy (src + 5, name, len + 1);
-  return wr_raw5 (__NR_mount, src, dst, NULL, MS_BIND, NULL);
-}
-
-enum child_step
-{
-  ST_SYNC = 1,
-  ST_CGROUPNS,
-  ST_IDS,
-  ST_HOSTNAME,
-  ST_FDS,
-  ST_TMPFS,
-  ST_OVERLAY,
-  ST_PROC,
-  ST_DEV,
-  ST_SYS,
-  ST_NET,
-  ST_PIVOT,
-  ST_CAPS,
-  ST_SECCOMP,
-  ST_EXEC,
-};
-static const char *const step_names[] = {
-  "",
-  "wait for parent",
-  "cgroup namespace",
-  "set ids",
-  "sethostname",
-  "arrange fds",
-  "mount upper tmpfs",
-  "mount overlay",
-  "mount /proc",
-  "populate /dev",
-  "mount /sys",
-  "loopback up",
-  "pivot_root",
-  "drop capabilities",
-  "seccomp",
-  "execveat agent",
-};
-
-struct child_ctx
-{
-  int sync_fd, err_fd, listen_fd, conn_fd, agent_fd;
-  int cgroup_fd; /* the sandbox's cgroup2 dir, -1 if none */
-  bool net_host;
-  int sysfs_fd; /* a pooled netns (pool.c): its sysfs, made by the pool; -1: own netns */
-  const char *mnt;
-  const char *const *lowers;
-  size_t n_lower;
-  const char *tmpfs_size;
-  const char *hostname;
-  size_t hostname_len;
-  uint64_t cap_keep;
-  int cap_last;
-  const struct sock_fprog *seccomp;
-  int securebits; /* the daemon's: the parent raised NO_SETUID_FIXUP around clone */
-  char *const *argv;
-  char *const *envp;
-};
-
-struct child_err
-{
-  int step;
-  int errnum;
-};
-
-static int
-child_fail (int err_fd, int step, long r)
-{
-  struct child_err e = { step, (int)-r };
-  wr_raw3 (__NR_write, err_fd, &e, sizeof e);
-  return 127;
-}
-
-#define TRY(step, expr)                                                                            \
-  do                                                                                               \
-    {                                                                                              \
-      long _r = (expr);                                                                            \
-      if (_r < 0)                                                                                  \
-        return child_fail (err_fd, (step), _r);                                                    \
-    }                                                                                              \
-  while (0)
-
-/* mkdir that tolerates an existing entry (the image may ship the dir). */
-static long
-c_mkdir (const char *p, int mode)
-{
-  long r = wr_raw3 (__NR_mkdirat, AT_FDCWD, p, mode);
-  return r == -EEXIST ? 0 : r;
-}
-
-static long
-c_mount (const char *src, const char *dst, const char *fs, unsigned long fl, const void *data)
-{
-  return wr_raw5 (__NR_mount, src, dst, fs, fl, data);
-}
-
-/* Hand a layer to overlayfs as the string "/proc/self/fd/N": the kernel
- * resolves it through our fd (no walk through daemon directories) and keeps
- * the string as the layer's name in the mount options, which the sandbox
- * reads in /proc/self/mountinfo. FSCONFIG_SET_FD (6.13+) would record the
- * layer's d_path instead, i.e. the daemon's store path. */
-static long
-set_layer_fd_path (long fsfd, const char *key, int fd)
-{
-  char path[32] = "/proc/self/fd/", digits[12];
-  int n = 0;
-  do
-    digits[n++] = (char)('0' + fd % 10);
-  while ((fd /= 10) > 0 && n < 11);
-  size_t off = 14;
-  while (n > 0)
-    path[off++] = digits[--n];
-  path[off] = 0;
-  return wr_raw5 (__NR_fsconfig, fsfd, FSCONFIG_SET_STRING, key, path, 0);
-}
-
-static int
-child_main (void *arg)
-{
-  const struct child_ctx *c = arg;
-  int err_fd = c->err_fd;
-  char b;
-  /* wait until the parent wrote our id maps, made our idmapped layer mounts
-   * and joined the v1 cgroups */
-  long n = wr_raw3 (__NR_read, c->sync_fd, &b, 1);
-  if (n != 1)
-    return child_fail (err_fd, ST_SYNC, n < 0 ? n : -EPIPE);
-  /* Our mount namespace is made only now, so that it copies the idmapped
-   * layer mounts the parent has just made for our uid block (they need our
-   * user namespace, which clone created). A cgroup namespace rooted at the
-   * sandbox's own cgroups: the one clone made is rooted where we were then:
-   * the v2 group (CLONE_INTO_CGROUP), but the daemon's v1 groups, which the
-   * parent has only now moved us out of; /proc/self/cgroup would show the
-   * host's hierarchy and the daemon's group name. */
-  TRY (ST_CGROUPNS, wr_raw1 (__NR_unshare, CLONE_NEWNS | CLONE_NEWCGROUP));
-  /* Open the layers and the mount point while our fsuid is still host root
-   * (they live under the daemon's 0700 root). Paths are walked here, in our
-   * own mount namespace, because overlayfs only accepts layers that are
-   * mounts of the caller's namespace. */
-  int lower_fds[WR_MAX_LAYERS];
-  for (size_t i = 0; i < c->n_lower; i++)
-    {
-      long fd = wr_raw4 (__NR_openat, AT_FDCWD, c->lowers[i], O_PATH | O_DIRECTORY | O_CLOEXEC, 0);
-      TRY (ST_OVERLAY, fd);
-      lower_fds[i] = (int)fd;
-    }
-  long mnt_fd = wr_raw4 (__NR_openat, AT_FDCWD, c->mnt, O_PATH | O_DIRECTORY | O_CLOEXEC, 0);
-  TRY (ST_OVERLAY, mnt_fd);
-
-  /* the parent's NO_SETUID_FIXUP must not reach the sandbox: a uid change
-   * there has to drop capabilities as usual */
-  TRY (ST_IDS, wr_raw2 (__NR_prctl, PR_SET_SECUREBITS, c->securebits));
-  TRY (ST_IDS, wr_raw3 (__NR_setresgid, 0, 0, 0));
-  /* drop the daemon's supplementary groups (host gid 0 would stay effective) */
-  TRY (ST_IDS, wr_raw2 (__NR_setgroups, 0, NULL));
-  TRY (ST_IDS, wr_raw3 (__NR_setresuid, 0, 0, 0));
-  TRY (ST_HOSTNAME, wr_raw2 (__NR_sethostname, c->hostname, c->hostname_len));
-
-  /* root: a size-capped tmpfs upper and the overlay, both built as detached
-   * mounts with the new mount API: every layer, the upper and the mount point
-   * arrive as fds opened by the daemon, so no daemon-private path (0700) has
-   * to be walked with the sandbox's unprivileged uid. */
-  long t = wr_raw2 (__NR_fsopen, "tmpfs", FSOPEN_CLOEXEC);
-  TRY (ST_TMPFS, t);
-  TRY (ST_TMPFS, wr_raw5 (__NR_fsconfig, t, FSCONFIG_SET_STRING, "size", c->tmpfs_size, 0));
-  TRY (ST_TMPFS, wr_raw5 (__NR_fsconfig, t, FSCONFIG_SET_STRING, "mode", "0755", 0));
-  TRY (ST_TMPFS, wr_raw5 (__NR_fsconfig, t, FSCONFIG_CMD_CREATE, NULL, NULL, 0));
-  long tm = wr_raw3 (__NR_fsmount, t, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
-  TRY (ST_TMPFS, tm);
-  TRY (ST_TMPFS, wr_raw3 (__NR_mkdirat, tm, "u", 0755));
-  TRY (ST_TMPFS, wr_raw3 (__NR_mkdirat, tm, "w", 0700));
-  long u = wr_raw3 (__NR_openat, tm, "u", O_PATH | O_DIRECTORY | O_CLOEXEC);
-  long w = wr_raw3 (__NR_openat, tm, "w", O_PATH | O_DIRECTORY | O_CLOEXEC);
-  TRY (ST_TMPFS, u);
-  TRY (ST_TMPFS, w);
-  long o = wr_raw2 (__NR_fsopen, "overlay", FSOPEN_CLOEXEC);
-  TRY (ST_OVERLAY, o);
-  for (size_t i = 0; i < c->n_lower; i++)
-    TRY (ST_OVERLAY, set_layer_fd_path (o, "lowerdir+", lower_fds[i]));
-  TRY (ST_OVERLAY, set_layer_fd_path (o, "upperdir", (int)u));
-  TRY (ST_OVERLAY, set_layer_fd_path (o, "workdir", (int)w));
-  TRY (ST_OVERLAY, wr_raw5 (__NR_fsconfig, o, FSCONFIG_SET_FLAG, "userxattr", NULL, 0));
-  TRY (ST_OVERLAY, wr_raw5 (__NR_fsconfig, o, FSCONFIG_CMD_CREATE, NULL, NULL, 0));
-  long om = wr_raw3 (__NR_fsmount, o, FSMOUNT_CLOEXEC, 0);
-  TRY (ST_OVERLAY, om);
-  TRY (ST_OVERLAY, wr_raw5 (__NR_move_mount, om, "", mnt_fd, "",
-                            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH));
-  TRY (ST_OVERLAY, wr_raw1 (__NR_fchdir, om));
-
-  /* /proc, /dev, /sys before the fds are arranged: the device nodes are
-   * cloned from dev_template_fd, which close_range would close */
-  wr_raw1 (__NR_umask, 0);
-  TRY (ST_PROC, c_mkdir ("proc", 0555));
-  TRY (ST_PROC, c_mount ("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL));
-  TRY (ST_PROC, c_mount ("proc/sys", "proc/sys", NULL, MS_BIND, NULL));
-  TRY (ST_PROC,
-       c_mount (NULL, "proc/sys", NULL,
-                MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL));
-  for (size_t i = 0; i < WR_ARRAY_SIZE (proc_masks); i++)
-    {
-      long r = c_dev_node ("null", proc_masks[i]);
-      if (r < 0 && r != -ENOENT)
-        return child_fail (err_fd, ST_PROC, r);
-    }
-
-  TRY (ST_DEV, c_mkdir ("dev", 0755));
-  TRY (ST_DEV,
-       c_mount ("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=64k,nr_inodes=64"));
-  {
-    char path[32] = "dev/";
-    for (size_t i = 0; i < WR_ARRAY_SIZE (dev_nodes); i++)
-      {
-        size_t len = strlen (dev_nodes[i].name);
-        memcpy (path + 4, dev_nodes[i].name, len + 1);
-        TRY (ST_DEV, wr_raw4 (__NR_mknodat, AT_FDCWD, path, S_IFREG | 0666, 0));
-        TRY (ST_DEV, c_dev_node (dev_nodes[i].name, path));
-      }
-  }
-  TRY (ST_DEV, wr_raw3 (__NR_mkdirat, AT_FDCWD, "dev/pts", 0755));
-  TRY (ST_DEV, c_mount ("devpts", "dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
-                        "newinstance,ptmxmode=0666,mode=0620"));
-  TRY (ST_DEV, wr_raw3 (__NR_symlinkat, "pts/ptmx", AT_FDCWD, "dev/ptmx"));
-  TRY (ST_DEV, wr_raw3 (__NR_mkdirat, AT_FDCWD, "dev/shm", 01777));
-  TRY (ST_DEV, c_mount ("shm", "dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                        "mode=1777,size=65536k"));
-  TRY (ST_DEV, wr_raw3 (__NR_symlinkat, "/proc/self/fd", AT_FDCWD, "dev/fd"));
-  TRY (ST_DEV, wr_raw3 (__NR_symlinkat, "/proc/self/fd/0", AT_FDCWD, "dev/stdin"));
-  TRY (ST_DEV, wr_raw3 (__NR_symlinkat, "/proc/self/fd/1", AT_FDCWD, "dev/stdout"));
-  TRY (ST_DEV, wr_raw3 (__NR_symlinkat, "/proc/self/fd/2", AT_FDCWD, "dev/stderr"));
-
-  TRY (ST_SYS, c_mkdir ("sys", 0555));
-  if (c->sysfs_fd >= 0) /* pooled netns: we may not mount its sysfs, the pool did */
-    TRY (ST_SYS,
-         wr_raw5 (__NR_move_mount, c->sysfs_fd, "", AT_FDCWD, "sys", MOVE_MOUNT_F_EMPTY_PATH));
-  else if (!c->net_host)
-    TRY (ST_SYS,
-         c_mount ("sysfs", "sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL));
-  else
-    {
-      /* sysfs of a netns we do not own cannot be mounted: read-only rbind */
-      TRY (ST_SYS, c_mount ("/sys", "sys", NULL, MS_BIND | MS_REC, NULL));
-      struct mount_attr ro = { .attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV
-                                           | MOUNT_ATTR_NOEXEC };
-      TRY (ST_SYS, wr_raw5 (__NR_mount_setattr, AT_FDCWD, "sys", AT_RECURSIVE, &ro, sizeof ro));
-      /* the host's cgroup trees came with the bind (every sandbox's groups
-       * and stats): cover them, as a fresh sysfs has nothing there either.
-       * The bind must be recursive: its submounts are locked to us. */
-      long r
-          = c_mount ("none", "sys/fs/cgroup", "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                     "size=4k,nr_inodes=1,mode=555");
-      if (r < 0 && r != -ENOENT)
-        return child_fail (err_fd, ST_SYS, r);
-    }
-  {
-    long r = wr_raw3 (__NR_mkdirat, AT_FDCWD, "tmp", 01777);
-    if (r < 0 && r != -EEXIST)
-      return child_fail (err_fd, ST_SYS, r);
-  }
-
-  /* fds: 3 = listen, 4 = conn, 5 = agent binary (cloexec), 6 = error pipe */
-  long l = wr_raw3 (__NR_fcntl, c->listen_fd, F_DUPFD_CLOEXEC, 16);
-  long k = wr_raw3 (__NR_fcntl, c->conn_fd, F_DUPFD_CLOEXEC, 16);
-  long a = wr_raw3 (__NR_fcntl, c->agent_fd, F_DUPFD_CLOEXEC, 16);
-  long e = wr_raw3 (__NR_fcntl, err_fd, F_DUPFD_CLOEXEC, 16);
-  long up = wr_raw3 (__NR_fcntl, u, F_DUPFD_CLOEXEC, 16);
-  if (l < 0 || k < 0 || a < 0 || e < 0 || up < 0)
-    return child_fail (err_fd, ST_FDS, -EMFILE);
-  TRY (ST_FDS, wr_raw3 (__NR_dup3, e, 6, O_CLOEXEC));
-  err_fd = 6;
-  TRY (ST_FDS, wr_raw3 (__NR_dup3, l, 3, 0));
-  TRY (ST_FDS, wr_raw3 (__NR_dup3, k, 4, 0));
-  TRY (ST_FDS, wr_raw3 (__NR_dup3, a, 5, O_CLOEXEC));
-  /* 7 = the upper dir (O_PATH), kept by the agent (--keep-fd) so the daemon
-   * can reach this detached tmpfs with pidfd_getfd to pack the sandbox */
-  TRY (ST_FDS, wr_raw3 (__NR_dup3, up, WR_AGENT_UPPER_FD, 0));
-  if (c->cgroup_fd >= 0)
-    {
-      /* 8 = the sandbox's cgroup2 dir (delegated: the agent's execs get
-       * their own child cgroups). Above 8 before the close_range. */
-      long g = wr_raw3 (__NR_fcntl, c->cgroup_fd, F_DUPFD_CLOEXEC, 16);
-      TRY (ST_FDS, g);
-      TRY (ST_FDS, wr_raw3 (__NR_dup3, g, WR_AGENT_CGROUP_FD, 0));
-    }
-  TRY (ST_FDS, wr_raw3 (__NR_close_range, WR_AGENT_CGROUP_FD + 1, ~0U, 0));
-  long nul = wr_raw3 (__NR_openat, AT_FDCWD, "/dev/null", O_RDWR);
-  TRY (ST_FDS, nul);
-  for (int i = 0; i < 3; i++)
-    TRY (ST_FDS, wr_raw3 (__NR_dup3, nul, i, 0));
-  wr_raw1 (__NR_close, nul);
-  wr_raw1 (__NR_umask, 0);
-
-  if (!c->net_host && c->sysfs_fd < 0) /* a pooled netns has loopback up */
-    {
-      long s = wr_raw3 (__NR_socket, AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-      TRY (ST_NET, s);
-      struct ifreq ifr;
-      memset (&ifr, 0, sizeof ifr);
-      memcpy (ifr.ifr_name, "lo", 3);
-      ifr.ifr_flags = IFF_UP | IFF_RUNNING;
-      TRY (ST_NET, wr_raw3 (__NR_ioctl, s, SIOCSIFFLAGS, &ifr));
-      wr_raw1 (__NR_close, s);
-    }
-
-  TRY (ST_PIVOT, wr_raw2 (__NR_pivot_root, ".", "."));
-  TRY (ST_PIVOT, wr_raw2 (__NR_umount2, ".", MNT_DETACH));
-  TRY (ST_PIVOT, wr_raw1 (__NR_chdir, "/"));
-
-  /* capabilities: bounding set first (needs CAP_SETPCAP, still held), then
-   * permitted/effective/inheritable, ambient cleared */
-  for (int cap = 0; cap <= c->cap_last; cap++)
-    if (!(c->cap_keep >> cap & 1))
-      TRY (ST_CAPS, wr_raw2 (__NR_prctl, PR_CAPBSET_DROP, cap));
-  TRY (ST_CAPS, wr_raw5 (__NR_prctl, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0));
-  struct __user_cap_header_struct hdr = { _LINUX_CAPABILITY_VERSION_3, 0 };
-  struct __user_cap_data_struct data[2];
-  for (int i = 0; i < 2; i++)
-    {
-      uint32_t m = (uint32_t)(c->cap_keep >> (32 * i));
-      data[i].effective = data[i].permitted = data[i].inheritable = m;
-    }
-  TRY (ST_CAPS, wr_raw2 (__NR_capset, &hdr, data));
-
-  /* signals: the daemon's handlers must never run here (shared memory); the
-   * parent blocked everything before clone, reset dispositions, then unblock */
-  struct
-  {
-    void *handler;
-    unsigned long flags;
-    void *restorer;
-    uint64_t mask;
-  } dfl = { SIG_DFL, 0, NULL, 0 };
-  for (int sig = 1; sig <= 64; sig++)
-    if (sig != SIGKILL && sig != SIGSTOP)
-      wr_raw4 (__NR_rt_sigaction, sig, &dfl, NULL, 8);
-  uint64_t empty = 0;
-  wr_raw4 (__NR_rt_sigprocmask, SIG_SETMASK, &empty, NULL, 8);
-  wr_raw1 (__NR_umask, 022);
-
-  TRY (ST_SECCOMP, wr_raw5 (__NR_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0));
-  TRY (ST_SECCOMP, wr_raw3 (__NR_prctl, PR_SET_SECCOMP, SECCOMP_MODE_FILTER, c->seccomp));
-  long r = wr_raw5 (__NR_execveat, 5, "", c->argv, c->envp, AT_EMPTY_PATH);
-  return child_fail (err_fd, ST_EXEC, r);
-}
 
 /* ---------------------------------------------------------------- parent */
 
@@ -765,7 +335,7 @@ layer_mounts_clear (struct layer_mounts *lm)
  * needs them) and fsuid stays 0. */
 static long
 clone_as (uid_t owner, int securebits, struct wr_clone_args *ca, struct wr_runtime *rt, int slot,
-          struct child_ctx *ctx)
+          struct wr_child_ctx *ctx)
 {
   /* an euid change also makes the whole process non-dumpable (core dumps,
    * ptrace, /proc ownership): put that back afterwards */
@@ -784,14 +354,14 @@ clone_as (uid_t owner, int securebits, struct wr_clone_args *ca, struct wr_runti
   ca->flags |= CLONE_VM;
   ca->stack = (uint64_t)(uintptr_t)rt->stack[slot];
   ca->stack_size = rt->stack_size;
-  pid = wr_clone3_run (ca, child_main, ctx);
+  pid = wr_clone3_run (ca, wr_child_main, ctx);
 #else
   (void)rt;
   (void)slot;
   /* no trampoline for this architecture: a COW child (slower, same code) */
   pid = syscall (__NR_clone3, ca, sizeof *ca);
   if (pid == 0)
-    _exit (child_main (ctx));
+    _exit (wr_child_main (ctx));
   if (pid < 0)
     pid = -errno;
 #endif
@@ -801,6 +371,66 @@ clone_as (uid_t owner, int securebits, struct wr_clone_args *ca, struct wr_runti
   if (dumpable > 0)
     prctl (PR_SET_DUMPABLE, dumpable, 0, 0, 0);
   return pid;
+}
+
+/* The zygote's way to the same child (child.h): the request carries what
+ * ctx says, as strings and fds; the zygote clones with ca's namespaces, as
+ * owner, and its child runs wr_child_setup and becomes the agent. -ENOSYS:
+ * no zygote (use clone_as). */
+static long
+zygote_clone (struct wr_runtime *rt, const struct wr_clone_args *ca, const struct wr_child_ctx *ctx,
+              uid_t owner, const char *timens, int cgroup_fd, int netns_fd, int *ret_pidfd)
+{
+  if (rt->zygote == NULL)
+    return -ENOSYS;
+  _cleanup_free_ char *msg = malloc (WR_ZYGOTE_MAX_MSG);
+  if (msg == NULL)
+    return -ENOSYS;
+  struct wr_zygote_req req = {
+    .magic = WR_ZYGOTE_MAGIC,
+    /* no CLONE_NEWTIME: a forked child would enter it at once, its
+     * offsets frozen at zero; the child makes it (wr_child_setup) */
+    .ns_flags = ca->flags
+                & (CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWCGROUP
+                   | CLONE_NEWNET),
+    .owner = owner,
+    .securebits = ctx->securebits,
+    .cap_last = ctx->cap_last,
+    .n_lower = (uint32_t)ctx->n_lower,
+    .cap_keep = ctx->cap_keep,
+  };
+  int fds[WR_ZYGOTE_MAX_FDS] = { ctx->sync_fd, ctx->err_fd, ctx->listen_fd, ctx->conn_fd };
+  int nfds = 4;
+  if (cgroup_fd >= 0)
+    {
+      req.flags |= WR_ZY_CGROUP | (ctx->cgroup_fd >= 0 ? WR_ZY_DELEGATE : 0);
+      fds[nfds++] = cgroup_fd;
+    }
+  if (netns_fd >= 0)
+    {
+      req.flags |= WR_ZY_NETNS;
+      fds[nfds++] = netns_fd;
+      fds[nfds++] = ctx->sysfs_fd;
+    }
+  if (ctx->net_host)
+    req.flags |= WR_ZY_NET_HOST;
+  if (timens)
+    req.flags |= WR_ZY_TIMENS;
+  size_t len = sizeof req;
+  memcpy (msg, &req, sizeof req);
+  const char *strs[4 + WR_MAX_LAYERS]
+      = { ctx->mnt, ctx->tmpfs_size, ctx->hostname, timens ? timens : "" };
+  for (size_t i = 0; i < ctx->n_lower; i++)
+    strs[4 + i] = ctx->lowers[i];
+  for (size_t i = 0; i < 4 + ctx->n_lower; i++)
+    {
+      size_t n = strlen (strs[i]) + 1;
+      if (len + n > WR_ZYGOTE_MAX_MSG)
+        return -ENOSYS; /* the exec'd agent takes any length */
+      memcpy (msg + len, strs[i], n);
+      len += n;
+    }
+  return wr_zygote_spawn (rt, msg, len, fds, nfds, ret_pidfd);
 }
 
 bool
@@ -957,7 +587,7 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
   uint64_t keep = 0;
   for (size_t i = 0; i < WR_ARRAY_SIZE (keep_caps); i++)
     keep |= 1ull << keep_caps[i];
-  struct child_ctx ctx = {
+  struct wr_child_ctx ctx = {
     .sync_fd = sync_r,
     .err_fd = err_w,
     .listen_fd = lfd,
@@ -1008,7 +638,7 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
       ca.flags &= ~(uint64_t)CLONE_NEWNET;
       ctx.sysfs_fd = pooled_sysfs;
     }
-  pthread_once (&dev_template_once, dev_template_make);
+  pthread_once (&dev_template_once, wr_dev_template_make);
   sigset_t all, old;
   sigfillset (&all);
   int slot = wr_stack_acquire (rt);
@@ -1020,13 +650,21 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
       goto fail_cg;
     }
   ctx.lowers = lm.dir;
-  pthread_sigmask (SIG_SETMASK, &all, &old);
-  if (pooled_netns >= 0)
-    wr_netns_pool_enter (netns_pool, pooled_netns);
-  long pid = clone_as (base, securebits, &ca, rt, slot, &ctx);
-  if (pooled_netns >= 0)
-    wr_netns_pool_leave (netns_pool);
-  pthread_sigmask (SIG_SETMASK, &old, NULL);
+  /* the agent zygote forks the agent (it joins the pooled netns itself);
+   * without one the CLONE_VM child execs it */
+  long pid = zygote_clone (rt, &ca, &ctx, base, timens_len > 0 ? timens : NULL, cgs.v2_fd,
+                           pooled_netns, &pidfd);
+  bool zygote_child = pid != -ENOSYS;
+  if (!zygote_child)
+    {
+      pthread_sigmask (SIG_SETMASK, &all, &old);
+      if (pooled_netns >= 0)
+        wr_netns_pool_enter (netns_pool, pooled_netns);
+      pid = clone_as (base, securebits, &ca, rt, slot, &ctx);
+      if (pooled_netns >= 0)
+        wr_netns_pool_leave (netns_pool);
+      pthread_sigmask (SIG_SETMASK, &old, NULL);
+    }
   if (pid < 0)
     {
       layer_mounts_clear (&lm);
@@ -1051,7 +689,7 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
       }
     if (r < 0)
       r = wr_error (err, -r, WR_E_INTERNAL, "write id map");
-    if (r == 0 && timens_len > 0)
+    if (r == 0 && timens_len > 0 && !zygote_child) /* a zygote child writes its own */
       {
         snprintf (path, sizeof path, "/proc/%ld/timens_offsets", pid);
         r = wr_write_file_at (AT_FDCWD, path, timens);
@@ -1080,17 +718,18 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
         r = wr_sys_error (err, "release child");
     }
   close (TAKE_FD (sync_w));
-  struct child_err ce = { 0, 0 };
+  struct wr_child_err ce = { 0, 0 };
   ssize_t got = 0;
   if (released)
     {
       got = wr_read_all (err_r, &ce, sizeof ce);
       if (got != 0)
-        r = wr_error (
-            err, got == (ssize_t)sizeof ce ? ce.errnum : EIO, WR_E_INTERNAL, "sandbox setup: %s",
-            got == (ssize_t)sizeof ce && ce.step > 0 && ce.step < (int)WR_ARRAY_SIZE (step_names)
-                ? step_names[ce.step]
-                : "child died");
+        r = wr_error (err, got == (ssize_t)sizeof ce ? ce.errnum : EIO, WR_E_INTERNAL,
+                      "sandbox setup: %s",
+                      got == (ssize_t)sizeof ce && ce.step > 0
+                              && ce.step < (int)WR_ARRAY_SIZE (wr_child_step_names)
+                          ? wr_child_step_names[ce.step]
+                          : "child died");
     }
   else
     {

@@ -18,6 +18,7 @@
 #include "../common/limits.h"
 #include "../common/util.h"
 #include "backend.h"
+#include "child.h"
 #include "pool.h"
 #include "syscalls.h"
 
@@ -428,14 +429,23 @@ wr_runtime_new (const struct wr_runtime_config *cfg, struct wr_runtime **ret, wr
     if ((r = wr_netns_pool_new (n, &rt->netns_pool, err)) < 0)
       goto fail;
   }
+  /* WARREN_AGENT_ZYGOTE=0: every sandbox execs its agent (the fallback) */
+  const char *zy = getenv ("WARREN_AGENT_ZYGOTE");
+  bool zygote_on = !(zy && strcmp (zy, "0") == 0);
+  if ((r = wr_zygote_new (zygote_on, &rt->zygote)) < 0)
+    {
+      r = wr_error (err, -r, WR_E_INTERNAL, "agent zygote");
+      goto fail;
+    }
   snprintf (rt->describe, sizeof rt->describe,
             "{\"cgroup_layout\":\"%s\",\"cgroup_v2\":\"%s\",\"clone_into_cgroup\":%s,"
             "\"uid_range_start\":%u,\"uid_blocks\":%u,\"uid_block\":%u,\"idmapped_layers\":\"per-"
             "sandbox\",\"seccomp_insns\":%u,"
-            "\"clone_vm\":%s}",
+            "\"clone_vm\":%s,\"agent_zygote\":%s}",
             layout_name (rt->cg.layout), rt->cg.v2_fd >= 0 ? rt->cg.v2_path : "",
             rt->cg.v2_fd >= 0 ? "true" : "false", (unsigned)rt->uid_range_start, rt->uid_blocks,
-            WR_UID_BLOCK, rt->seccomp.len, WR_HAVE_CLONE3_RUN ? "true" : "false");
+            WR_UID_BLOCK, rt->seccomp.len, WR_HAVE_CLONE3_RUN ? "true" : "false",
+            zygote_on ? "true" : "false");
   *ret = rt;
   return 0;
 fail:
@@ -448,6 +458,7 @@ wr_runtime_free (struct wr_runtime *rt)
 {
   if (rt == NULL)
     return;
+  wr_zygote_free (rt->zygote);
   wr_netns_pool_free (rt->netns_pool);
   wr_cg_fini (&rt->cg);
   if (rt->agent_fd >= 0)

@@ -3,6 +3,7 @@
  * isolation, limits, cleanup and speed through the agent protocol. */
 #include <dirent.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <jansson.h>
 #include <linux/nsfs.h>
 #include <poll.h>
@@ -18,6 +19,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "backend/child.h"
 #include "backend/container.h"
 #include "backend/pool.h"
 #include "common/proto.h"
@@ -434,17 +436,150 @@ test_reap_without_pid (void)
   RUN (c.agent_fd, &o, "/bin/sh", "-c", "sleep 100 & sleep 100 & touch /sys/x; echo $?");
   TAP_EQ_STR (o.stdout_buf, "1\n", "net_host: /sys read-only rbind");
   out_free (&o);
-  pid_t pid = c.pid;
   struct wr_container lost = { .pid = 0, .pidfd = -1, .agent_fd = -1 };
   snprintf (lost.id, sizeof lost.id, "t-orphan");
   close (c.agent_fd);
-  close (c.pidfd);
   r = wr_container_destroy (rt, &lost, sdir, &err);
   TAP_EQ (r, 0, "destroy with pid 0 via the cgroup (%s)", r ? err.msg : "ok");
-  int status;
-  pid_t w = waitpid (pid, &status, 0);
-  TAP_OK (TAP_C_EQ (w, pid) && WIFSIGNALED (status), "agent was killed");
+  /* the agent is the zygote's child (or ours, exec'd): its pidfd tells */
+  struct pollfd pf = { .fd = c.pidfd, .events = POLLIN };
+  TAP_EQ (poll (&pf, 1, 10000), 1, "agent was killed");
+  siginfo_t si;
+  waitid ((idtype_t)P_PIDFD, (id_t)c.pidfd, &si, WEXITED | WNOHANG); /* if ours */
+  close (c.pidfd);
   TAP_OK (cgroups_gone ("t-orphan"), "cgroups removed");
+  rmdir (sdir);
+}
+
+/* "PPid:" of /proc/PID/status; -1 if gone */
+static pid_t
+ppid_of (pid_t pid)
+{
+  char path[64], line[256];
+  snprintf (path, sizeof path, "/proc/%d/status", (int)pid);
+  FILE *f = fopen (path, "re");
+  if (f == NULL)
+    return -1;
+  pid_t pp = -1;
+  while (fgets (line, sizeof line, f))
+    if (sscanf (line, "PPid: %d", &pp) == 1)
+      break;
+  fclose (f);
+  return pp;
+}
+
+/* "fd:target " for each fd of pid, ascending, targets without their
+ * [inode] or path: what kind of fd each is */
+static char *
+fd_list (pid_t pid)
+{
+  char *out = calloc (1, 4096), path[64], t[256];
+  size_t len = 0;
+  for (int fd = 0; fd < 256 && out; fd++)
+    {
+      snprintf (path, sizeof path, "/proc/%d/fd/%d", (int)pid, fd);
+      ssize_t n = readlink (path, t, sizeof t - 1);
+      if (n < 0)
+        continue;
+      t[n] = 0;
+      t[strcspn (t, ":[")] = 0;
+      if (t[0] == '/')
+        strcpy (t, "/");
+      len += (size_t)snprintf (out + len, 4096 - len, "%d:%s ", fd, t);
+    }
+  return out;
+}
+
+static bool
+same_file (const char *a, const char *b)
+{
+  struct stat x, y;
+  return stat (a, &x) == 0 && stat (b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+}
+
+/* The sandbox's agent is forked by the agent zygote (docs/containers.md
+ * "Agent zygote"), a new zygote replaces a killed one, and without one the
+ * exec'd agent (the fallback) is a child of the creating process. */
+static void
+test_zygote (void)
+{
+  wr_err_t err = { 0 };
+  struct wr_zygote_stats st0, st;
+  wr_zygote_stats (rt, &st0);
+  TAP_OK (st0.enabled, "agent zygote enabled by default");
+  struct wr_container_spec spec = { .memory_mb = 64, .time_ns = true, .uptime_s = 1000 };
+  struct wr_container c;
+  char sdir[512], path[64], exe[64];
+  int r = spec_create ("t-zyg", &spec, sdir, sizeof sdir, &c, &err);
+  TAP_EQ (r, 0, "create through the zygote (%s)", r ? err.msg : "ok");
+  if (r)
+    return;
+  wr_zygote_stats (rt, &st);
+  TAP_OK (TAP_C_GT (st.pid, 0) && TAP_C_EQ (st.forks, st0.forks + 1),
+          "the zygote runs (pid %d) and counted the fork (%" PRIu64 ")", (int)st.pid, st.forks);
+  TAP_EQ (ppid_of (c.pid), st.pid, "the agent's parent is the zygote");
+  snprintf (path, sizeof path, "/proc/%d/comm", (int)st.pid);
+  _cleanup_free_ char *comm = NULL;
+  wr_read_file_at (AT_FDCWD, path, &comm, NULL, 64);
+  TAP_EQ_STR (comm ? comm : "", "warren-zygote\n", "the zygote's name");
+  snprintf (exe, sizeof exe, "/proc/%d/exe", (int)c.pid);
+  TAP_OK (same_file (exe, agent), "the agent's exe is warren-agent");
+  TAP_EQ (read_hello (c.agent_fd), 0, "agent sends HELLO");
+  struct out o;
+  RUN (c.agent_fd, &o, "/bin/sh", "-c",
+       "echo $$; grep -c . /proc/self/status >/dev/null; cut -d' ' -f1 /proc/uptime; "
+       "grep -E '^(Seccomp|CapEff|NoNewPrivs):' /proc/1/status");
+  int self_pid = 0;
+  double up = 0;
+  sscanf (o.stdout_buf ? o.stdout_buf : "", "%d %lf", &self_pid, &up);
+  long upi = (long)up;
+  TAP_OK (TAP_C_EQ (o.exit_code, 0) && TAP_C_GT (self_pid, 1) && TAP_C_GE (upi, 1000)
+              && TAP_C_LT (upi, 1600),
+          "a shell runs; the time namespace took (uptime %.1f)", up);
+  TAP_OK (TAP_C_HAS_STR (o.stdout_buf, "Seccomp:\t2")
+              && TAP_C_HAS_STR (o.stdout_buf, "NoNewPrivs:\t1")
+              && TAP_C_HAS_STR (o.stdout_buf, "CapEff:\t00000000a80425fb"),
+          "pid 1: seccomp filter, no_new_privs, Docker's capabilities (%s)", o.stdout_buf);
+  out_free (&o);
+  _cleanup_free_ char *zygote_fds = fd_list (c.pid);
+  TAP_EQ (wr_container_destroy (rt, &c, sdir, &err), 0, "destroy (%s)", err.msg);
+
+  /* a dead zygote is replaced at the next create */
+  kill (st.pid, SIGKILL);
+  r = spec_create ("t-zyg", &spec, sdir, sizeof sdir, &c, &err);
+  TAP_EQ (r, 0, "create after the zygote was killed (%s)", r ? err.msg : "ok");
+  struct wr_zygote_stats st2;
+  wr_zygote_stats (rt, &st2);
+  TAP_OK (TAP_C_NE (st2.pid, st.pid) && TAP_C_EQ (st2.starts, st.starts + 1)
+              && TAP_C_EQ (ppid_of (c.pid), st2.pid),
+          "a new zygote (pid %d) forked it", (int)st2.pid);
+  if (r == 0)
+    {
+      read_hello (c.agent_fd);
+      RUN (c.agent_fd, &o, "/bin/true");
+      TAP_EQ (o.exit_code, 0, "exec works");
+      out_free (&o);
+      wr_container_destroy (rt, &c, sdir, &err);
+    }
+
+  /* the fallback: the CLONE_VM child execs the agent */
+  struct wr_zygote *z = rt->zygote;
+  rt->zygote = NULL;
+  r = spec_create ("t-zyg", &spec, sdir, sizeof sdir, &c, &err);
+  rt->zygote = z;
+  TAP_EQ (r, 0, "create without the zygote (%s)", r ? err.msg : "ok");
+  if (r == 0)
+    {
+      TAP_EQ (ppid_of (c.pid), getpid (), "the exec'd agent is our child");
+      read_hello (c.agent_fd);
+      _cleanup_free_ char *exec_fds = fd_list (c.pid);
+      TAP_EQ_STR (zygote_fds, exec_fds, "the agent holds the same fds either way (%s)", exec_fds);
+      RUN (c.agent_fd, &o, "/bin/sh", "-c", "cut -d' ' -f1 /proc/uptime");
+      upi = o.stdout_buf ? atol (o.stdout_buf) : 0;
+      TAP_OK (TAP_C_GE (upi, 1000) && TAP_C_LT (upi, 1600), "exec'd: time namespace (%ld)", upi);
+      out_free (&o);
+      wr_container_destroy (rt, &c, sdir, &err);
+    }
   rmdir (sdir);
 }
 
@@ -678,6 +813,7 @@ main (int argc, char **argv)
   lowerdir = rootfs;
 
   test_bad_input ();
+  test_zygote ();
   test_main_sandbox ();
   test_reap_without_pid ();
   test_layer_mount_points_reused ();
