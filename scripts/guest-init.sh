@@ -20,13 +20,14 @@ mount -t devtmpfs dev /dev || fail "devtmpfs"
 mount -t proc proc /proc || fail "proc"
 mount -t sysfs sys /sys || fail "sysfs"
 
-layers=0 disk_mb=1024 upper=tmpfs host=warren probe=0
+layers=0 disk_mb=1024 upper=tmpfs host=warren probe=0 net=
 for w in $(cat /proc/cmdline); do
   case "$w" in
   warren.layers=*) layers=${w#*=} ;;
   warren.disk_mb=*) disk_mb=${w#*=} ;;
   warren.upper=*) upper=${w#*=} ;;
   warren.hostname=*) host=${w#*=} ;;
+  warren.net=*) net=${w#*=} ;;
   warren.probe=1) probe=1 ;;
   esac
 done
@@ -99,6 +100,21 @@ ln -sf pts/ptmx dev/ptmx 2>/dev/null
 mount -t tmpfs -o nosuid,nodev,mode=1777 shm dev/shm
 hostname "$host"
 ip link set lo up 2>/dev/null
+# warren.net=ADDR,GW: an allow= VM (docs/network.md, "VMs"): eth0 gets
+# ADDR/30, the host side GW is the default route and the only resolver
+if [ -n "$net" ]; then
+  i=0
+  while [ ! -e /sys/class/net/eth0 ] && [ $i -lt 500 ]; do
+    usleep 10000
+    i=$((i + 1))
+  done
+  ip addr add "${net%,*}/30" dev eth0 || fail "eth0 address"
+  ip link set eth0 up || fail "eth0 up"
+  ip route add default via "${net#*,}" || fail "default route"
+  rm -f /newroot/etc/resolv.conf
+  mkdir -p /newroot/etc
+  echo "nameserver ${net#*,}" > /newroot/etc/resolv.conf
+fi
 cd /
 
 # The agent lives in the initramfs, which switch_root empties: keep it open

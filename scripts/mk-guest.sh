@@ -3,7 +3,9 @@
 #   OUT/vmlinuz        Debian's cloud kernel (linux-image-cloud-amd64)
 #   OUT/initramfs.img  gzip'd newc cpio: /init, static busybox, the kernel
 #                      modules the guest needs (virtio-mmio/pci, block,
-#                      console, rng, erofs, overlay), in load order
+#                      console, rng, erofs, overlay, net), in load order
+#   OUT/modules        the module list of the initramfs (warrend looks for
+#                      virtio_net.ko before it gives a VM a NIC)
 #   OUT/release        the kernel release the modules belong to
 # The agent is not in it: warrend appends its own warren-agent as a second
 # cpio member at VM start, so the guest always runs the daemon's agent.
@@ -46,12 +48,15 @@ fi
 
 # Modules in dependency order (modules.dep of the cloud kernel; checked
 # against /boot/config: VIRTIO, VIRTIO_MMIO, VIRTIO_BLK, VIRTIO_CONSOLE,
-# EROFS_FS, OVERLAY_FS are all =m there; ext4, tmpfs, devtmpfs are built in).
+# EROFS_FS, OVERLAY_FS, VIRTIO_NET, NET_FAILOVER are all =m there; ext4,
+# tmpfs, devtmpfs are built in; IP_PNP is not set, so ip= on the command
+# line does nothing and guest-init.sh configures eth0 itself).
 mods=(
   drivers/virtio/virtio_ring drivers/virtio/virtio drivers/virtio/virtio_mmio
   drivers/virtio/virtio_pci_legacy_dev drivers/virtio/virtio_pci_modern_dev drivers/virtio/virtio_pci
   drivers/block/virtio_blk drivers/char/virtio_console drivers/char/hw_random/virtio-rng
   lib/libcrc32c fs/erofs/erofs fs/overlayfs/overlay
+  net/core/failover drivers/net/net_failover drivers/net/virtio_net
 )
 ird=$tmp/initramfs
 mkdir -p "$ird"/{bin,dev,proc,sys,mnt,newroot,lib/modules}
@@ -75,8 +80,9 @@ install -m 0755 "$here/scripts/guest-init.sh" "$ird/init"
 (cd "$ird" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc --owner 0:0 --quiet) | gzip -6 > "$tmp/initramfs.img"
 cp "$vmlinuz" "$tmp/vmlinuz"
 echo "$kver" > "$tmp/release"
+cp "$ird/lib/modules/order" "$tmp/modules"
 # atomic replacement: a daemon may be starting a VM from the old kit
-for f in vmlinuz initramfs.img release; do
+for f in vmlinuz initramfs.img release modules; do
   cp "$tmp/$f" "$out/.$f.new"
   mv -f "$out/.$f.new" "$out/$f"
 done

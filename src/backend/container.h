@@ -85,6 +85,8 @@ struct wr_container_spec
   /* take the netns from this pool instead of the runtime's (networked
    * namespaces for allow=, docs/network.md); NULL: the runtime's */
   struct wr_netns_pool *netns_pool;
+  /* VM backends: the NIC of an allow= VM (vm.h); NULL: none */
+  const struct wr_vm_net *vm_net;
 };
 
 /* fd number at which the agent of a container holds its writable upper dir

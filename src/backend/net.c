@@ -7,6 +7,7 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <linux/if_link.h>
+#include <linux/if_tun.h>
 #include <linux/netlink.h>
 #include <linux/rtnetlink.h>
 #include <linux/veth.h>
@@ -17,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -560,6 +562,36 @@ attach_netns (struct wr_net *n, unsigned slot, int netns, wr_err_t *err)
   if (r < 0)
     nl_link_del (ifn);
   return r;
+}
+
+int
+wr_net_attach_tap (struct wr_net *n, unsigned slot, wr_err_t *err)
+{
+  char ifn[16], path[96];
+  wr_net_ifname (n, slot, ifn);
+  nl_link_del (ifn);                 /* a leftover of a crash, or the slot's old veth */
+  n->fresh[slot % WR_NET_SLOTS] = 1; /* chains come with the first policy */
+  _cleanup_close_ int tap = open ("/dev/net/tun", O_RDWR | O_CLOEXEC);
+  if (tap < 0)
+    return wr_error (err, errno, WR_E_UNSUPPORTED, "open /dev/net/tun");
+  struct ifreq ifr = { .ifr_flags = IFF_TAP | IFF_NO_PI | IFF_VNET_HDR };
+  snprintf (ifr.ifr_name, sizeof ifr.ifr_name, "%s", ifn);
+  if (ioctl (tap, TUNSETIFF, &ifr) < 0)
+    return wr_sys_error (err, "tap %s", ifn);
+  snprintf (path, sizeof path, "/proc/sys/net/ipv4/conf/%s/forwarding", ifn);
+  write_sysctl (path, "1");
+  snprintf (path, sizeof path, "/proc/sys/net/ipv6/conf/%s/disable_ipv6", ifn);
+  write_sysctl (path, "1");
+  _cleanup_close_ int fd = nl_socket (err);
+  if (fd < 0)
+    return fd;
+  int idx = (int)if_nametoindex (ifn), r;
+  if (idx == 0)
+    return wr_sys_error (err, "%s", ifn);
+  if ((r = nl_addr_add (fd, idx, wr_net_gateway (n, slot), err)) < 0
+      || (r = nl_link_up (fd, idx, err)) < 0)
+    return r; /* the tap goes with its fd */
+  return TAKE_FD (tap);
 }
 
 int

@@ -49,6 +49,12 @@ void wr_net_ifname (struct wr_net *n, unsigned slot, char buf[16]);
 /* Make the veth pair (eth0 inside the netns of the process behind pidfd),
  * addresses, routes, and the slot's empty (deny-all) chains. */
 int wr_net_attach (struct wr_net *n, unsigned slot, int pidfd, wr_err_t *err);
+/* VM backends: the slot's host side as a tap device (IFF_TAP|IFF_NO_PI|
+ * IFF_VNET_HDR) with the gateway address, named like the veth it stands
+ * for (its chains, DNS and counters apply unchanged). Returns the tap's
+ * fd: the device lives while an fd is open (QEMU's), so it goes with the
+ * VMM, whatever ends it. */
+int wr_net_attach_tap (struct wr_net *n, unsigned slot, wr_err_t *err);
 /* Networked namespaces made ahead (docs/network.md, "Creation cost"): a
  * free slot's link made into netns_fd (a pooled netns, pool.c), recorded
  * by the namespace's inode. A create that got that netns claims the slot

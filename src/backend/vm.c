@@ -8,6 +8,7 @@
  * Node-wide, ROOT/vm holds the initrd (the guest kit's initramfs with the
  * daemon's own agent prepended), the accelerator probe result, and restore
  * snapshots keyed by everything that must match for a restore. */
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -51,6 +52,7 @@
 #define PROBE_TIMEOUT_MS 8000
 #define RESTORE_TIMEOUT_MS 30000
 #define TEMPLATE_READY_TIMEOUT_MS 300000
+#define VM_TAP_FD 5 /* a networked VM's tap: -netdev tap,fd=5 */
 
 /* ---- node-wide state, set up on first use ---- */
 
@@ -66,6 +68,7 @@ static struct
   char jaildir[PATH_MAX + 8]; /* ROOT/vm/jail: where each jail's root is mounted */
   char accel[4];
   uint64_t tsc_khz;
+  bool has_net;   /* the kit packs virtio_net (its modules list names it) */
   char ident[65]; /* hash of qemu + kernel + initrd: part of every snapshot key */
   char building[16][65];
   char seen[64][65]; /* keys booted once (ring): the second boot builds */
@@ -261,8 +264,8 @@ host_tsc_khz (void)
 }
 
 static int spawn_qemu (char **argv, int dirfd, int logfd, const struct wr_cg_sandbox *cgs,
-                       bool die_with_parent, const struct wr_jail *j, int confd, int incoming_fd,
-                       pid_t *ret_pid, int *ret_pidfd, wr_err_t *err);
+                       int tap_fd, bool die_with_parent, const struct wr_jail *j, int confd,
+                       int incoming_fd, pid_t *ret_pid, int *ret_pidfd, wr_err_t *err);
 
 static bool
 wait_exit (int pidfd, int timeout_ms)
@@ -313,7 +316,7 @@ probe_kvm (const char *kit_initramfs)
   pid_t pid;
   int pidfd;
   _cleanup_close_ int logfd = open ("/dev/null", O_WRONLY | O_CLOEXEC);
-  if (spawn_qemu (argv, dirfd, logfd, NULL, true, NULL, -1, -1, &pid, &pidfd, NULL) < 0)
+  if (spawn_qemu (argv, dirfd, logfd, NULL, -1, true, NULL, -1, -1, &pid, &pidfd, NULL) < 0)
     return false;
   bool exited = wait_exit (pidfd, PROBE_TIMEOUT_MS);
   wr_kill_reap (pidfd);
@@ -351,6 +354,14 @@ vm_setup (struct wr_runtime *rt, wr_err_t *err)
   if (r < 0)
     return r;
   vm.tsc_khz = host_tsc_khz ();
+  /* kits made before VM networking lack the NIC's driver; mk-guest.sh
+   * lists what it packed in OUT/modules */
+  char mods[PATH_MAX + 16];
+  snprintf (mods, sizeof mods, "%s/modules", g);
+  _cleanup_free_ char *ml = NULL;
+  size_t mlen = 0;
+  vm.has_net = wr_read_file_at (AT_FDCWD, mods, &ml, &mlen, 65536) == 0 && ml
+               && memmem (ml, mlen, "virtio_net.ko", 13) != NULL;
 
   /* accelerator: WARREN_VM_ACCEL, else the cached probe, else probe */
   const char *env = getenv ("WARREN_VM_ACCEL");
@@ -488,7 +499,40 @@ struct vm_params
    * qcow2 overlay; the layers and the kit are then unused */
   char disk[PATH_MAX];
   char disk_fmt[8];
+  /* a networked VM (spec->vm_net): its tap's fd (the caller's; QEMU gets
+   * its own as VM_TAP_FD) and eth0's configuration; -1: no NIC */
+  int tap_fd;
+  char net_addr[16], net_gw[16];
+  unsigned char mac[6];
 };
+
+/* eth0 of a networked guest: its init (scripts/guest-init.sh) sets the
+ * address, route and resolv.conf from warren.net=ADDR,GW on the command
+ * line; a disk image runs its own init, which would leave the NIC unset. */
+static int
+vm_params_net (const struct wr_vm_net *net, struct vm_params *p, wr_err_t *err)
+{
+  if (p->disk[0])
+    return wr_error (err, EINVAL, WR_E_UNSUPPORTED,
+                     "\"network\": \"allow=...\" is not available for disk image VMs "
+                     "(their own init would not configure the interface)");
+  if (!vm.has_net)
+    return wr_error (err, ENOENT, WR_E_UNSUPPORTED,
+                     "the guest kit has no virtio_net: rebuild it (scripts/mk-guest.sh)");
+  p->tap_fd = net->tap_fd;
+  inet_ntop (AF_INET, &net->address, p->net_addr, sizeof p->net_addr);
+  inet_ntop (AF_INET, &net->gateway, p->net_gw, sizeof p->net_gw);
+  /* locally administered, from the address: stable for the slot */
+  uint32_t a = ntohl (net->address.s_addr);
+  unsigned char mac[6] = { 0x02,
+                           0x57,
+                           (unsigned char)(a >> 24),
+                           (unsigned char)(a >> 16),
+                           (unsigned char)(a >> 8),
+                           (unsigned char)a };
+  memcpy (p->mac, mac, sizeof mac);
+  return 0;
+}
 
 static int
 vm_params (enum wr_vm_kind kind, const struct wr_container_spec *spec, struct vm_params *p,
@@ -496,6 +540,7 @@ vm_params (enum wr_vm_kind kind, const struct wr_container_spec *spec, struct vm
 {
   memset (p, 0, sizeof *p);
   p->kind = kind;
+  p->tap_fd = -1;
   if (spec->n_layer_files == 0 || spec->layer_files == NULL)
     return wr_error (err, EINVAL, WR_E_INVALID, "no layer files");
   size_t max_layers = kind == WR_VM_MICRO ? WR_MICROVM_MAX_LAYERS : WR_VM_MAX_LAYERS;
@@ -531,7 +576,7 @@ vm_params (enum wr_vm_kind kind, const struct wr_container_spec *spec, struct vm
   if (r > 0 && kind != WR_VM_FULL)
     return wr_error (err, EINVAL, WR_E_INVALID,
                      "disk images boot through firmware: use backend \"vm\"");
-  return 0;
+  return spec->vm_net ? vm_params_net (spec->vm_net, p, err) : 0;
 }
 
 /* incoming: restore from the snapshot state on fd 3 (else boot). No QEMU
@@ -573,8 +618,21 @@ build_argv (const struct vm_params *p, const char *hostname, bool incoming, stru
       strv_addf (a,
                  "console=ttyS0 quiet loglevel=4 panic=-1 tsc_early_khz=%" PRIu64
                  " warren.layers=%zu warren.disk_mb=%" PRIu64
-                 " warren.upper=disk warren.hostname=%s",
-                 vm.tsc_khz, p->n_layers, p->disk_mb, hostname);
+                 " warren.upper=disk warren.hostname=%s%s%s%s%s",
+                 vm.tsc_khz, p->n_layers, p->disk_mb, hostname,
+                 p->tap_fd >= 0 ? " warren.net=" : "", p->tap_fd >= 0 ? p->net_addr : "",
+                 p->tap_fd >= 0 ? "," : "", p->tap_fd >= 0 ? p->net_gw : "");
+    }
+  if (p->tap_fd >= 0)
+    {
+      /* the host side is the daemon's tap (docs/network.md, "VMs"): QEMU
+       * only moves frames; no vhost (it would need /dev/vhost-net) */
+      strv_addf (a, "-netdev");
+      strv_addf (a, "tap,id=n0,fd=%d,vhost=off", VM_TAP_FD);
+      strv_addf (a, "-device");
+      strv_addf (a, "%s,netdev=n0,mac=%02x:%02x:%02x:%02x:%02x:%02x",
+                 micro ? "virtio-net-device" : "virtio-net-pci", p->mac[0], p->mac[1], p->mac[2],
+                 p->mac[3], p->mac[4], p->mac[5]);
     }
   strv_addf (a, "-serial");
   /* a pipe to the log pump, which keeps the first WR_JAIL_LOG_CAP bytes */
@@ -704,7 +762,7 @@ log_argv (int logfd, char **argv)
  * pipes that a pump copies to logfd and confd up to WR_JAIL_LOG_CAP, and
  * incoming_fd (or /dev/null) as fd 3. */
 static int
-spawn_qemu (char **argv, int dirfd, int logfd, const struct wr_cg_sandbox *cgs,
+spawn_qemu (char **argv, int dirfd, int logfd, const struct wr_cg_sandbox *cgs, int tap_fd,
             bool die_with_parent, const struct wr_jail *j, int confd, int incoming_fd,
             pid_t *ret_pid, int *ret_pidfd, wr_err_t *err)
 {
@@ -788,7 +846,8 @@ spawn_qemu (char **argv, int dirfd, int logfd, const struct wr_cg_sandbox *cgs,
             if ((fds[i] = fcntl (fds[i], F_DUPFD_CLOEXEC, 100)) < 0)
               goto fail;
           int inc = incoming_fd >= 0 ? fcntl (incoming_fd, F_DUPFD_CLOEXEC, 100) : fds[0];
-          if (inc < 0)
+          int tap = tap_fd >= 0 ? fcntl (tap_fd, F_DUPFD_CLOEXEC, 100) : -1;
+          if (inc < 0 || (tap_fd >= 0 && tap < 0))
             goto fail;
           err_w = fds[1];
           step = 4;
@@ -810,10 +869,11 @@ spawn_qemu (char **argv, int dirfd, int logfd, const struct wr_cg_sandbox *cgs,
             }
           step = 2;
           if (dup2 (fds[0], 0) < 0 || dup2 (fds[5], 1) < 0 || dup2 (fds[5], 2) < 0
-              || dup2 (inc, WR_JAIL_FD_INCOMING) < 0 || dup2 (fds[3], WR_JAIL_FD_CONSOLE) < 0)
+              || dup2 (inc, WR_JAIL_FD_INCOMING) < 0 || dup2 (fds[3], WR_JAIL_FD_CONSOLE) < 0
+              || (tap >= 0 && dup2 (tap, VM_TAP_FD) < 0))
             goto fail;
           /* nothing else of the daemon's crosses the exec */
-          syscall (__NR_close_range, 5u, ~0u, 4u /* CLOSE_RANGE_CLOEXEC */);
+          syscall (__NR_close_range, VM_TAP_FD + (tap >= 0), ~0u, 4u /* CLOSE_RANGE_CLOEXEC */);
         }
       struct sigaction sa = { .sa_handler = SIG_DFL };
       for (int s = 1; s < 65; s++)
@@ -1374,7 +1434,7 @@ snapshot_build (const struct vm_params *p, const char *key, wr_err_t *err)
   pid_t pid = 0;
   int pidfd = -1;
   if (r == 0)
-    r = spawn_qemu (a.v, dirfd, logfd, NULL, true, &j, confd, -1, &pid, &pidfd, err);
+    r = spawn_qemu (a.v, dirfd, logfd, NULL, -1, true, &j, confd, -1, &pid, &pidfd, err);
   strv_free (&a);
   _cleanup_close_ int afd = -1;
   if (r == 0)
@@ -1595,6 +1655,7 @@ wr_vm_snapshot_build (struct wr_runtime *rt, enum wr_vm_kind kind,
     return r;
   if (p.disk[0])
     return wr_error (err, EINVAL, WR_E_UNSUPPORTED, "disk image VMs have no snapshots");
+  p.tap_fd = -1; /* snapshots are of VMs without a NIC (wr_vm_create) */
   char key[65], path[PATH_MAX + 160];
   snapshot_key (&p, key);
   snapshot_path (key, path, sizeof path);
@@ -1639,7 +1700,7 @@ create_overlay (const struct vm_params *p, int dirfd, int logfd, wr_err_t *err)
                    "-b", (char *)p->disk, OVERLAY, NULL };
   pid_t pid;
   int pidfd;
-  int r = spawn_qemu (argv, dirfd, logfd, NULL, true, NULL, -1, -1, &pid, &pidfd, err);
+  int r = spawn_qemu (argv, dirfd, logfd, NULL, -1, true, NULL, -1, -1, &pid, &pidfd, err);
   if (r < 0)
     return r;
   int status = 0;
@@ -1730,7 +1791,7 @@ vm_start (struct wr_runtime *rt, const struct vm_params *p, const struct wr_cont
   jail_init (&j, p, spec->state_dir, uid);
   pid_t pid = 0;
   int pidfd = -1;
-  r = spawn_qemu (a.v, dirfd, logfd, &cgs, false, &j, confd, infd, &pid, &pidfd, err);
+  r = spawn_qemu (a.v, dirfd, logfd, &cgs, p->tap_fd, false, &j, confd, infd, &pid, &pidfd, err);
   strv_free (&a);
   _cleanup_close_ int afd = -1;
   if (r == 0)
@@ -1796,7 +1857,8 @@ wr_vm_create (struct wr_runtime *rt, enum wr_vm_kind kind, const struct wr_conta
   if (r == 0)
     r = vm_params (kind, spec, &p, err);
   /* a disk VM's state includes its overlay: no memory-only snapshots */
-  snaps = r == 0 && snapshots_enabled () && p.disk[0] == '\0';
+  /* a networked VM boots: a clone would wake with its template's address */
+  snaps = r == 0 && snapshots_enabled () && p.disk[0] == '\0' && p.tap_fd < 0;
   if (snaps)
     {
       snapshot_key (&p, key);

@@ -9,6 +9,7 @@
 #define WR_VM_H
 
 #include <stdbool.h>
+#include <netinet/in.h>
 
 #include <jansson.h>
 
@@ -27,6 +28,17 @@ enum wr_vm_kind
  * (the container backend takes WR_MAX_LAYERS). */
 #define WR_MICROVM_MAX_LAYERS (24 - 3)
 #define WR_VM_MAX_LAYERS (30 - 3)
+
+/* A networked VM (spec->vm_net; docs/network.md, "VMs"): the host side is
+ * a tap (wr_net_attach_tap) whose fd QEMU gets as its NIC's backend; the
+ * guest's init gives eth0 address/30 with gateway as its default route
+ * and DNS server. Such a VM always boots (no restore snapshot: a clone
+ * would carry its template's address). */
+struct wr_vm_net
+{
+  int tap_fd; /* the caller's; QEMU gets a copy, the caller closes its own */
+  struct in_addr address, gateway;
+};
 
 /* Can this node run VMs at all (QEMU and the guest kit present)? On false,
  * err says what is missing (WR_E_UNSUPPORTED). Cheap: stat calls only. */

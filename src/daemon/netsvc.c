@@ -28,6 +28,7 @@
 
 #include "backend/net.h"
 #include "backend/pool.h"
+#include "backend/vm.h"
 #include "common/util.h"
 
 #define MAX_RULES 256
@@ -571,6 +572,37 @@ wrd_net_attach (struct wrd *d, struct sandbox *sb, wr_err_t *err)
   json_object_set_new (sb->spec, "net_slot", json_integer (slot));
   /* linked into sbnets on the loop (wrd_net_start): this is a worker thread */
   sb->net_pending = s;
+  return 0;
+}
+
+/* VM backends (docs/network.md, "VMs"): the slot's host side is a tap
+ * made before QEMU starts, with the policy in place, so the guest's first
+ * packet meets it; the guest's init configures eth0 and resolv.conf. */
+int
+wrd_net_attach_vm (struct wrd *d, struct sandbox *sb, struct wr_vm_net *ret, wr_err_t *err)
+{
+  if (knet == NULL)
+    return wr_error (err, 0, WR_E_UNSUPPORTED, "no sandbox networking on this node: %s",
+                     knet_error);
+  unsigned slot;
+  int r = wr_net_slot_alloc (knet, &slot, err);
+  if (r < 0)
+    return r;
+  struct sbnet *s = sbnet_new (sb, slot);
+  int tap = wr_net_attach_tap (knet, slot, err);
+  r = tap < 0 ? tap : apply (d, s, rules_of (sb->spec), err);
+  if (r < 0)
+    {
+      if (tap >= 0)
+        close (tap);
+      wr_net_detach (knet, slot, s->group[0] ? s->group : NULL);
+      json_decref (s->names);
+      free (s);
+      return r;
+    }
+  *ret = (struct wr_vm_net){ tap, wr_net_address (knet, slot), wr_net_gateway (knet, slot) };
+  json_object_set_new (sb->spec, "net_slot", json_integer (slot));
+  sb->net_pending = s; /* as wrd_net_attach: linked in by wrd_net_start */
   return 0;
 }
 
@@ -1146,6 +1178,7 @@ struct proxy_job
 {
   struct evhttp_request *req;
   int pidfd;
+  struct in_addr guest; /* a networked VM's address (0: 127.0.0.1 in pidfd's netns) */
   unsigned port;
   char *head; /* request line + headers */
   struct evbuffer *body;
@@ -1155,9 +1188,34 @@ struct proxy_job
   int r;
 };
 
+/* a networked VM's guest, from the host over its tap: QEMU's own netns
+ * (the pidfd's) is empty; the guest's reply enters through the slot's
+ * input chain as an established connection */
+static int
+proxy_connect_guest (struct proxy_job *j, wr_err_t *err)
+{
+  int fd = socket (AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return wr_sys_error (err, "socket");
+  struct sockaddr_in a
+      = { .sin_family = AF_INET, .sin_port = htons ((uint16_t)j->port), .sin_addr = j->guest };
+  struct timeval tv = { PROXY_TIMEOUT_MS / 1000, 0 };
+  setsockopt (fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt (fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  if (connect (fd, (struct sockaddr *)&a, sizeof a) < 0)
+    {
+      int e = errno;
+      close (fd);
+      return wr_error (err, e, WR_E_UNAVAILABLE, "port %u in the sandbox", j->port);
+    }
+  return fd;
+}
+
 static int
 proxy_connect (struct proxy_job *j, wr_err_t *err)
 {
+  if (j->guest.s_addr)
+    return proxy_connect_guest (j, err);
   int self = open ("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
   if (self < 0)
     return wr_sys_error (err, "own netns");
@@ -1333,6 +1391,9 @@ wrd_http_net_proxy (struct wrd *d, struct evhttp_request *req, struct sandbox *s
   j->req = req;
   j->port = (unsigned)port;
   j->pidfd = fcntl (sb->c.pidfd, F_DUPFD_CLOEXEC, 3);
+  struct sbnet *vs = strcmp (sb->backend, "container") != 0 ? sbnet_of (sb) : NULL;
+  if (vs)
+    j->guest = wr_net_address (knet, vs->slot);
   size_t hl = evbuffer_get_length (h);
   j->head = malloc (hl + 1);
   evbuffer_remove (h, j->head, hl);

@@ -30,6 +30,11 @@ struct wr_netns_pool *wrd_net_pool (json_t *spec);
 /* Worker thread, right after the sandbox's first process started: the link,
  * addresses, policy, /etc/resolv.conf. */
 int wrd_net_attach (struct wrd *d, struct sandbox *sb, wr_err_t *err);
+/* VM backends, worker thread, before the VM starts: the slot's tap (its fd
+ * in ret->tap_fd, the caller's to close once QEMU has it), addresses and
+ * policy. */
+struct wr_vm_net;
+int wrd_net_attach_vm (struct wrd *d, struct sandbox *sb, struct wr_vm_net *ret, wr_err_t *err);
 /* On the loop once the sandbox is registered: the DNS resolver. */
 void wrd_net_start (struct wrd *d, struct sandbox *sb);
 /* Restart: the link survived; chains, policy and resolver again. */

@@ -17,6 +17,7 @@
 #include <sys/time.h>
 
 #include "common/util.h"
+#include "backend/vm.h"
 #include "daemon/backends.h"
 #include "daemon/fork.h"
 #include "daemon/trajlog.h"
@@ -298,12 +299,6 @@ wrd_parse_create (struct wrd *d, json_t *req, json_t **ret, wr_err_t *err)
       < 0)
     return -EINVAL;
   const char *net = json_string_value (netj);
-  if (strncmp (net, "allow=", 6) == 0 && strcmp (backend, "container") != 0)
-    {
-      json_decref (netj);
-      return wr_error (err, 0, WR_E_UNSUPPORTED,
-                       "\"network\": \"allow=...\" needs the container backend (docs/network.md)");
-    }
   if (check_string_map (json_object_get (req, "env"), "env", err) < 0
       || check_string_map (json_object_get (req, "labels"), "labels", err) < 0)
     {
@@ -607,10 +602,23 @@ build_prepare (struct wrd *d, json_t *spec, enum sb_state state, struct build **
 static void
 build_run (struct build *b)
 {
+  /* a VM's NIC needs its tap (and policy) before QEMU starts */
+  struct wr_vm_net vmnet = { .tap_fd = -1 };
+  bool vm_net = wrd_net_wanted (b->sb->spec) && strcmp (b->sb->backend, "container") != 0;
+  if (vm_net && (b->r = wrd_net_attach_vm (b->d, b->sb, &vmnet, &b->err)) < 0)
+    return;
+  b->cs.vm_net = vm_net ? &vmnet : NULL;
   b->r = b->sb->ops->create (b->d, &b->cs, &b->sb->c, &b->err);
+  b->cs.vm_net = NULL;
+  if (vm_net)
+    {
+      close (vmnet.tap_fd); /* QEMU's copy keeps the tap, and it goes with QEMU */
+      if (b->r < 0)
+        wrd_net_detach (b->d, b->sb);
+    }
   /* the sandbox's link and policy, before anything of its own runs */
-  if (b->r == 0 && wrd_net_wanted (b->sb->spec)
-      && (b->r = wrd_net_attach (b->d, b->sb, &b->err)) < 0)
+  else if (b->r == 0 && wrd_net_wanted (b->sb->spec)
+           && (b->r = wrd_net_attach (b->d, b->sb, &b->err)) < 0)
     b->sb->ops->destroy (b->d, &b->sb->c, b->sdir, NULL);
 }
 

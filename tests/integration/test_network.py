@@ -510,10 +510,3 @@ def test_build_run_steps_take_the_policy(d, world):
     assert r.status == 400, r
     for ref in ("netbuild:mirror",):
         d.api.raw("DELETE", f"/v1/images/{ref}")
-
-
-def test_vm_backends_refuse_allow(d):
-    # their tap devices are not policed yet (docs/network.md): refused up front
-    for backend in ("microvm", "vm"):
-        r = d.api.raw("POST", "/v1/sandboxes", {"backend": backend, "network": f"allow={MIRROR}:8080"})
-        assert r.status == 501 and "container backend" in r.json()["error"]["message"], r

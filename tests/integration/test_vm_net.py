@@ -1,0 +1,200 @@
+"""Network policy for microvm and vm sandboxes (issue 12, docs/network.md,
+"VMs").
+
+The outside world is test_network.py's (`world`): a network namespace with
+a mirror, a forbidden site and a DNS server at 198.18.<n>.2-4; nothing here
+touches an outside address. Under TCG a boot takes tens of seconds, so one
+microvm carries most checks (policy, DNS, live PATCH, counters, the proxy,
+a daemon crash and re-adoption, cleanup) and one q35 VM the basics."""
+import os
+import shutil
+import socket
+import subprocess
+
+import pytest
+
+from conftest import need, start_daemon
+from wr import wait_for
+from test_network import (DNS, FORBIDDEN, HOST_IP, MIRROR, can_reach, fetch, inspect, links,
+                          nft_table, patch, prefixed_links, sh, table_exists, world)  # noqa: F401
+from test_vm import GUEST, REPO, guest_kit, kernel_release, qemu_pids
+
+BOOT_S = 240  # the first exec waits for the guest's boot under TCG
+
+
+def net_kit():
+    """The guest kit with virtio_net (kits made before VM networking lack it)."""
+    guest_kit()
+    mods = os.path.join(GUEST, "modules")
+    if not (os.path.exists(mods) and "virtio_net.ko" in open(mods).read()):
+        r = subprocess.run(["bash", os.path.join(REPO, "scripts", "mk-guest.sh"), GUEST],
+                           capture_output=True, timeout=600)
+        need(r.returncode == 0, "guest kit not buildable: " + r.stderr.decode()[-300:])
+
+
+def start(dm):
+    os.environ["WARREN_DNS_UPSTREAM"] = DNS
+    try:
+        return dm.start()
+    finally:
+        del os.environ["WARREN_DNS_UPSTREAM"]
+
+
+def vm_net_daemon(rootfs, extra=()):
+    net_kit()
+    os.environ["WARREN_DNS_UPSTREAM"] = DNS
+    try:
+        return start_daemon(rootfs, extra)
+    finally:
+        del os.environ["WARREN_DNS_UPSTREAM"]
+
+
+def create_vm(dm, backend, network):
+    r = dm.api.raw("POST", "/v1/sandboxes",
+                   {"backend": backend, "network": network, "memory_mb": 256}, timeout=300)
+    assert r.status == 201, r
+    return r.json()["id"]
+
+
+def slot_of(dm, ifname):
+    """the slot number at the end of a host-side interface name"""
+    return int(ifname[len("wr") + 8:], 16)
+
+
+def chains(dm):
+    table = nft_table(dm)
+    return sh("nft", "list", "table", "inet", table).stdout if table_exists(table) else ""
+
+
+def test_microvm_policy_dns_patch_proxy_crash(rootfs, world):
+    # a daemon listener on the test link: the guest must not reach it
+    s = socket.socket()
+    s.bind((HOST_IP, 0))
+    port = s.getsockname()[1]
+    s.close()
+    tok = os.path.join(str(world), "vm-token")
+    with open(tok, "w") as f:
+        f.write("vm-net-test-token-0123456789abcdef\n")
+    os.chmod(tok, 0o600)
+    dm = vm_net_daemon(rootfs, ["--listen", f"tcp:{HOST_IP}:{port}", "--token-file", tok])
+    table = None
+    try:
+        sid = create_vm(dm, "microvm", "allow=mirror.test:8080")
+        table = nft_table(dm)
+        net = inspect(dm, sid)["net"]
+        ifn, addr, gw = net["interface"], net["address"], net["gateway"]
+        slot = slot_of(dm, ifn)
+        # the host side: a tap in the host's netns, named like a container's
+        # veth for the slot, so the slot's chains apply unchanged
+        assert "tun type tap" in sh("ip", "-d", "link", "show", ifn).stdout
+        assert f"chain e{slot} " in chains(dm)
+        # a VM, not a container: the guest's own kernel, its eth0 configured
+        r = dm.api.sh(sid, "uname -r; ip -4 addr show eth0; ip route; cat /etc/resolv.conf",
+                      timeout_s=BOOT_S)
+        assert r["exit_code"] == 0, r
+        assert kernel_release() in r["stdout"]
+        assert f"inet {addr}/30" in r["stdout"]
+        assert f"default via {gw}" in r["stdout"]
+        assert f"nameserver {gw}" in r["stdout"]
+
+        # allowed by name (the daemon's DNS answers it); the rest is not
+        code, body = fetch(dm, sid, "http://mirror.test:8080/", timeout=10)
+        assert code == 0 and "this is the mirror" in body, (code, body)
+        assert fetch(dm, sid, f"http://{FORBIDDEN}:8080/", timeout=5)[0] != 0
+        # DNS answers only allowed names: no address, and never asked upstream
+        r = dm.api.sh(sid, "nslookup forbidden.test", timeout_s=60)
+        assert FORBIDDEN not in r["stdout"]
+        log = open(os.path.join(str(world), "dnslog")).read()
+        assert "mirror.test" in log and "forbidden.test" not in log
+        # the host and the daemon's listeners: nowhere, not even through the
+        # gateway (the positive control: the listener is up)
+        socket.create_connection((HOST_IP, port), timeout=5).close()
+        assert not can_reach(dm, sid, HOST_IP, port)
+        assert not can_reach(dm, sid, gw, port)
+
+        # live update: the next packet sees it
+        r = patch(dm, sid, {"allow": f"{FORBIDDEN}:8080"})
+        assert r.status == 200, r
+        code, body = fetch(dm, sid, f"http://{FORBIDDEN}:8080/", timeout=10)
+        assert code == 0 and "this is the forbidden" in body
+        r = patch(dm, sid, {"deny": f"{FORBIDDEN}:8080"})
+        assert r.status == 200, r
+        assert fetch(dm, sid, f"http://{FORBIDDEN}:8080/", timeout=5)[0] != 0
+
+        # counters: what the policy dropped, what the guest sent
+        net = inspect(dm, sid)["net"]
+        assert net["denied_packets"] > 0 and net["egress_bytes"] > 0, net
+
+        # inbound: the proxy reaches a server on the guest's eth0
+        dm.api.raw("POST", f"/v1/sandboxes/{sid}/exec",
+                   {"shell": "mkdir -p /www && echo inside > /www/hello.txt && httpd -p 8000 -h /www",
+                    "timeout_s": 60}, timeout=200)
+
+        def served():
+            r = dm.api.raw("GET", f"/v1/sandboxes/{sid}/proxy/8000/hello.txt")
+            return r.status == 200 and r.body == b"inside\n"
+        wait_for(served, timeout=60, what="proxy answers from the guest")
+
+        # a daemon crash: QEMU (and so the tap) lives on, the rules stay, and
+        # the next daemon re-adopts the VM under the same policy
+        qemu = qemu_pids(dm.root)
+        assert len(qemu) == 1
+        dm.kill9()
+        assert ifn in links(dm) and f"chain e{slot} " in chains(dm)
+        start(dm)
+        assert inspect(dm, sid)["state"] == "running"
+        assert inspect(dm, sid)["net"]["interface"] == ifn
+        assert fetch(dm, sid, f"http://{MIRROR}:8080/", timeout=10)[0] == 0
+        assert fetch(dm, sid, f"http://{FORBIDDEN}:8080/", timeout=5)[0] != 0
+
+        # destroy: QEMU's fd was the tap's last, the slot's chains go too
+        assert dm.api.raw("DELETE", f"/v1/sandboxes/{sid}").status in (200, 204)
+        wait_for(lambda: ifn not in links(dm), what="the VM's tap gone")
+        wait_for(lambda: f"chain e{slot} " not in chains(dm), what="the slot's chains gone")
+        wait_for(lambda: not qemu_pids(dm.root), what="QEMU gone")
+    finally:
+        dm.stop()
+        shutil.rmtree(dm.root, ignore_errors=True)
+    if table:
+        assert not table_exists(table)
+        prefix = "wr" + table.split("_")[1]
+        wait_for(lambda: not prefixed_links(prefix), what="no links left")
+
+
+def test_vm_q35_policy(rootfs, world):
+    """The vm backend (q35, virtio-net-pci): allowed, denied, cleaned up."""
+    dm = vm_net_daemon(rootfs)
+    table = None
+    try:
+        sid = create_vm(dm, "vm", f"allow={MIRROR}:8080")
+        table = nft_table(dm)
+        ifn = inspect(dm, sid)["net"]["interface"]
+        r = dm.api.sh(sid, "uname -r; cat /etc/resolv.conf", timeout_s=BOOT_S)
+        assert r["exit_code"] == 0 and kernel_release() in r["stdout"], r
+        code, body = fetch(dm, sid, f"http://{MIRROR}:8080/", timeout=10)
+        assert code == 0 and "this is the mirror" in body, (code, body)
+        assert fetch(dm, sid, f"http://{FORBIDDEN}:8080/", timeout=5)[0] != 0
+        assert dm.api.raw("DELETE", f"/v1/sandboxes/{sid}").status in (200, 204)
+        wait_for(lambda: ifn not in links(dm), what="the VM's tap gone")
+    finally:
+        dm.stop()
+        shutil.rmtree(dm.root, ignore_errors=True)
+    if table:
+        assert not table_exists(table)
+
+
+def test_network_none_vm_has_no_nic(rootfs, world):
+    """network none (the default): no NIC in the guest, nothing on the host."""
+    dm = vm_net_daemon(rootfs)
+    try:
+        sid = create_vm(dm, "microvm", "none")
+        r = dm.api.sh(sid, "ls /sys/class/net", timeout_s=BOOT_S)
+        assert r["exit_code"] == 0 and r["stdout"].split() == ["lo"], r
+        assert nft_table(dm) is None
+        assert "net" not in inspect(dm, sid)
+        argv = [a for p in qemu_pids(dm.root) for a in open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")]
+        assert b"-netdev" not in argv
+        dm.api.raw("DELETE", f"/v1/sandboxes/{sid}")
+    finally:
+        dm.stop()
+        shutil.rmtree(dm.root, ignore_errors=True)
