@@ -1,6 +1,7 @@
 /* Prometheus text metrics and the worker-thread job runner. */
 #include "daemon/daemon.h"
 #include "daemon/netsvc.h"
+#include "backend/child.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -92,6 +93,21 @@ wrd_metrics_text (struct wrd *d)
     fprintf (f, "warren_pool_ready{image=\"%s\"} %u\nwarren_pool_target{image=\"%s\"} %u\n",
              p->image, p->ready, p->image, p->target);
   wrd_net_metrics (d, f);
+  if (d->rt)
+    {
+      struct wr_zygote_stats zs;
+      wr_zygote_stats (d->rt, &zs);
+      fprintf (f,
+               "# HELP warren_agent_zygote_forks_total Sandbox agents forked by the agent zygote.\n"
+               "# TYPE warren_agent_zygote_forks_total counter\n"
+               "warren_agent_zygote_forks_total %llu\n"
+               "# HELP warren_agent_zygote_starts_total Agent zygotes started (restarts too).\n"
+               "# TYPE warren_agent_zygote_starts_total counter\n"
+               "warren_agent_zygote_starts_total %llu\n"
+               "# HELP warren_agent_zygote_up 1 while an agent zygote runs.\n"
+               "# TYPE warren_agent_zygote_up gauge\nwarren_agent_zygote_up %d\n",
+               (unsigned long long)zs.forks, (unsigned long long)zs.starts, zs.pid > 0);
+    }
   fclose (f);
   return buf;
 }
