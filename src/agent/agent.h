@@ -35,6 +35,7 @@ enum ag_req_kind
   AG_REQ_EXEC,
   AG_REQ_READ,
   AG_REQ_WRITE,
+  AG_REQ_WATCH,
 };
 
 /* A live request (one stream). Orphans belong to a lost connection: they
@@ -120,6 +121,15 @@ void ag_file_data (struct ag_req *r, const uint8_t *data, size_t len);
 void ag_file_orphan (struct ag_req *r);
 /* Produce DATA for pending reads; returns true if more is pending. */
 bool ag_file_pump (void);
+struct stat;
+json_t *ag_stat_json (const char *name, const struct stat *st);
+
+/* watch.c: the FILE op "watch" (inotify) */
+int ag_fwatch_start (uint32_t stream, const char *path, json_t *body, wr_err_t *err);
+void ag_fwatch_stop (struct ag_req *r);
+void ag_fwatch_orphan (struct ag_req *r);
+/* Stop (or resume) reading events while the daemon is not reading ours. */
+void ag_fwatch_pause (bool pause);
 
 /* resolve.c: open path (absolute, inside the sandbox) relative to rootfd so
  * that "..", absolute and relative symlinks never leave rootfd. flags are

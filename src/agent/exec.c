@@ -354,6 +354,17 @@ ag_exec_signal (struct ag_req *r, const uint8_t *data, size_t len)
   struct exec *e = (struct exec *)r;
   json_t *j = json_loadb ((const char *)data, len, 0, NULL);
   json_t *v = json_object_get (j, "signal");
+  json_t *rows = json_object_get (j, "rows"), *cols = json_object_get (j, "cols");
+  /* {"rows","cols"} without "signal": resize the pty; the kernel sends
+   * SIGWINCH to its foreground process group */
+  if (v == NULL && e->tty && e->out[0].w.fd >= 0 && json_is_integer (rows) && json_is_integer (cols)
+      && json_integer_value (rows) > 0 && json_integer_value (rows) <= 65535
+      && json_integer_value (cols) > 0 && json_integer_value (cols) <= 65535)
+    {
+      struct winsize ws = { .ws_row = (unsigned short)json_integer_value (rows),
+                            .ws_col = (unsigned short)json_integer_value (cols) };
+      ioctl (e->out[0].w.fd, TIOCSWINSZ, &ws);
+    }
   /* A bad SIGNAL is ignored: an ERROR would end a stream that is still live. */
   if (json_is_integer (v) && json_integer_value (v) > 0 && json_integer_value (v) < NSIG)
     {

@@ -46,8 +46,8 @@ set_bytes (json_t *o, const char *key, const char *s, size_t n)
   return json_object_set_new (o, key, json_string (enc));
 }
 
-static json_t *
-stat_json (const char *name, const struct stat *st)
+json_t *
+ag_stat_json (const char *name, const struct stat *st)
 {
   const char *type = S_ISREG (st->st_mode)   ? "file"
                      : S_ISDIR (st->st_mode) ? "dir"
@@ -147,7 +147,7 @@ op_read (uint32_t stream, const char *path, json_t *body, wr_err_t *err)
   f->r.kind = AG_REQ_READ;
   f->fd = TAKE_FD (fd);
   f->left = max ? max : UINT64_MAX;
-  f->result = stat_json (base_name (path), &st);
+  f->result = ag_stat_json (base_name (path), &st);
   ag_req_link (&f->r);
   return 0;
 }
@@ -271,6 +271,11 @@ op_write (uint32_t stream, const char *path, json_t *body, wr_err_t *err)
 void
 ag_file_data (struct ag_req *r, const uint8_t *data, size_t len)
 {
+  if (r->kind == AG_REQ_WATCH)
+    {
+      ag_fwatch_stop (r);
+      return;
+    }
   if (r->kind != AG_REQ_WRITE)
     return;
   struct fwrite *f = (struct fwrite *)r;
@@ -298,6 +303,8 @@ ag_file_orphan (struct ag_req *r)
   /* A half-written file stays as it is; a read just stops. */
   if (r->kind == AG_REQ_WRITE)
     fwrite_free ((struct fwrite *)r);
+  else if (r->kind == AG_REQ_WATCH)
+    ag_fwatch_orphan (r);
   else
     fread_free ((struct fread *)r);
 }
@@ -314,7 +321,7 @@ op_stat (uint32_t stream, const char *path, wr_err_t *err)
   struct stat st;
   if (fstatat (fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0)
     return wr_sys_error (err, "stat %s", path);
-  json_t *o = stat_json (base_name (path), &st);
+  json_t *o = ag_stat_json (base_name (path), &st);
   if (o && S_ISLNK (st.st_mode))
     {
       char target[PATH_MAX];
@@ -400,7 +407,7 @@ op_list (uint32_t stream, const char *path, wr_err_t *err)
           truncated = true;
           break;
         }
-      json_array_append_new (entries, stat_json (ns.v[i], &st));
+      json_array_append_new (entries, ag_stat_json (ns.v[i], &st));
     }
   ag_send_json (stream, WR_MSG_RESULT,
                 json_pack ("{s:o,s:b}", "entries", entries, "truncated", truncated));
@@ -517,6 +524,8 @@ ag_file_start (uint32_t stream, json_t *body)
     op_mkdir (stream, path, body, &err);
   else if (strcmp (op, "remove") == 0)
     op_remove (stream, path, body, &err);
+  else if (strcmp (op, "watch") == 0)
+    ag_fwatch_start (stream, path, body, &err);
   else
     wr_error (&err, EINVAL, WR_E_INVALID, "unknown file op \"%s\"", op);
   if (err.code)

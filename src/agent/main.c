@@ -980,7 +980,10 @@ main (int argc, char **argv)
         device_open ();
       bool congested = ag.outq_bytes > AG_OUTQ_HIGH;
       if (congested != out_paused)
-        ag_exec_pause_output (out_paused = congested);
+        {
+          ag_exec_pause_output (out_paused = congested);
+          ag_fwatch_pause (congested);
+        }
       bool more = ag_file_pump ();
       conn.read_paused = ag.outq_bytes > AG_OUTQ_STOP_READ || ag.stdin_bytes > AG_STDIN_STOP_READ;
       conn_update ();

@@ -38,7 +38,8 @@ enum wr_msg
   /* daemon -> agent: bytes for the process's stdin; empty payload = EOF */
   WR_MSG_STDIN = 3,
   /* daemon -> agent: {"signal":N} delivered to the exec's process group
-   * (SIGKILL also kills every process of the exec's session). */
+   * (SIGKILL also kills every process of the exec's session);
+   * {"rows":N,"cols":N} resizes a tty exec's terminal. */
   WR_MSG_SIGNAL = 4,
   /* agent -> daemon: output bytes of an exec */
   WR_MSG_STDOUT = 5,
@@ -59,6 +60,9 @@ enum wr_msg
    *                                             "truncated":bool}
    *   mkdir  {"parents":bool,"mode":N} -> RESULT {}
    *   remove {"recursive":bool}      -> RESULT {}
+   *   watch  {"recursive":bool,"entry":bool} -> DATA {"ready":true}, then DATA
+   *          {"events":[{"name","type":"create|write|remove|rename|chmod","entry"}]}
+   *          until the daemon sends any DATA frame -> RESULT {}
    * stat object: {"name","type":"file|dir|symlink|other","size","mode","mtime","uid","gid"}
    *   (a non-UTF-8 name is base64 with "name_encoding":"base64")
    * Paths are resolved inside the sandbox root: ".." and symlinks never leave it. */

@@ -37,6 +37,7 @@
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
+#include <zlib.h>
 
 #include "common/b64.h"
 #include "common/httpd.h"
@@ -46,7 +47,7 @@
 #include "daemon/http_util.h"
 #include "daemon/log.h"
 
-#define E2B_ENVD_VERSION "0.5.6" /* what the SDK checks features against */
+#define E2B_ENVD_VERSION "0.6.4" /* what the SDK checks features against */
 #define E2B_HOME "/home/user"    /* E2B's default user's home: relative paths, cwd */
 #define E2B_DEFAULT_TIMEOUT_S 300
 #define E2B_MAX_TIMEOUT_S 86400
@@ -55,6 +56,7 @@
 #define E2B_LABEL_TEMPLATE "e2b.template"
 #define E2B_LABEL_META "e2b.meta."
 #define E2B_MAX_SUBS 8
+#define E2B_WATCH_QUEUE 10000 /* events a polled watcher keeps until fetched */
 
 struct e2b_proc;
 
@@ -76,7 +78,26 @@ struct e2b_proc
   uint32_t sid;
   json_t *config; /* {cmd, args, envs, cwd} as asked */
   char *tag;
+  bool pty; /* output is "pty" bytes, input goes to the terminal */
   struct e2b_sub *subs[E2B_MAX_SUBS];
+};
+
+/* A directory watch: a WatchDir stream, or a watcher that
+ * GetWatcherEvents polls; either way one FILE "watch" request on the
+ * sandbox's agent (inotify in the sandbox, docs/protocol.md). */
+struct e2b_watch
+{
+  struct e2b_watch *next;
+  char id[24]; /* watcherId */
+  char sbid[33];
+  struct agent_conn *conn; /* valid while the request is pending */
+  uint32_t sid;
+  char *path;
+  bool ready, polling;
+  struct evhttp_request *req; /* the stream, or CreateWatcher's call until ready */
+  struct evhttp_connection *evcon;
+  struct event *hup;
+  json_t *events; /* polling: not yet fetched */
 };
 
 struct e2b
@@ -84,7 +105,8 @@ struct e2b
   struct wrd *d;
   struct evhttp *http;
   struct e2b_proc *procs;
-  uint32_t next_pid;
+  struct e2b_watch *watches;
+  uint32_t next_pid, next_watch;
 };
 
 static struct e2b *g_e2b;
@@ -620,8 +642,11 @@ proc_on_data (void *ud, uint8_t type, const uint8_t *data, size_t len)
   if (b64 == NULL)
     return;
   wr_b64_encode (data, len, b64);
-  proc_broadcast (
-      p, json_pack ("{s:{s:s}}", "data", type == WR_MSG_STDERR ? "stderr" : "stdout", b64));
+  proc_broadcast (p, json_pack ("{s:{s:s}}", "data",
+                                p->pty                  ? "pty"
+                                : type == WR_MSG_STDERR ? "stderr"
+                                                        : "stdout",
+                                b64));
 }
 
 static void
@@ -682,6 +707,25 @@ sub_hangup (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
     evhttp_connection_free (evcon);
 }
 
+/* Start a server stream's reply; closed runs when the client goes away
+ * (hup catches a half close evhttp would only see at the next write). */
+static void
+stream_begin (struct e2b *s, struct evhttp_request *req,
+              void (*closed) (struct evhttp_connection *, void *), event_callback_fn hup, void *arg,
+              struct evhttp_connection **ret_evcon, struct event **ret_hup)
+{
+  struct evhttp_connection *evcon = evhttp_request_get_connection (req);
+  evhttp_add_header (evhttp_request_get_output_headers (req), "Content-Type",
+                     "application/connect+json");
+  evhttp_send_reply_start (req, 200, "OK");
+  evhttp_connection_set_closecb (evcon, closed, arg);
+  int cfd = bufferevent_getfd (evhttp_connection_get_bufferevent (evcon));
+  *ret_hup = cfd >= 0 ? event_new (s->d->base, cfd, EV_CLOSED, hup, arg) : NULL;
+  if (*ret_hup)
+    event_add (*ret_hup, NULL);
+  *ret_evcon = evcon;
+}
+
 static struct e2b_sub *
 sub_start (struct e2b *s, struct e2b_proc *p, struct evhttp_request *req)
 {
@@ -697,15 +741,8 @@ sub_start (struct e2b *s, struct e2b_proc *p, struct evhttp_request *req)
     }
   sub->p = p;
   sub->req = req;
-  sub->evcon = evhttp_request_get_connection (req);
   p->subs[slot] = sub;
-  evhttp_add_header (evhttp_request_get_output_headers (req), "Content-Type",
-                     "application/connect+json");
-  evhttp_send_reply_start (req, 200, "OK");
-  evhttp_connection_set_closecb (sub->evcon, sub_closed, sub);
-  int cfd = bufferevent_getfd (evhttp_connection_get_bufferevent (sub->evcon));
-  if (cfd >= 0 && (sub->hup = event_new (s->d->base, cfd, EV_CLOSED, sub_hangup, sub)))
-    event_add (sub->hup, NULL);
+  stream_begin (s, req, sub_closed, sub_hangup, sub, &sub->evcon, &sub->hup);
   sub_send (sub, 0, json_pack ("{s:{s:{s:I}}}", "event", "start", "pid", (json_int_t)p->pid));
   return sub;
 }
@@ -764,10 +801,21 @@ process_start (struct e2b *s, struct sandbox *sb, struct evhttp_request *req, js
   _cleanup_free_ char *dir = abs_path (cwd);
   /* an absent "stdin" is an SDK older than the field: stdin was always open */
   json_t *sin = json_object_get (msg, "stdin");
-  bool want_stdin = sin == NULL || json_is_true (sin);
+  json_t *pty = json_object_get (msg, "pty");
+  bool want_stdin = sin == NULL || json_is_true (sin) || pty;
   json_t *body = json_pack ("{s:o,s:o,s:s,s:I,s:I,s:b}", "cmd", argv, "env", env, "cwd", dir,
                             "stdout_cap", (json_int_t)E2B_OUT_CAP, "stderr_cap",
                             (json_int_t)E2B_OUT_CAP, "stdin", want_stdin);
+  if (json_is_object (pty))
+    {
+      /* one terminal for stdin, stdout and stderr, the process its session leader */
+      json_t *size = json_object_get (pty, "size");
+      json_int_t rows = json_integer_value (json_object_get (size, "rows"));
+      json_int_t cols = json_integer_value (json_object_get (size, "cols"));
+      json_object_set_new (body, "tty", json_true ());
+      json_object_set_new (body, "rows", json_integer (rows > 0 && rows < 65536 ? rows : 24));
+      json_object_set_new (body, "cols", json_integer (cols > 0 && cols < 65536 ? cols : 80));
+    }
   /* the client's deadline (Connect-Timeout-Ms) bounds the process, as in envd */
   const char *tmo = header (req, "Connect-Timeout-Ms");
   if (tmo && atoll (tmo) > 0)
@@ -787,6 +835,7 @@ process_start (struct e2b *s, struct sandbox *sb, struct evhttp_request *req, js
                    json_is_object (envs) ? json_copy (envs) : json_object (), "cwd", dir);
   const char *tag = json_string_value (json_object_get (msg, "tag"));
   p->tag = tag ? strdup (tag) : NULL;
+  p->pty = json_is_object (pty);
   p->next = s->procs;
   s->procs = p;
   static const struct agent_ops ops = { proc_on_data, proc_on_done, proc_on_error };
@@ -899,9 +948,30 @@ handle_process (struct e2b *s, struct sandbox *sb, struct evhttp_request *req, c
           reply_json (req, 200, json_object ());
         }
     }
+  else if (strcmp (method, "Update") == 0 && p)
+    {
+      json_t *size = json_object_get (json_object_get (msg, "pty"), "size");
+      json_int_t rows = json_integer_value (json_object_get (size, "rows"));
+      json_int_t cols = json_integer_value (json_object_get (size, "cols"));
+      char b[64];
+      int n = snprintf (b, sizeof b, "{\"rows\":%lld,\"cols\":%lld}", (long long)rows,
+                        (long long)cols);
+      if (!p->pty)
+        reply_connect_error (req, "failed_precondition", "the process has no pty");
+      else if (rows <= 0 || rows > 65535 || cols <= 0 || cols > 65535)
+        reply_connect_error (req, "invalid_argument", "pty.size wants rows and cols in [1, 65535]");
+      else
+        {
+          /* a SIGNAL frame without "signal" resizes the exec's pty */
+          agent_send (p->conn, p->sid, WR_MSG_SIGNAL, b, (size_t)n);
+          reply_json (req, 200, json_object ());
+        }
+    }
+  else if (strcmp (method, "Update") == 0)
+    reply_connect_error (req, "not_found", "process not found");
   else
     reply_connect_error (req, "unimplemented",
-                         "Warren's E2B layer has no PTY resize or client-streamed input");
+                         "client-streamed input (StreamInput) needs HTTP/2: use SendInput");
   json_decref (msg);
 }
 
@@ -1212,6 +1282,221 @@ move_on_data (void *ud, uint8_t type, const uint8_t *data, size_t len)
     fop_on_data (ud, type, data, len);
 }
 
+/* ---- directory watches ---- */
+
+static void
+watch_free (struct e2b *s, struct e2b_watch *w)
+{
+  for (struct e2b_watch **pp = &s->watches; *pp; pp = &(*pp)->next)
+    if (*pp == w)
+      {
+        *pp = w->next;
+        break;
+      }
+  if (w->hup)
+    event_free (w->hup);
+  if (w->evcon)
+    evhttp_connection_set_closecb (w->evcon, NULL, NULL);
+  json_decref (w->events);
+  free (w->path);
+  free (w);
+}
+
+/* End the agent's watch (any DATA frame does) and forget it. */
+static void
+watch_stop (struct e2b *s, struct e2b_watch *w)
+{
+  agent_send (w->conn, w->sid, WR_MSG_DATA, "", 0);
+  agent_cancel (w->conn, w->sid);
+  watch_free (s, w);
+}
+
+static void
+watch_closed (struct evhttp_connection *evcon WR_UNUSED, void *arg)
+{
+  struct e2b_watch *w = arg;
+  w->evcon = NULL;
+  w->req = NULL;
+  watch_stop (g_e2b, w);
+}
+
+static void
+watch_hangup (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
+{
+  struct e2b_watch *w = arg;
+  struct evhttp_connection *evcon = w->evcon;
+  watch_stop (g_e2b, w);
+  if (evcon)
+    evhttp_connection_free (evcon);
+}
+
+static const char *
+watch_event_type (const char *t)
+{
+  static const char *const map[][2] = {
+    { "create", "EVENT_TYPE_CREATE" }, { "write", "EVENT_TYPE_WRITE" },
+    { "remove", "EVENT_TYPE_REMOVE" }, { "rename", "EVENT_TYPE_RENAME" },
+    { "chmod", "EVENT_TYPE_CHMOD" },
+  };
+  for (size_t i = 0; t && i < sizeof map / sizeof map[0]; i++)
+    if (strcmp (t, map[i][0]) == 0)
+      return map[i][1];
+  return NULL;
+}
+
+static void
+watch_send (struct e2b_watch *w, uint8_t flags, json_t *j)
+{
+  struct evbuffer *b = evbuffer_new ();
+  envelope_add (b, flags, j);
+  evhttp_send_reply_chunk (w->req, b);
+  evbuffer_free (b);
+}
+
+static void
+watch_ready (struct e2b_watch *w)
+{
+  w->ready = true;
+  if (w->polling)
+    {
+      reply_json (w->req, 200, json_pack ("{s:s}", "watcherId", w->id));
+      w->req = NULL;
+      return;
+    }
+  stream_begin (g_e2b, w->req, watch_closed, watch_hangup, w, &w->evcon, &w->hup);
+  watch_send (w, 0, json_pack ("{s:{}}", "start")); /* oneof fields at the top */
+}
+
+static void
+watch_on_data (void *ud, uint8_t msg_type WR_UNUSED, const uint8_t *data, size_t len)
+{
+  struct e2b_watch *w = ud;
+  json_t *j = json_loadb ((const char *)data, len, 0, NULL);
+  if (!w->ready && json_is_true (json_object_get (j, "ready")))
+    watch_ready (w);
+  size_t i;
+  json_t *ev;
+  json_array_foreach (json_object_get (j, "events"), i, ev)
+  {
+    const char *name = json_string_value (json_object_get (ev, "name"));
+    const char *type = watch_event_type (json_string_value (json_object_get (ev, "type")));
+    if (name == NULL || type == NULL || !w->ready)
+      continue;
+    json_t *fe = json_pack ("{s:s,s:s}", "name", name, "type", type);
+    json_t *st = json_object_get (ev, "entry");
+    if (json_is_object (st))
+      {
+        _cleanup_free_ char *full = NULL;
+        if (asprintf (&full, "%s%s%s", w->path, strcmp (w->path, "/") ? "/" : "", name) >= 0)
+          json_object_set_new (fe, "entry", entry_info (st, full));
+      }
+    if (w->polling && json_array_size (w->events) < E2B_WATCH_QUEUE)
+      json_array_append_new (w->events, fe);
+    else if (w->polling)
+      json_decref (fe); /* nobody fetched them: the oldest are kept */
+    else
+      watch_send (w, 0, json_pack ("{s:o}", "filesystem", fe));
+  }
+  json_decref (j);
+}
+
+/* The agent ended the watch on its own: an error (the sandbox went away,
+ * events were lost), or a RESULT we did not ask for. */
+static void
+watch_on_end (struct e2b_watch *w, const char *code, const char *message)
+{
+  struct e2b *s = g_e2b;
+  const char *cc = code ? connect_code (code) : NULL;
+  if (!w->ready && w->req)
+    (w->polling ? reply_connect_error : reply_stream_error) (w->req, cc ? cc : "internal",
+                                                             message ? message : "watch ended");
+  else if (w->req)
+    {
+      watch_send (w, 0x02,
+                  cc ? json_pack ("{s:{s:s,s:s}}", "error", "code", cc, "message", message)
+                     : json_object ());
+      evhttp_send_reply_end (w->req);
+    }
+  watch_free (s, w);
+}
+
+static void
+watch_on_done (void *ud, json_t *res WR_UNUSED)
+{
+  watch_on_end (ud, NULL, NULL);
+}
+
+static void
+watch_on_error (void *ud, const char *code, const char *message)
+{
+  watch_on_end (ud, code, message);
+}
+
+static void
+watch_start (struct e2b *s, struct sandbox *sb, struct evhttp_request *req, json_t *msg,
+             bool polling)
+{
+  struct e2b_watch *w = calloc (1, sizeof *w);
+  if (w == NULL || (w->path = abs_path (json_string_value (json_object_get (msg, "path")))) == NULL)
+    {
+      free (w);
+      (polling ? reply_connect_error : reply_stream_error) (req, "resource_exhausted",
+                                                            "out of memory");
+      return;
+    }
+  snprintf (w->id, sizeof w->id, "w%u", ++s->next_watch);
+  snprintf (w->sbid, sizeof w->sbid, "%s", sb->id);
+  w->polling = polling;
+  w->req = req;
+  w->events = json_array ();
+  w->conn = sb->conn;
+  w->next = s->watches;
+  s->watches = w;
+  json_t *body = json_pack ("{s:s,s:s,s:b,s:b}", "op", "watch", "path", w->path, "recursive",
+                            json_is_true (json_object_get (msg, "recursive")), "entry",
+                            json_is_true (json_object_get (msg, "includeEntry")));
+  static const struct agent_ops ops = { watch_on_data, watch_on_done, watch_on_error };
+  w->sid = agent_request (sb->conn, WR_MSG_FILE, body, &ops, w);
+  json_decref (body);
+  if (w->sid == 0)
+    {
+      watch_on_end (w, WR_E_UNAVAILABLE, "the sandbox agent is gone");
+      return;
+    }
+  /* a watch lives as long as its client: no bound on its events */
+  agent_set_data_limit (w->conn, w->sid, SIZE_MAX);
+}
+
+static struct e2b_watch *
+watch_find (struct e2b *s, const char *sbid, const char *id)
+{
+  for (struct e2b_watch *w = s->watches; w && id; w = w->next)
+    if (w->polling && w->ready && strcmp (w->sbid, sbid) == 0 && strcmp (w->id, id) == 0)
+      return w;
+  return NULL;
+}
+
+/* CreateWatcher is watch_start; GetWatcherEvents and RemoveWatcher. */
+static void
+watcher_call (struct e2b *s, struct sandbox *sb, struct evhttp_request *req, const char *method,
+              json_t *msg)
+{
+  struct e2b_watch *w
+      = watch_find (s, sb->id, json_string_value (json_object_get (msg, "watcherId")));
+  if (w == NULL)
+    reply_connect_error (req, "not_found", "watcher not found");
+  else if (strcmp (method, "GetWatcherEvents") == 0)
+    {
+      reply_json (req, 200, json_pack ("{s:O}", "events", w->events));
+      json_array_clear (w->events);
+    }
+  else
+    {
+      watch_stop (s, w);
+      reply_json (req, 200, json_object ());
+    }
+}
+
 static void
 handle_filesystem (struct e2b *s, struct sandbox *sb, struct evhttp_request *req,
                    const char *method)
@@ -1281,9 +1566,12 @@ handle_filesystem (struct e2b *s, struct sandbox *sb, struct evhttp_request *req
            && (strcmp (method, "Stat") == 0 || strcmp (method, "ListDir") == 0
                || strcmp (method, "MakeDir") == 0 || strcmp (method, "Remove") == 0))
     reply_connect_error (req, "resource_exhausted", "out of memory");
+  else if (streaming || strcmp (method, "CreateWatcher") == 0)
+    watch_start (s, sb, req, msg, !streaming);
+  else if (strcmp (method, "GetWatcherEvents") == 0 || strcmp (method, "RemoveWatcher") == 0)
+    watcher_call (s, sb, req, method, msg);
   else
-    (streaming ? reply_stream_error : reply_connect_error) (
-        req, "unimplemented", "Warren's E2B layer does not watch directories yet");
+    reply_connect_error (req, "unimplemented", "no such filesystem call");
   json_decref (msg);
 }
 
@@ -1403,6 +1691,36 @@ parse_multipart (const char *ctype, const char *body, size_t n, struct fop *f, c
   return f->n_parts ? 0 : -1;
 }
 
+/* Content-Encoding: gzip (the SDK's gzip uploads): inflate into out,
+ * at most max bytes. */
+static int
+gunzip_body (struct evbuffer *in, struct evbuffer *out, size_t max)
+{
+  z_stream z = { 0 };
+  if (inflateInit2 (&z, 16 + MAX_WBITS) != Z_OK)
+    return -1;
+  size_t n = evbuffer_get_length (in);
+  z.next_in = n ? evbuffer_pullup (in, -1) : NULL;
+  z.avail_in = (uInt)n;
+  int r = Z_OK;
+  uint8_t buf[64 << 10];
+  while (r == Z_OK)
+    {
+      z.next_out = buf;
+      z.avail_out = sizeof buf;
+      r = inflate (&z, Z_NO_FLUSH);
+      size_t got = sizeof buf - z.avail_out;
+      if ((r != Z_OK && r != Z_STREAM_END) || evbuffer_get_length (out) + got > max)
+        r = Z_DATA_ERROR;
+      else
+        evbuffer_add (out, buf, got);
+      if (r == Z_OK && z.avail_in == 0 && got == 0)
+        r = Z_DATA_ERROR; /* truncated */
+    }
+  inflateEnd (&z);
+  return r == Z_STREAM_END ? 0 : -1;
+}
+
 static void
 handle_files (struct e2b *s, struct sandbox *sb, struct evhttp_request *req)
 {
@@ -1434,7 +1752,26 @@ handle_files (struct e2b *s, struct sandbox *sb, struct evhttp_request *req)
   f->done = upload_step;
   f->acc = json_array ();
   f->body = evbuffer_new ();
-  evbuffer_add_buffer (f->body, evhttp_request_get_input_buffer (req));
+  const char *cenc = header (req, "Content-Encoding");
+  if (cenc && strcasecmp (cenc, "gzip") == 0)
+    {
+      if (gunzip_body (evhttp_request_get_input_buffer (req), f->body, E2B_MAX_BODY) < 0)
+        {
+          evhttp_clear_headers (&q);
+          reply_api_error (req, 400, "the body is not valid gzip (or inflates beyond 64 MiB)");
+          fop_free (f);
+          return;
+        }
+    }
+  else if (cenc && cenc[0] && strcasecmp (cenc, "identity") != 0)
+    {
+      evhttp_clear_headers (&q);
+      reply_api_error (req, 415, "Content-Encoding: only gzip is accepted");
+      fop_free (f);
+      return;
+    }
+  else
+    evbuffer_add_buffer (f->body, evhttp_request_get_input_buffer (req));
   size_t n = evbuffer_get_length (f->body);
   const char *body = n ? (const char *)evbuffer_pullup (f->body, -1) : "";
   const char *ctype = header (req, "Content-Type");
@@ -1617,6 +1954,15 @@ wrd_compat_e2b_stop (struct wrd *d WR_UNUSED)
   struct e2b *s = g_e2b;
   if (s == NULL)
     return;
+  while (s->watches)
+    {
+      struct e2b_watch *w = s->watches;
+      if (w->evcon)
+        evhttp_connection_set_closecb (w->evcon, NULL, NULL);
+      w->evcon = NULL;
+      agent_cancel (w->conn, w->sid);
+      watch_on_end (w, WR_E_UNAVAILABLE, "the daemon is shutting down");
+    }
   while (s->procs)
     {
       struct e2b_proc *p = s->procs;

@@ -147,7 +147,15 @@ def test_sdk_own_tests(e2b):
                  "send stdin to process", "close stdin via command handle",
                  "run with too short timeout", "write multiple files", "read file as stream",
                  "list directory", "make existing directory", "rename file", "remove file",
-                 "file exists"):
+                 "file exists",
+                 # directory watching (inotify in the sandbox's agent)
+                 "watch directory changes", "watch recursive directory changes",
+                 "watch recursive directory after nested folder addition",
+                 "watch directory changes with entry info", "watch non-existing directory",
+                 "watch file",
+                 # PTYs (the agent's tty execs, resized by a SIGNAL frame)
+                 "create PTY", "resize", "send input", "pty connect/reconnect", "kill PTY",
+                 "write ReadableStream with octet stream upload and gzip"):
         assert must in passed, (must, sorted(passed))
     n_passed = sum(1 for _, s, _ in results if s == "passed")
     assert n_passed >= 50, sorted(passed)
@@ -202,6 +210,59 @@ def test_control_api_contract(e2b):
     assert request(port, "DELETE", "/sandboxes/" + sid)[0] == 404
     wait_for(lambda: d.api.raw("GET", "/v1/sandboxes").json()["sandboxes"] == [],
              what="the sandbox is gone")
+
+
+def test_watcher_polling(e2b):
+    """CreateWatcher / GetWatcherEvents / RemoveWatcher (the polling form of
+    WatchDir that E2B's synchronous SDKs use), recursive, by hand."""
+    d, port = e2b
+    st, sb = request(port, "POST", "/sandboxes", {"templateID": "base", "timeout": 120})
+    assert st == 201, sb
+    sid = sb["sandboxID"]
+    h = {"E2b-Sandbox-Id": sid}
+    try:
+        st, r = request(port, "POST", "/filesystem.Filesystem/MakeDir", {"path": "wd/sub"}, h)
+        assert st == 200, r
+        st, w = request(port, "POST", "/filesystem.Filesystem/CreateWatcher",
+                        {"path": "wd", "recursive": True}, h)
+        assert st == 200 and w["watcherId"], w
+        wid = w["watcherId"]
+        st, _, _ = request(port, "POST", "/files?path=wd/sub/a.txt", b"hello",
+                           dict(h, **{"Content-Type": "application/octet-stream"}), raw=True)
+        assert st == 200
+        seen = []
+
+        def got_write():
+            st2, ev = request(port, "POST", "/filesystem.Filesystem/GetWatcherEvents",
+                              {"watcherId": wid}, h)
+            assert st2 == 200, ev
+            seen.extend(ev.get("events", []))
+            return {"name": "sub/a.txt", "type": "EVENT_TYPE_WRITE"} in seen
+
+        wait_for(got_write, what="a WRITE event of sub/a.txt")
+        assert {"name": "sub/a.txt", "type": "EVENT_TYPE_CREATE"} in seen, seen
+        # fetched events are gone; a removal shows up next
+        request(port, "POST", "/filesystem.Filesystem/Remove", {"path": "wd/sub/a.txt"}, h)
+        seen.clear()
+
+        def got_remove():
+            st2, ev = request(port, "POST", "/filesystem.Filesystem/GetWatcherEvents",
+                              {"watcherId": wid}, h)
+            seen.extend(ev.get("events", []))
+            return {"name": "sub/a.txt", "type": "EVENT_TYPE_REMOVE"} in seen
+
+        wait_for(got_remove, what="a REMOVE event of sub/a.txt")
+        assert all(e["name"] == "sub/a.txt" for e in seen), seen
+        st, r = request(port, "POST", "/filesystem.Filesystem/RemoveWatcher", {"watcherId": wid}, h)
+        assert st == 200, r
+        st, r = request(port, "POST", "/filesystem.Filesystem/GetWatcherEvents",
+                        {"watcherId": wid}, h)
+        assert st == 404 and r["code"] == "not_found", r
+        # a missing path is not_found
+        st, r = request(port, "POST", "/filesystem.Filesystem/CreateWatcher", {"path": "nope"}, h)
+        assert st == 404 and r["code"] == "not_found", r
+    finally:
+        assert request(port, "DELETE", "/sandboxes/" + sid)[0] == 204
 
 
 def test_sdk_on_the_compat_listener(sf_daemon):

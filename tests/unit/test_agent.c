@@ -669,6 +669,19 @@ test_tty (struct agent *a)
   TAP_OK (r.exit && TAP_C_EQ (jint (r.exit, "exit_code"), 0) && TAP_C_HAS_STR (r.out, "ping"),
           "tty stdin and EOF (^D)");
   result_free (&r);
+  /* a SIGNAL frame with rows/cols resizes the terminal; frames are ordered,
+   * so the shell reads its line after the resize */
+  s = next_stream++;
+  send_json (a->fd, s, WR_MSG_EXEC,
+             "{\"shell\":\"read x; stty size\",\"tty\":true,\"stdin\":true,\"rows\":24,"
+             "\"cols\":80}");
+  send_json (a->fd, s, WR_MSG_SIGNAL, "{\"rows\":30,\"cols\":100}");
+  wr_frame_write (a->fd, s, WR_MSG_STDIN, "\n", 1);
+  memset (&r, 0, sizeof r);
+  collect (a->fd, s, &r, 5000);
+  TAP_OK (r.exit && TAP_C_EQ (jint (r.exit, "exit_code"), 0) && TAP_C_HAS_STR (r.out, "30 100"),
+          "tty resize: SIGNAL {rows, cols} sets the window size");
+  result_free (&r);
 }
 
 static void
@@ -1094,6 +1107,136 @@ test_connections (void)
   unlink (path);
 }
 
+/* Events of a watch stream until one named want of type arrives (events
+ * that arrived in the same batch are kept for the next call); true if it
+ * did, and *saw_bad when an event name starting with bad came first. */
+static json_t *watch_seen;
+
+static bool
+watch_until (struct agent *a, uint32_t s, const char *want, const char *type, const char *bad,
+             bool *saw_bad, json_t **ret_event)
+{
+  uint64_t deadline = now_ms () + 10000;
+  if (watch_seen == NULL)
+    watch_seen = json_array ();
+  for (;;)
+    {
+      size_t i;
+      json_t *ev;
+      json_array_foreach (watch_seen, i, ev)
+      {
+        const char *name = jstr (ev, "name");
+        if (bad && strncmp (name, bad, strlen (bad)) == 0)
+          *saw_bad = true;
+        if (strcmp (name, want) == 0 && strcmp (jstr (ev, "type"), type) == 0)
+          {
+            if (ret_event)
+              *ret_event = json_incref (ev);
+            json_array_remove (watch_seen, i);
+            return true;
+          }
+      }
+      struct frame f;
+      int64_t left = (int64_t)(deadline - now_ms ());
+      if (left <= 0 || recv_frame (a->fd, &f, (int)left) <= 0)
+        return false;
+      json_t *j = f.stream == s && f.type == WR_MSG_DATA ? json_loads (f.data, 0, NULL) : NULL;
+      free (f.data);
+      json_array_extend (watch_seen, json_object_get (j, "events"));
+      json_decref (j);
+    }
+}
+
+static void
+host_write (const char *root, const char *rel, const char *data)
+{
+  char p[PATH_MAX];
+  snprintf (p, sizeof p, "%s/%s", root, rel);
+  FILE *fp = fopen (p, "w");
+  if (fp)
+    {
+      fputs (data, fp);
+      fclose (fp);
+    }
+}
+
+static void
+test_watch (struct agent *a, const char *root, const char *outside, const char *mode)
+{
+  char p[PATH_MAX], q[PATH_MAX];
+  struct fres f = fop (a, "{\"op\":\"mkdir\",\"path\":\"/w/sub\",\"parents\":true}");
+  fres_free (&f);
+  snprintf (p, sizeof p, "%s/w/out", root);
+  if (symlink (outside, p) < 0)
+    abort ();
+  uint32_t s = next_stream++;
+  send_json (a->fd, s, WR_MSG_FILE,
+             "{\"op\":\"watch\",\"path\":\"/w\",\"recursive\":true,\"entry\":true}");
+  struct frame fr;
+  json_t *ready = NULL;
+  if (recv_frame (a->fd, &fr, 5000) == 1)
+    {
+      ready = fr.stream == s && fr.type == WR_MSG_DATA ? json_loads (fr.data, 0, NULL) : NULL;
+      free (fr.data);
+    }
+  TAP_OK (ready && jtrue (ready, "ready"), "[%s] watch: ready once the watches are in place", mode);
+  json_decref (ready);
+
+  bool bad = false;
+  json_t *ev = NULL;
+  host_write (root, "w/sub/f.txt", "one");
+  TAP_OK (watch_until (a, s, "sub/f.txt", "write", NULL, NULL, &ev)
+              && TAP_C_EQ_STR (jstr (json_object_get (ev, "entry"), "type"), "file")
+              && TAP_C_EQ (jint (json_object_get (ev, "entry"), "size"), 3),
+          "[%s] watch: a write below the directory (recursive), with its entry", mode);
+  json_decref (ev);
+  snprintf (p, sizeof p, "%s/w/new", root);
+  mkdir (p, 0755);
+  TAP_OK (watch_until (a, s, "new", "create", NULL, NULL, NULL), "[%s] watch: a new directory",
+          mode);
+  host_write (root, "w/new/g", "x");
+  TAP_OK (watch_until (a, s, "new/g", "create", NULL, NULL, NULL),
+          "[%s] watch: a directory created later is watched too", mode);
+  snprintf (p, sizeof p, "%s/w/new/g", root);
+  snprintf (q, sizeof q, "%s/w/new/h", root);
+  rename (p, q);
+  TAP_OK (watch_until (a, s, "new/g", "rename", NULL, NULL, NULL)
+              && watch_until (a, s, "new/h", "create", NULL, NULL, NULL),
+          "[%s] watch: rename is RENAME of the old name, CREATE of the new", mode);
+  chmod (q, 0600);
+  unlink (q);
+  TAP_OK (watch_until (a, s, "new/h", "chmod", NULL, NULL, NULL)
+              && watch_until (a, s, "new/h", "remove", NULL, NULL, NULL),
+          "[%s] watch: chmod and remove", mode);
+  /* a symlink to a directory outside the root is never descended into */
+  host_write (outside, "leak", "x");
+  host_write (root, "w/marker", "x");
+  TAP_OK (watch_until (a, s, "marker", "create", "out/", &bad, NULL) && !bad,
+          "[%s] watch: nothing outside the root is watched through a symlink", mode);
+  wr_frame_write (a->fd, s, WR_MSG_DATA, "", 0);
+  json_t *end = NULL;
+  for (int i = 0; i < 50 && end == NULL; i++)
+    {
+      if (recv_frame (a->fd, &fr, 5000) != 1)
+        break;
+      if (fr.stream == s && fr.type != WR_MSG_DATA)
+        end = json_pack ("{s:i}", "type", fr.type);
+      free (fr.data);
+    }
+  TAP_OK (end && TAP_C_EQ (jint (end, "type"), WR_MSG_RESULT), "[%s] watch: DATA ends it (RESULT)",
+          mode);
+  json_decref (end);
+  json_decref (watch_seen);
+  watch_seen = NULL;
+  f = fop (a, "{\"op\":\"watch\",\"path\":\"/w/sub/f.txt\"}");
+  TAP_OK (is_err (&f, "invalid_argument"), "[%s] watch of a file: invalid_argument", mode);
+  fres_free (&f);
+  f = fop (a, "{\"op\":\"watch\",\"path\":\"/nope\"}");
+  TAP_OK (is_err (&f, "not_found"), "[%s] watch of a missing directory: not_found", mode);
+  fres_free (&f);
+  TAP_OK (ping (a, "after-watch"), "[%s] agent alive after the watches", mode);
+}
+
 static void
 file_suite (bool no_openat2)
 {
@@ -1116,6 +1259,7 @@ file_suite (bool no_openat2)
       free (f.data);
     }
   test_files (&a, root, outside, no_openat2 ? "walk" : "openat2");
+  test_watch (&a, root, outside, no_openat2 ? "walk" : "openat2");
   agent_stop (&a);
   snprintf (p, sizeof p, "rm -rf '%s' '%s'", root, outside);
   if (system (p) != 0)
