@@ -42,7 +42,8 @@ usage (FILE *f)
       "               [--registry-ca FILE] [--registry-auth FILE] [--registry-mirror H=M]...\n"
       "               [--registry-insecure HOST:PORT]... [--registry-trust-erofs HOST[:PORT]]...\n"
       "               [--compat-image [LANG=]REF]... [--log-retention S]\n"
-      "               [--zram-size MB [--zram-priority N]] [--idle-pause S]\n" WRD_CLUSTER_USAGE
+      "               [--zram-size MB [--zram-priority N]] [--idle-pause S]\n"
+      "               [--no-agent-zygote]\n" WRD_CLUSTER_USAGE
       "Runs the Warren node daemon in the foreground; all state lives under DIR.\n"
       "Default listener: unix:DIR/warrend.sock (owner-only).\n");
 }
@@ -132,6 +133,8 @@ main (int argc, char **argv)
     { "zram-size", required_argument, NULL, 2500 },
     { "zram-priority", required_argument, NULL, 2501 },
     { "idle-pause", required_argument, NULL, 2502 },
+    /* exec each sandbox's agent (docs/containers.md, "Agent zygote") */
+    { "no-agent-zygote", no_argument, NULL, 2600 },
     { NULL, 0, NULL, 0 },
   };
   const char *fn_pools[64];
@@ -214,6 +217,9 @@ main (int argc, char **argv)
             d.idle_pause_s = (unsigned)v;
           break;
         }
+      case 2600: /* the runtime reads it (src/backend/runtime.c) */
+        setenv ("WARREN_AGENT_ZYGOTE", "0", 1);
+        break;
       case 2000: /* SandboxFusion API */
         sfcfg.listen = optarg;
         break;

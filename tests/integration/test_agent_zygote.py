@@ -1,9 +1,12 @@
 """The agent zygote (docs/containers.md "Agent zygote"): sandboxes' agents are
 forked by one warren-agent --zygote per daemon, which is restarted when it
-dies; WARREN_AGENT_ZYGOTE=0 keeps the exec'd agent."""
+dies; warrend --no-agent-zygote (or WARREN_AGENT_ZYGOTE=0) keeps the exec'd
+agent."""
 import os
 import shutil
 import signal
+
+import pytest
 
 from conftest import start_daemon
 from wr import wait_for
@@ -114,9 +117,11 @@ def test_zygote_exits_with_the_daemon_and_sandboxes_stay(rootfs):
         shutil.rmtree(d.root, ignore_errors=True)
 
 
-def test_exec_fallback(rootfs, monkeypatch):
-    monkeypatch.setenv("WARREN_AGENT_ZYGOTE", "0")
-    d = start_daemon(rootfs)
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_exec_fallback(rootfs, monkeypatch, how):
+    if how == "env":
+        monkeypatch.setenv("WARREN_AGENT_ZYGOTE", "0")
+    d = start_daemon(rootfs, ["--no-agent-zygote"] if how == "flag" else [])
     try:
         sid = d.api.create()
         pid = agent_pid(d.api, sid)
