@@ -43,7 +43,10 @@ struct wr_net
   unsigned char used[WR_NET_SLOTS];
   unsigned next_slot;
   unsigned char fresh[WR_NET_SLOTS]; /* chains not made yet */
-  int self_netns;                    /* the daemon's own netns, to come back after setns */
+  /* egress limits wanted and those in the slot's l/k chains */
+  struct wr_net_limits limits[WR_NET_SLOTS], limits_on[WR_NET_SLOTS];
+  uint32_t conn_gen; /* the conntrack mark of the last connection count made */
+  int self_netns;    /* the daemon's own netns, to come back after setns */
   /* slots whose link is made in a pooled netns (wr_net_prepare), by the
    * netns's inode: a create that got one claims it (wr_net_claim) */
   struct prepared
@@ -522,11 +525,16 @@ slot_chains (struct wr_net *n, unsigned slot, char *cmds, size_t len)
       "add set inet %1$s a%2$u { type ipv4_addr . inet_service; flags interval; }\n"
       "add chain inet %1$s e%2$u\n"
       "add chain inet %1$s i%2$u\n"
+      "add chain inet %1$s l%2$u\n"
+      "add chain inet %1$s k%2$u\n"
       "flush chain inet %1$s e%2$u\n"
       "flush chain inet %1$s i%2$u\n"
+      "flush chain inet %1$s l%2$u\n"
+      "flush chain inet %1$s k%2$u\n"
       "add rule inet %1$s e%2$u counter name c%2$u drop\n"
       "add rule inet %1$s i%2$u ct state established,related accept\n"
       "add rule inet %1$s i%2$u ip daddr %4$s udp dport 53 accept\n"
+      "add rule inet %1$s i%2$u ip daddr %4$s tcp dport 53 accept\n"
       "add rule inet %1$s i%2$u counter name c%2$u drop\n"
       "add element inet %1$s out_map { \"%3$s\" : jump e%2$u }\n"
       "add element inet %1$s in_map { \"%3$s\" : jump i%2$u }\n",
@@ -720,6 +728,71 @@ allow_within (const struct wr_net_allow *a, const struct wr_net_allow *b)
          && a->port_hi <= b->port_hi;
 }
 
+/* Commands that bring the slot's limit chains from on to its wanted limits
+ * (the caller holds n->lock): the rate in l<slot>, the connection count in
+ * k<slot>, each rewritten only when it changed. Egress is what the sandbox
+ * sends: policed here, on the host's forward path, where the sandbox cannot
+ * remove it (docs/network.md, "Egress limits"). */
+static size_t
+limit_cmds (struct wr_net *n, unsigned slot, const struct wr_net_limits *on, char *cmds, size_t len)
+{
+  const struct wr_net_limits *want = &n->limits[slot];
+  size_t o = 0;
+  if (want->egress_kbps != on->egress_kbps)
+    {
+      o += (size_t)snprintf (cmds + o, len - o, "flush chain inet %s l%u\n", n->table, slot);
+      if (want->egress_kbps)
+        {
+          /* the bucket holds rate + burst bytes: at least 128 KiB, or a
+           * GSO packet (up to 64 KiB on the veth) could never pass */
+          unsigned long long rate = (unsigned long long)want->egress_kbps * 125;
+          unsigned long long burst = rate < 131072 ? 131072 - rate : 0;
+          o += (size_t)snprintf (cmds + o, len - o,
+                                 "add rule inet %s l%u limit rate over %llu bytes/second burst "
+                                 "%llu bytes drop\n",
+                                 n->table, slot, rate, burst);
+        }
+    }
+  if (want->connections != on->connections)
+    {
+      o += (size_t)snprintf (cmds + o, len - o, "flush chain inet %s k%u\n", n->table, slot);
+      /* A new ct count starts from zero: connections open before it are
+       * counted at their next packet. Each connection passes the count
+       * once, marked with the count's generation (a new one is rejected
+       * when over; an older one only joins the count). */
+      uint32_t gen = ++n->conn_gen ? n->conn_gen : ++n->conn_gen;
+      if (want->connections)
+        o += (size_t)snprintf (cmds + o, len - o,
+                               "add rule inet %1$s k%2$u ct mark %3$u return\n"
+                               "add rule inet %1$s k%2$u ct count over %4$u ct state new reject\n"
+                               "add rule inet %1$s k%2$u ct mark set %3$u\n",
+                               n->table, slot, gen, want->connections);
+    }
+  return o;
+}
+
+int
+wr_net_set_limits (struct wr_net *n, unsigned slot, const struct wr_net_limits *l, bool with_policy,
+                   wr_err_t *err)
+{
+  if (slot >= WR_NET_SLOTS)
+    return wr_error (err, 0, WR_E_INVALID, "slot %u", slot);
+  char cmds[512];
+  int r = 0;
+  pthread_mutex_lock (&n->lock);
+  n->limits[slot] = *l;
+  /* a slot without chains yet gets them with its first policy */
+  if (!with_policy && !n->fresh[slot]
+      && limit_cmds (n, slot, &n->limits_on[slot], cmds, sizeof cmds) > 0)
+    {
+      r = nft_run (n, cmds, err);
+      if (r == 0)
+        n->limits_on[slot] = *l;
+    }
+  pthread_mutex_unlock (&n->lock);
+  return r;
+}
+
 int
 wr_net_set_policy (struct wr_net *n, unsigned slot, const struct wr_net_allow *allow,
                    size_t n_allow, const char *group, wr_err_t *err)
@@ -770,6 +843,9 @@ wr_net_set_policy (struct wr_net *n, unsigned slot, const struct wr_net_allow *a
     inet_ntop (AF_INET, &x, me, sizeof me);
     OUT ("add rule inet %1$s e%2$u ip saddr != %3$s counter name c%2$u drop\n", n->table, slot, me);
   }
+  /* its limits (empty chains when unlimited): everything it sends */
+  OUT ("add rule inet %1$s e%2$u jump l%2$u\nadd rule inet %1$s e%2$u jump k%2$u\n", n->table,
+       slot);
   if (group)
     OUT ("add set inet %1$s g_%2$s { type ipv4_addr; }\n"
          "add rule inet %1$s e%3$u ip daddr @g_%2$s accept\n",
@@ -790,12 +866,20 @@ wr_net_set_policy (struct wr_net *n, unsigned slot, const struct wr_net_allow *a
       OUT ("add element inet %s g_%s { %s }\n", n->table, group, a);
     }
 #undef OUT
-  if (o >= cap)
+  if (o + 512 >= cap)
     return wr_error (err, E2BIG, WR_E_INVALID, "policy too large");
   pthread_mutex_lock (&n->lock);
+  /* fresh: the limit chains were just made, empty */
+  static const struct wr_net_limits unlimited;
+  const struct wr_net_limits *on = fresh ? &unlimited : &n->limits_on[slot % WR_NET_SLOTS];
+  struct wr_net_limits want = n->limits[slot % WR_NET_SLOTS];
+  limit_cmds (n, slot % WR_NET_SLOTS, on, cmds + o, cap - o);
   int r = nft_run (n, cmds, err);
   if (r == 0)
-    n->fresh[slot % WR_NET_SLOTS] = 0;
+    {
+      n->fresh[slot % WR_NET_SLOTS] = 0;
+      n->limits_on[slot % WR_NET_SLOTS] = want;
+    }
   pthread_mutex_unlock (&n->lock);
   return r;
 }
@@ -835,6 +919,7 @@ wr_net_detach (struct wr_net *n, unsigned slot, const char *group)
                     "delete element inet %1$s out_map { \"%3$s\" }\n"
                     "delete element inet %1$s in_map { \"%3$s\" }\n"
                     "delete chain inet %1$s e%2$u\ndelete chain inet %1$s i%2$u\n"
+                    "delete chain inet %1$s l%2$u\ndelete chain inet %1$s k%2$u\n"
                     "delete set inet %1$s a%2$u\ndelete counter inet %1$s c%2$u\n",
                     n->table, slot, ifn);
   if (group)
@@ -849,6 +934,8 @@ wr_net_detach (struct wr_net *n, unsigned slot, const char *group)
         nft_run (n, c, NULL);
     }
   n->used[slot < WR_NET_SLOTS ? slot : 0] = 0;
+  if (slot < WR_NET_SLOTS)
+    n->limits[slot] = n->limits_on[slot] = (struct wr_net_limits){ 0 };
   pthread_mutex_unlock (&n->lock);
 }
 

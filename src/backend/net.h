@@ -72,6 +72,18 @@ int wr_net_readopt (struct wr_net *n, unsigned slot, wr_err_t *err);
  * one nftables transaction. */
 int wr_net_set_policy (struct wr_net *n, unsigned slot, const struct wr_net_allow *allow,
                        size_t n_allow, const char *group, wr_err_t *err);
+/* Egress limits of a slot (docs/network.md, "Egress limits"); 0 = unlimited. */
+struct wr_net_limits
+{
+  uint64_t egress_kbps; /* kilobits per second the sandbox may send */
+  uint32_t connections; /* connections it may have open at once */
+};
+/* Record the slot's limits and apply them in one transaction, or, with
+ * with_policy, leave them to the slot's next wr_net_set_policy (a create:
+ * one transaction for both). Only a changed connection limit resets the
+ * count of open connections (the new limit counts those opened after it). */
+int wr_net_set_limits (struct wr_net *n, unsigned slot, const struct wr_net_limits *l,
+                       bool with_policy, wr_err_t *err);
 /* Add destinations to the slot's set (addresses a DNS answer just named). */
 int wr_net_allow_add (struct wr_net *n, unsigned slot, const struct wr_net_allow *allow,
                       size_t n_allow, wr_err_t *err);

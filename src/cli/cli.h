@@ -105,6 +105,8 @@ int cli_create_opt (int opt, const char *arg, json_t *req, const char *verb);
 #define CLI_OPT_QOS 3002
 #define CLI_OPT_IDLE_PAUSE 3003
 #define CLI_OPT_NET_GROUP 3004
+#define CLI_OPT_NET_RATE 3005  /* "net_limits": {"egress_kbps"} */
+#define CLI_OPT_NET_CONNS 3006 /* "net_limits": {"connections"} */
 #define CLI_CREATE_LONGOPTS                                                                        \
   { "backend", required_argument, NULL, 'B' }, { "image", required_argument, NULL, 'I' },          \
       { "layer", required_argument, NULL, 'L' }, { "memory", required_argument, NULL, 'M' },       \
@@ -114,6 +116,8 @@ int cli_create_opt (int opt, const char *arg, json_t *req, const char *verb);
       { "qos", required_argument, NULL, CLI_OPT_QOS },                                             \
       { "idle-pause", required_argument, NULL, CLI_OPT_IDLE_PAUSE },                               \
       { "net-group", required_argument, NULL, CLI_OPT_NET_GROUP },                                 \
+      { "net-rate", required_argument, NULL, CLI_OPT_NET_RATE },                                   \
+      { "net-conns", required_argument, NULL, CLI_OPT_NET_CONNS },                                 \
   {                                                                                                \
     "net", required_argument, NULL, 'N'                                                            \
   }

@@ -87,10 +87,13 @@ cmd_net (cli_t *cli, int argc, char **argv)
     return service (cli, argc - 2, argv + 2);
   static const struct option opts[] = { { "allow", required_argument, NULL, 'a' },
                                         { "deny", required_argument, NULL, 'd' },
+                                        { "net-rate", required_argument, NULL, CLI_OPT_NET_RATE },
+                                        { "net-conns", required_argument, NULL, CLI_OPT_NET_CONNS },
                                         { "json", no_argument, NULL, 'j' },
                                         { "help", no_argument, NULL, 'h' },
                                         { 0 } };
   json_t *change = json_object ();
+  json_auto_t *limits = json_object (); /* {"net_limits": ...} of the PATCH */
   bool as_json = false;
   int opt;
   optind = 0;
@@ -100,6 +103,14 @@ cmd_net (cli_t *cli, int argc, char **argv)
       case 'a':
       case 'd':
         json_object_set_new (change, opt == 'a' ? "allow" : "deny", json_string (optarg));
+        break;
+      case CLI_OPT_NET_RATE:
+      case CLI_OPT_NET_CONNS:
+        if (cli_create_opt (opt, optarg, limits, "net") < 0)
+          {
+            json_decref (change);
+            return CLI_EXIT_USAGE;
+          }
         break;
       case 'j':
         as_json = true;
@@ -112,10 +123,13 @@ cmd_net (cli_t *cli, int argc, char **argv)
         json_decref (change);
         return cli_bad_option ("net", argv);
       }
-  if (argc - optind != 1 || json_object_size (change) == 0 || !warren_id_valid (argv[optind]))
+  json_t *net_limits = json_object_get (limits, "net_limits");
+  if (argc - optind != 1 || (json_object_size (change) == 0 && net_limits == NULL)
+      || !warren_id_valid (argv[optind]))
     {
       json_decref (change);
-      return cli_usage ("net", "ID --allow RULES | --deny RULES");
+      return cli_usage ("net",
+                        "ID [--allow RULES] [--deny RULES] [--net-rate KBPS] [--net-conns N]");
     }
   warren_client_t *c = cli_client (cli);
   if (c == NULL)
@@ -124,7 +138,21 @@ cmd_net (cli_t *cli, int argc, char **argv)
       return CLI_EXIT_FAIL;
     }
   warren_error_t e;
-  json_t *out = warren_sandbox_set_network (c, argv[optind], change, &e);
+  json_t *out = NULL;
+  if (net_limits == NULL)
+    out = warren_sandbox_set_network (c, argv[optind], change, &e);
+  else
+    {
+      /* the policy and the limits in one PATCH */
+      char path[128];
+      snprintf (path, sizeof path, "/v1/sandboxes/%s", argv[optind]);
+      json_t *body = json_pack ("{s:O}", "net_limits", net_limits);
+      if (json_object_size (change))
+        json_object_set (body, "network", change);
+      if (warren_request (c, "PATCH", path, body, &out, &e) < 0)
+        out = NULL;
+      json_decref (body);
+    }
   json_decref (change);
   int r = out ? 0 : cli_fail (&e, NULL);
   if (r == 0 && as_json)

@@ -84,6 +84,21 @@ cli_create_opt (int opt, const char *arg, json_t *req, const char *verb)
     case CLI_OPT_NET_GROUP:
       json_object_set_new (req, "net_group", json_string (arg));
       return 1;
+    case CLI_OPT_NET_RATE:
+    case CLI_OPT_NET_CONNS:
+      {
+        bool rate = opt == CLI_OPT_NET_RATE;
+        if (!cli_parse_u64 (arg, 0, rate ? 100000000 : 1000000, &u))
+          return cli_usage (verb, "--%s: expected %s (0: unlimited), got '%.32s'",
+                            rate ? "net-rate" : "net-conns", rate ? "kbit/s" : "a count", arg),
+                 -1;
+        json_t *lim = json_object_get (req, "net_limits");
+        if (lim == NULL)
+          json_object_set_new (req, "net_limits", lim = json_object ());
+        json_object_set_new (lim, rate ? "egress_kbps" : "connections",
+                             json_integer ((json_int_t)u));
+        return 1;
+      }
     case CLI_OPT_QOS:
       if (strcmp (arg, "latency") && strcmp (arg, "best-effort"))
         return cli_usage (verb, "--qos must be latency or best-effort"), -1;

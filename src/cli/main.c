@@ -31,6 +31,8 @@ struct help
   "  --ttl SEC       destroy the sandbox after SEC seconds\n"                                      \
   "  --net MODE      none (loopback only, default) | host | allow=RULE,...\n"                      \
   "  --net-group G   with allow=: sandboxes of group G reach each other\n"                         \
+  "  --net-rate KBPS with allow=: what the sandbox may send, in kbit/s (default unlimited)\n"      \
+  "  --net-conns N   with allow=: connections it may have open at once (default unlimited)\n"      \
   "  --seed N        deterministic sandbox: fixed hostname, uptime from 0, PYTHONHASHSEED=N\n"     \
   "  --epoch T       with --seed: SOURCE_DATE_EPOCH=T (default 0)\n"                               \
   "  --qos CLASS     latency (default) | best-effort: yields the CPU to latency sandboxes\n"       \
@@ -126,10 +128,12 @@ static const struct help helps[] = {
                   "No new sandboxes are placed on NAME; its sandboxes keep running.\n" },
   { "node undrain", "Usage: warren node undrain NAME\nPlace sandboxes on NAME again.\n" },
   /* trajectory log (cmd_log.c, docs/rl.md) */
-  { "net", "Usage: warren net ID --allow RULES | --deny RULES\n"
+  { "net", "Usage: warren net ID [--allow RULES] [--deny RULES] [--net-rate KBPS] [--net-conns N]\n"
            "       warren net service add NAME HOST[:PORT]... | ls [--json] | rm NAME\n"
            "Change a live sandbox's network policy (RULES: comma-separated service names,\n"
-           "HOST:PORT, HOST:*, CIDR[:PORTS]), or manage named services (docs/network.md).\n" },
+           "HOST:PORT, HOST:*, CIDR[:PORTS]) or its egress limits (kbit/s it may send,\n"
+           "connections it may have open; 0: unlimited), or manage named services\n"
+           "(docs/network.md).\n" },
   { "net service", "Usage: warren net service add NAME HOST[:PORT]... | ls [--json] | rm NAME\n"
                    "Named services for allow= rules, kept by the daemon.\n" },
   { "port", "Usage: warren port ID PORT\n"

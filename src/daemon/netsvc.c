@@ -34,6 +34,14 @@
 #define MAX_RULES 256
 #define MAX_ADDRS 1024
 #define PENDING 32
+/* DNS over TCP (a resolver's fallback for truncated answers): connections
+ * per sandbox, the largest question taken, and how long a connection may
+ * idle or wait for the upstream */
+#define DNS_TCP_CONNS 8
+#define DNS_TCP_QUERY_MAX 4096
+#define DNS_TCP_TIMEOUT_S 10
+
+struct dns_tcp;
 
 struct sbnet
 {
@@ -49,6 +57,10 @@ struct sbnet
     bool used;
     struct sockaddr_in from;
   } pend[PENDING];
+  int tcp_fd; /* DNS over TCP: the listener on the gateway, its connections */
+  struct event *tcp_ev;
+  struct dns_tcp *tcp_conns;
+  unsigned n_tcp;
   struct sbnet *next;
 };
 
@@ -470,6 +482,71 @@ wrd_net_parse (struct wrd *d, json_t *network, json_t *group, json_t **ret_netwo
   return 0;
 }
 
+/* ---- egress limits ---- */
+
+#define MAX_EGRESS_KBPS 100000000ull /* 100 Gbit/s */
+#define MAX_CONNECTIONS 1000000
+
+/* {"egress_kbps": N, "connections": N} over base (0: unlimited) */
+static int
+limits_parse (json_t *j, struct wr_net_limits *l, wr_err_t *err)
+{
+  if (!json_is_object (j))
+    return wr_error (err, 0, WR_E_INVALID,
+                     "field \"net_limits\" must be {\"egress_kbps\": N, \"connections\": N}");
+  const char *k;
+  json_t *v;
+  json_object_foreach (j, k, v)
+  {
+    bool rate = strcmp (k, "egress_kbps") == 0;
+    if (!rate && strcmp (k, "connections") != 0)
+      return wr_error (err, 0, WR_E_INVALID,
+                       "\"net_limits\" takes \"egress_kbps\" and \"connections\", not \"%.64s\"",
+                       k);
+    json_int_t x = json_is_null (v) ? 0 : json_is_integer (v) ? json_integer_value (v) : -1;
+    if (x < 0 || (uint64_t)x > (rate ? MAX_EGRESS_KBPS : MAX_CONNECTIONS))
+      return wr_error (err, 0, WR_E_INVALID,
+                       "\"net_limits\": \"%s\" must be an integer in [0, %llu] (0: unlimited)", k,
+                       rate ? MAX_EGRESS_KBPS : (unsigned long long)MAX_CONNECTIONS);
+    if (rate)
+      l->egress_kbps = (uint64_t)x;
+    else
+      l->connections = (uint32_t)x;
+  }
+  return 0;
+}
+
+static void
+limits_of (json_t *spec, struct wr_net_limits *l)
+{
+  json_t *j = json_object_get (spec, "net_limits");
+  l->egress_kbps = (uint64_t)json_integer_value (json_object_get (j, "egress_kbps"));
+  l->connections = (uint32_t)json_integer_value (json_object_get (j, "connections"));
+}
+
+static json_t *
+limits_json (const struct wr_net_limits *l)
+{
+  return json_pack ("{s:I,s:I}", "egress_kbps", (json_int_t)l->egress_kbps, "connections",
+                    (json_int_t)l->connections);
+}
+
+int
+wrd_net_parse_limits (struct wrd *d WR_UNUSED, json_t *limits, const char *network,
+                      json_t **ret_limits, wr_err_t *err)
+{
+  *ret_limits = NULL;
+  if (limits == NULL || json_is_null (limits))
+    return 0;
+  struct wr_net_limits l = { 0 };
+  if (limits_parse (limits, &l, err) < 0)
+    return -EINVAL;
+  if (network == NULL || strncmp (network, "allow=", 6) != 0)
+    return wr_error (err, 0, WR_E_INVALID, "\"net_limits\" needs \"network\": \"allow=...\"");
+  *ret_limits = limits_json (&l);
+  return 0;
+}
+
 /* ---- applying ---- */
 
 static int
@@ -480,6 +557,11 @@ apply (struct wrd *d, struct sbnet *s, const char *rules, wr_err_t *err)
     return wr_error (err, ENOMEM, WR_E_INTERNAL, "policy");
   c->names = json_object ();
   int r = compile_rules (d, rules, true, c, err);
+  /* the sandbox's egress limits, in the policy's transaction */
+  struct wr_net_limits lim;
+  limits_of (s->sb->spec, &lim);
+  if (r == 0)
+    r = wr_net_set_limits (knet, s->slot, &lim, true, err);
   if (r == 0)
     r = wr_net_set_policy (knet, s->slot, c->allow, c->n, s->group[0] ? s->group : NULL, err);
   if (r == 0)
@@ -533,7 +615,7 @@ sbnet_new (struct sandbox *sb, unsigned slot)
   struct sbnet *s = calloc (1, sizeof *s);
   s->sb = sb;
   s->slot = slot;
-  s->dns_fd = s->up_fd = -1;
+  s->dns_fd = s->up_fd = s->tcp_fd = -1;
   group_hash (sb->spec, s->group);
   return s;
 }
@@ -746,6 +828,18 @@ learn (struct sbnet *s, const char *name, const unsigned char *m, size_t len)
     wrd_log (WRD_LOG_WARN, "net %s: %s\n", s->sb->id, err.msg);
 }
 
+/* The question m (qend: the end of its name) turned into its NXDOMAIN
+ * answer in place: the question back, no records. Returns its length. */
+static size_t
+dns_nxdomain (unsigned char *m, int qend)
+{
+  m[2] = (unsigned char)(0x80 | (m[2] & 0x79)); /* QR, opcode, RD kept */
+  m[3] = 0x83;                                  /* RA, NXDOMAIN */
+  m[4] = 0, m[5] = 1;
+  memset (m + 6, 0, 6);
+  return (size_t)qend + 4;
+}
+
 static void
 dns_query_cb (evutil_socket_t fd, short what WR_UNUSED, void *arg)
 {
@@ -771,12 +865,7 @@ dns_query_cb (evutil_socket_t fd, short what WR_UNUSED, void *arg)
         s->pend[k].used = false;
       return;
     }
-  /* NXDOMAIN: the question back, no records */
-  m[2] = (unsigned char)(0x80 | (m[2] & 0x79)); /* QR, opcode, RD kept */
-  m[3] = 0x83;                                  /* RA, NXDOMAIN */
-  m[4] = 0, m[5] = 1;
-  memset (m + 6, 0, 6);
-  sendto (fd, m, (size_t)qend + 4, 0, (struct sockaddr *)&from, fl);
+  sendto (fd, m, dns_nxdomain (m, qend), 0, (struct sockaddr *)&from, fl);
 }
 
 static void
@@ -796,6 +885,221 @@ dns_answer_cb (evutil_socket_t fd, short what WR_UNUSED, void *arg)
   if (dns_name (m, (size_t)n, 12, name, sizeof name) > 0)
     learn (s, name, m, (size_t)n);
   sendto (s->dns_fd, m, (size_t)n, 0, (struct sockaddr *)&s->pend[k].from, sizeof s->pend[k].from);
+}
+
+/* ---- DNS over TCP: the same policy as UDP, on the loop ----
+ * One question at a time per connection (a length-prefixed message, RFC
+ * 1035 4.2.2): an allowed name goes to the upstream over its own TCP
+ * connection and the answer is relayed (its addresses learnt first), any
+ * other name gets NXDOMAIN. */
+
+struct dns_tcp
+{
+  struct sbnet *s;
+  struct bufferevent *c;  /* the sandbox's connection */
+  struct bufferevent *up; /* the upstream, while a question is out */
+  char name[256];         /* that question's name */
+  struct dns_tcp *next;
+};
+
+static void
+dns_tcp_free (struct dns_tcp *t)
+{
+  struct sbnet *s = t->s;
+  for (struct dns_tcp **pp = &s->tcp_conns; *pp; pp = &(*pp)->next)
+    if (*pp == t)
+      {
+        *pp = t->next;
+        break;
+      }
+  s->n_tcp--;
+  if (t->up)
+    bufferevent_free (t->up);
+  bufferevent_free (t->c);
+  free (t);
+}
+
+/* a whole length-prefixed message in b (at most max bytes): its length,
+ * 0 while incomplete, -1 when too long or too short */
+static int
+dns_tcp_msg (struct evbuffer *b, size_t max)
+{
+  unsigned char l[2];
+  if (evbuffer_copyout (b, l, 2) < 2)
+    return 0;
+  size_t len = (size_t)(l[0] << 8 | l[1]);
+  if (len < 12 || len > max)
+    return -1;
+  return evbuffer_get_length (b) >= 2 + len ? (int)len : 0;
+}
+
+static void
+dns_tcp_send (struct bufferevent *b, const unsigned char *m, size_t len)
+{
+  unsigned char l[2] = { (unsigned char)(len >> 8), (unsigned char)len };
+  bufferevent_write (b, l, 2);
+  bufferevent_write (b, m, len);
+}
+
+static void dns_tcp_read (struct bufferevent *bev, void *arg);
+
+static void
+dns_tcp_up_read (struct bufferevent *bev, void *arg)
+{
+  struct dns_tcp *t = arg;
+  struct evbuffer *in = bufferevent_get_input (bev);
+  int len = dns_tcp_msg (in, 65535);
+  if (len == 0)
+    return;
+  if (len < 0)
+    {
+      dns_tcp_free (t);
+      return;
+    }
+  unsigned char *m = malloc ((size_t)len);
+  if (m == NULL)
+    {
+      dns_tcp_free (t);
+      return;
+    }
+  evbuffer_drain (in, 2);
+  evbuffer_remove (in, m, (size_t)len);
+  learn (t->s, t->name, m, (size_t)len);
+  dns_tcp_send (t->c, m, (size_t)len);
+  free (m);
+  bufferevent_free (t->up);
+  t->up = NULL;
+  bufferevent_enable (t->c, EV_READ);
+  dns_tcp_read (t->c, t); /* a question sent behind the first */
+}
+
+static void
+dns_tcp_event (struct bufferevent *bev WR_UNUSED, short what, void *arg)
+{
+  struct dns_tcp *t = arg;
+  if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT))
+    dns_tcp_free (t); /* either side: the sandbox's resolver retries */
+}
+
+/* the question m to the upstream, over a connection of its own */
+static int
+dns_tcp_forward (struct dns_tcp *t, const unsigned char *m, size_t len)
+{
+  int fd = socket (AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return -1;
+  t->up = bufferevent_socket_new (bufferevent_get_base (t->c), fd, BEV_OPT_CLOSE_ON_FREE);
+  if (t->up == NULL)
+    {
+      close (fd);
+      return -1;
+    }
+  struct timeval tv = { DNS_TCP_TIMEOUT_S, 0 };
+  bufferevent_set_timeouts (t->up, &tv, &tv);
+  bufferevent_setcb (t->up, dns_tcp_up_read, NULL, dns_tcp_event, t);
+  if (bufferevent_socket_connect (t->up, (struct sockaddr *)&upstream, sizeof upstream) < 0)
+    return -1;
+  dns_tcp_send (t->up, m, len);
+  bufferevent_enable (t->up, EV_READ);
+  bufferevent_disable (t->c, EV_READ); /* the next question waits for this answer */
+  return 0;
+}
+
+static void
+dns_tcp_read (struct bufferevent *bev, void *arg)
+{
+  struct dns_tcp *t = arg;
+  struct evbuffer *in = bufferevent_get_input (bev);
+  while (t->up == NULL)
+    {
+      int len = dns_tcp_msg (in, DNS_TCP_QUERY_MAX);
+      if (len == 0)
+        return;
+      unsigned char m[DNS_TCP_QUERY_MAX];
+      int qend = -1;
+      if (len > 0)
+        {
+          evbuffer_drain (in, 2);
+          evbuffer_remove (in, m, (size_t)len);
+          qend = (m[2] & 0x80) ? -1 : dns_name (m, (size_t)len, 12, t->name, sizeof t->name);
+        }
+      if (qend < 0 || (size_t)qend + 4 > (size_t)len)
+        {
+          dns_tcp_free (t); /* not a question */
+          return;
+        }
+      if (json_object_get (t->s->names, t->name))
+        {
+          if (dns_tcp_forward (t, m, (size_t)len) < 0)
+            dns_tcp_free (t);
+          return;
+        }
+      dns_tcp_send (t->c, m, dns_nxdomain (m, qend));
+    }
+}
+
+static void
+dns_tcp_accept (evutil_socket_t fd, short what WR_UNUSED, void *arg)
+{
+  struct sbnet *s = arg;
+  int c = accept4 (fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  if (c < 0)
+    return;
+  struct dns_tcp *t = s->n_tcp < DNS_TCP_CONNS ? calloc (1, sizeof *t) : NULL;
+  if (t)
+    t->c = bufferevent_socket_new (event_get_base (s->tcp_ev), c, BEV_OPT_CLOSE_ON_FREE);
+  if (t == NULL || t->c == NULL)
+    {
+      close (c); /* over the bound: the resolver sees the connection closed */
+      free (t);
+      return;
+    }
+  t->s = s;
+  t->next = s->tcp_conns;
+  s->tcp_conns = t;
+  s->n_tcp++;
+  struct timeval tv = { DNS_TCP_TIMEOUT_S, 0 };
+  bufferevent_set_timeouts (t->c, &tv, &tv);
+  bufferevent_setwatermark (t->c, EV_READ, 0, 2 + DNS_TCP_QUERY_MAX);
+  bufferevent_setcb (t->c, dns_tcp_read, NULL, dns_tcp_event, t);
+  bufferevent_enable (t->c, EV_READ);
+}
+
+static void
+dns_tcp_start (struct wrd *d, struct sbnet *s, const struct sockaddr_in *a)
+{
+  int one = 1;
+  s->tcp_fd = socket (AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (s->tcp_fd < 0 || setsockopt (s->tcp_fd, SOL_IP, IP_FREEBIND, &one, sizeof one) < 0
+      || setsockopt (s->tcp_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0
+      || bind (s->tcp_fd, (const struct sockaddr *)a, sizeof *a) < 0
+      || listen (s->tcp_fd, DNS_TCP_CONNS) < 0)
+    {
+      wrd_log (WRD_LOG_WARN, "net %s: DNS over TCP on %s: %s\n", s->sb->id, inet_ntoa (a->sin_addr),
+               strerror (errno));
+      return;
+    }
+  s->tcp_ev = event_new (d->base, s->tcp_fd, EV_READ | EV_PERSIST, dns_tcp_accept, s);
+  event_add (s->tcp_ev, NULL);
+}
+
+static void
+dns_stop (struct sbnet *s)
+{
+  while (s->tcp_conns)
+    dns_tcp_free (s->tcp_conns);
+  if (s->tcp_ev)
+    event_free (s->tcp_ev);
+  if (s->tcp_fd >= 0)
+    close (s->tcp_fd);
+  if (s->dns_ev)
+    event_free (s->dns_ev);
+  if (s->up_ev)
+    event_free (s->up_ev);
+  if (s->dns_fd >= 0)
+    close (s->dns_fd);
+  if (s->up_fd >= 0)
+    close (s->up_fd);
 }
 
 static void
@@ -820,6 +1124,7 @@ dns_start (struct wrd *d, struct sbnet *s)
     }
   s->dns_ev = event_new (d->base, s->dns_fd, EV_READ | EV_PERSIST, dns_query_cb, s);
   event_add (s->dns_ev, NULL);
+  dns_tcp_start (d, s, &a);
   if (s->up_fd >= 0)
     {
       s->up_ev = event_new (d->base, s->up_fd, EV_READ | EV_PERSIST, dns_answer_cb, s);
@@ -878,14 +1183,7 @@ wrd_net_detach (struct wrd *d WR_UNUSED, struct sandbox *sb)
         }
   if (s == NULL)
     return;
-  if (s->dns_ev)
-    event_free (s->dns_ev);
-  if (s->up_ev)
-    event_free (s->up_ev);
-  if (s->dns_fd >= 0)
-    close (s->dns_fd);
-  if (s->up_fd >= 0)
-    close (s->up_fd);
+  dns_stop (s);
   wr_net_detach (knet, s->slot, s->group[0] ? s->group : NULL);
   json_decref (s->names);
   free (s);
@@ -915,6 +1213,9 @@ wrd_net_json (struct wrd *d WR_UNUSED, struct sandbox *sb, bool detail)
                          json_object_get (sb->spec, "net_group")
                              ? json_incref (json_object_get (sb->spec, "net_group"))
                              : json_null ());
+  struct wr_net_limits lim;
+  limits_of (sb->spec, &lim);
+  json_object_set_new (j, "limits", limits_json (&lim));
   if (detail)
     {
       uint64_t eg, in;
@@ -978,12 +1279,17 @@ wrd_http_net_patch (struct wrd *d, struct evhttp_request *req, struct sandbox *s
       return;
     }
   json_t *nv = json_object_get (body, "network");
+  json_t *lv = json_object_get (body, "net_limits");
   struct sbnet *s = sbnet_of (sb);
   json_t *rules = NULL;
   const char *cur = rules_of (sb->spec);
   int r = 0;
-  if (nv == NULL)
-    r = wr_error (&err, 0, WR_E_INVALID, "PATCH takes {\"network\": ...}");
+  struct wr_net_limits lim;
+  limits_of (sb->spec, &lim); /* the keys a PATCH leaves out stay */
+  if (nv == NULL && lv == NULL)
+    r = wr_error (&err, 0, WR_E_INVALID, "PATCH takes {\"network\": ..., \"net_limits\": ...}");
+  else if (lv && limits_parse (lv, &lim, &err) < 0)
+    r = -EINVAL;
   else if (s == NULL)
     r = wr_error (&err, 0, WR_E_CONFLICT,
                   "sandbox %s has no network interface (created with \"network\": \"%s\"); "
@@ -1030,9 +1336,9 @@ wrd_http_net_patch (struct wrd *d, struct evhttp_request *req, struct sandbox *s
       if (!add && !del)
         r = wr_error (&err, 0, WR_E_INVALID, "\"network\" object takes \"allow\" and/or \"deny\"");
     }
-  else
+  else if (nv != NULL)
     r = wr_error (&err, 0, WR_E_INVALID, "\"network\" must be a string or {allow, deny}");
-  if (r == 0)
+  if (r == 0 && rules)
     {
       json_t *norm = normalise (rules);
       struct compiled *c = calloc (1, sizeof *c);
@@ -1050,6 +1356,19 @@ wrd_http_net_patch (struct wrd *d, struct evhttp_request *req, struct sandbox *s
           json_decref (old);
         }
       json_decref (norm);
+    }
+  if (r == 0 && lv)
+    {
+      json_t *old = json_incref (json_object_get (sb->spec, "net_limits"));
+      json_object_set_new (sb->spec, "net_limits", limits_json (&lim));
+      r = wr_net_set_limits (knet, s->slot, &lim, false, &err);
+      if (r == 0)
+        r = wrd_db_put (d, sb, &err);
+      else if (old)
+        json_object_set (sb->spec, "net_limits", old);
+      else
+        json_object_del (sb->spec, "net_limits");
+      json_decref (old);
     }
   json_decref (rules);
   json_decref (body);

@@ -23,6 +23,10 @@ void wrd_net_shutdown (struct wrd *d);
  * "net_group"; *ret_network is the normalised string (new reference). */
 int wrd_net_parse (struct wrd *d, json_t *network, json_t *group, json_t **ret_network,
                    wr_err_t *err);
+/* Create request: check "net_limits" ({"egress_kbps": N, "connections": N},
+ * allow= only); *ret_limits is the spec's object or NULL (new reference). */
+int wrd_net_parse_limits (struct wrd *d, json_t *limits, const char *network, json_t **ret_limits,
+                          wr_err_t *err);
 bool wrd_net_wanted (json_t *spec);
 /* The pool a create of spec takes its netns from (networked namespaces for
  * allow=, made ahead), or NULL: the runtime's own. */

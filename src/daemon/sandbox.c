@@ -305,6 +305,12 @@ wrd_parse_create (struct wrd *d, json_t *req, json_t **ret, wr_err_t *err)
       json_decref (netj);
       return -EINVAL;
     }
+  json_t *net_limits = NULL; /* egress limits: docs/network.md */
+  if (wrd_net_parse_limits (d, json_object_get (req, "net_limits"), net, &net_limits, err) < 0)
+    {
+      json_decref (netj);
+      return -EINVAL;
+    }
   json_t *out
       = json_pack ("{s:s,s:s,s:I,s:I,s:I,s:I,s:f,s:s}", "backend", backend, "image", image,
                    "memory_mb", (json_int_t)mem, "disk_mb", (json_int_t)disk, "pids_max",
@@ -312,6 +318,8 @@ wrd_parse_create (struct wrd *d, json_t *req, json_t **ret, wr_err_t *err)
   json_object_set_new (out, "qos", json_string (qos));
   json_object_set_new (out, "idle_pause_s", json_integer ((json_int_t)idle_pause));
   json_decref (netj); /* out holds its own copy of the string */
+  if (net_limits)
+    json_object_set_new (out, "net_limits", net_limits);
   if (json_is_string (json_object_get (req, "net_group")))
     json_object_set (out, "net_group", json_object_get (req, "net_group"));
   json_t *env = json_object_get (req, "env"), *labels = json_object_get (req, "labels");
@@ -833,6 +841,7 @@ poolable (json_t *spec)
 {
   return json_array_size (json_object_get (spec, "layers")) == 0
          && json_object_get (spec, "net_group") == NULL
+         && json_object_get (spec, "net_limits") == NULL
          && json_object_size (json_object_get (spec, "env")) == 0
          && json_object_get (spec, "deterministic") == NULL;
 }

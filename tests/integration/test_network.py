@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import time
 
@@ -27,18 +28,15 @@ NET = f"198.18.{PID % 250 + 1}"
 HOST_IP, MIRROR, FORBIDDEN, DNS = f"{NET}.1", f"{NET}.2", f"{NET}.3", f"{NET}.4"
 
 DNS_SERVER = r"""
-import socket, struct, sys
+import socket, struct, sys, threading
 zone = {b"mirror.test": sys.argv[2], b"forbidden.test": sys.argv[3], b"moving.test": sys.argv[4]}
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.bind((sys.argv[1], 53))
 log = open(sys.argv[5], "a", buffering=1)
-while True:
-    m, peer = s.recvfrom(1500)
+def answer(m, how):
     i, labels = 12, []
     while m[i]:
         labels.append(m[i + 1:i + 1 + m[i]]); i += 1 + m[i]
     name, qtype = b".".join(labels).lower(), struct.unpack("!H", m[i + 1:i + 3])[0]
-    log.write(name.decode() + "\n")
+    log.write(how + name.decode() + "\n")
     q = m[12:i + 5]
     if name in zone:
         try:
@@ -48,9 +46,64 @@ while True:
         ans = b""
         if qtype == 1:
             ans = b"\xc0\x0c" + struct.pack("!HHIH", 1, 1, 1, 4) + socket.inet_aton(zone[name])
-        s.sendto(m[:2] + b"\x81\x80" + struct.pack("!HHHH", 1, 1 if ans else 0, 0, 0) + q + ans, peer)
-    else:
-        s.sendto(m[:2] + b"\x81\x83" + struct.pack("!HHHH", 1, 0, 0, 0) + q, peer)
+        return m[:2] + b"\x81\x80" + struct.pack("!HHHH", 1, 1 if ans else 0, 0, 0) + q + ans
+    return m[:2] + b"\x81\x83" + struct.pack("!HHHH", 1, 0, 0, 0) + q
+def tcp_conn(c):  # DNS over TCP: length-prefixed messages
+    f = c.makefile("rb")
+    while True:
+        l = f.read(2)
+        if len(l) < 2:
+            break
+        a = answer(f.read(struct.unpack("!H", l)[0]), "tcp:")
+        c.sendall(struct.pack("!H", len(a)) + a)
+    c.close()
+def tcp():
+    t = socket.socket()
+    t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    t.bind((sys.argv[1], 53))
+    t.listen(16)
+    while True:
+        threading.Thread(target=tcp_conn, args=(t.accept()[0],), daemon=True).start()
+threading.Thread(target=tcp, daemon=True).start()
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], 53))
+while True:
+    m, peer = s.recvfrom(1500)
+    s.sendto(answer(m, ""), peer)
+"""
+
+# The mirror's other ports: 9000 takes TCP connections and holds them open
+# (reading until EOF), 8081 takes HTTP uploads and answers the byte count.
+SINK_SERVER = r"""
+import http.server, socket, sys, threading
+def hold(c):
+    while c.recv(65536):
+        pass
+    c.close()
+def holder():
+    t = socket.socket()
+    t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    t.bind((sys.argv[1], 9000))
+    t.listen(64)
+    while True:
+        threading.Thread(target=hold, args=(t.accept()[0],), daemon=True).start()
+threading.Thread(target=holder, daemon=True).start()
+class Upload(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        n, left = 0, int(self.headers["Content-Length"])
+        while left:
+            b = self.rfile.read(min(left, 65536))
+            if not b:
+                break
+            n, left = n + len(b), left - len(b)
+        out = str(n).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer((sys.argv[1], 8081), Upload).serve_forever()
 """
 
 
@@ -87,9 +140,12 @@ def world(tmp_path_factory):
             ["ip", "netns", "exec", NS, "/usr/bin/python3", "-c", DNS_SERVER, DNS, MIRROR, FORBIDDEN,
              MIRROR, str(tmp / "dnslog"), str(tmp / "moving")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        procs.append(subprocess.Popen(
+            ["ip", "netns", "exec", NS, "/usr/bin/python3", "-c", SINK_SERVER, MIRROR],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
         def up():
-            for addr, port in ((MIRROR, 8080), (FORBIDDEN, 8080)):
+            for addr, port in ((MIRROR, 8080), (FORBIDDEN, 8080), (MIRROR, 8081), (DNS, 53)):
                 try:
                     socket.create_connection((addr, port), timeout=1).close()
                 except OSError:
@@ -510,3 +566,138 @@ def test_build_run_steps_take_the_policy(d, world):
     assert r.status == 400, r
     for ref in ("netbuild:mirror",):
         d.api.raw("DELETE", f"/v1/images/{ref}")
+
+
+def limit_chain(d, sid, which):
+    """the rules of the sandbox's limit chain (l: rate, k: connections)"""
+    slot = int(inspect(d, sid)["net"]["interface"][10:], 16)
+    out = sh("nft", "list", "chain", "inet", nft_table(d), f"{which}{slot}").stdout
+    return [l.strip() for l in out.splitlines()[2:] if l.strip() not in ("", "}")]
+
+
+def test_egress_bandwidth_limit(d):
+    # egress is what the sandbox sends: an upload of 4 MiB at 8000 kbit/s
+    # (1 MB/s; the policer's bucket holds one second of it) takes >= 3 s
+    sid = create(d, f"allow={MIRROR}:8081", net_limits={"egress_kbps": 8000})
+    try:
+        assert inspect(d, sid)["net"]["limits"] == {"egress_kbps": 8000, "connections": 0}
+        r = d.api.sh(sid, "yes abcdefghijklmnopqrstuvwxyz | head -c 4194304 >/tmp/blob; ls -la /tmp/blob")
+        assert "4194304" in r["stdout"], r
+        upload = f"timeout 120 wget -q -O - --post-file /tmp/blob http://{MIRROR}:8081/"
+        t0 = time.monotonic()
+        r = d.api.sh(sid, upload, timeout_s=150)
+        took = time.monotonic() - t0
+        assert r["exit_code"] == 0 and r["stdout"] == str(4 << 20), r
+        assert took >= 2, took
+        assert any("limit rate over 1000000 bytes/second" in l for l in limit_chain(d, sid, "l"))
+        # a PATCH lifts it, in the kernel too
+        r = d.api.raw("PATCH", f"/v1/sandboxes/{sid}", {"net_limits": {"egress_kbps": 0}})
+        assert r.status == 200 and r.json()["net"]["limits"]["egress_kbps"] == 0, r
+        assert limit_chain(d, sid, "l") == []
+        r = d.api.sh(sid, upload, timeout_s=150)
+        assert r["exit_code"] == 0 and r["stdout"] == str(4 << 20), r
+        # and sets it again (CLI), the policy untouched
+        r = d.cli("net", sid, "--net-rate", "8000")
+        assert r.returncode == 0, r
+        t0 = time.monotonic()
+        r = d.api.sh(sid, upload, timeout_s=150)
+        assert r["exit_code"] == 0 and time.monotonic() - t0 >= 2, r
+        assert inspect(d, sid)["network"] == f"allow={MIRROR}:8081"
+        r = d.api.raw("PATCH", f"/v1/sandboxes/{sid}", {"net_limits": {"egress_kbps": -5}})
+        assert r.status == 400, r
+    finally:
+        d.api.delete(sid)
+    r = d.api.raw("POST", "/v1/sandboxes", {"network": "none", "net_limits": {"connections": 4}})
+    assert r.status == 400 and "allow=" in r.json()["error"]["message"], r
+
+
+def established(d, sid, port):
+    """the sandbox's established TCP connections to port"""
+    out = d.api.sh(sid, "cat /proc/net/tcp")["stdout"]
+    return sum(1 for l in out.splitlines()[1:]
+               if l.split()[2].endswith(f":{port:04X}") and l.split()[3] == "01")
+
+
+def test_connection_limit(d):
+    hold = f"(sleep 600 | nc {MIRROR} 9000 >/dev/null 2>&1 &);"
+    one_more = f"timeout 10 nc -w 3 {MIRROR} 9000 </dev/null; echo rc=$?"
+    sid = create(d, f"allow={MIRROR}:9000", net_limits={"connections": 2})
+    try:
+        d.api.sh(sid, hold + hold)
+        wait_for(lambda: established(d, sid, 9000) == 2, what="two connections open")
+        # the third is refused, at once and visibly, and the two stay open
+        r = d.api.sh(sid, one_more)
+        assert "rc=0" not in r["stdout"] and "refused" in r["stdout"] + r["stderr"], r
+        assert established(d, sid, 9000) == 2
+        # a PATCH raises the limit (with none open: connections open at a
+        # change are counted from their next packet, docs/network.md)
+        d.api.sh(sid, "killall nc")
+        wait_for(lambda: established(d, sid, 9000) == 0, what="connections closed")
+        r = d.cli("net", sid, "--net-conns", "3", "--json")
+        assert r.returncode == 0 and json.loads(r.stdout)["net"]["limits"]["connections"] == 3, r
+        d.api.sh(sid, hold + hold + hold)
+        wait_for(lambda: established(d, sid, 9000) == 3, what="three connections open")
+        r = d.api.sh(sid, one_more)
+        assert "rc=0" not in r["stdout"] and "refused" in r["stdout"] + r["stderr"], r
+        # unlimited again
+        assert d.api.raw("PATCH", f"/v1/sandboxes/{sid}",
+                         {"net_limits": {"connections": 0}}).status == 200
+        assert limit_chain(d, sid, "k") == []
+        d.api.sh(sid, hold)
+        wait_for(lambda: established(d, sid, 9000) == 4, what="a fourth connection")
+    finally:
+        d.api.delete(sid)
+
+
+def dns_question(name, qid):
+    q = struct.pack("!HHHHHH", qid, 0x0100, 1, 0, 0, 0)
+    q += b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0"
+    q += struct.pack("!HH", 1, 1)  # A, IN
+    return struct.pack("!H", len(q)) + q
+
+
+def dns_over_tcp(d, sid, names):
+    """[(rcode, [A records])] for names asked in one TCP connection to the
+    sandbox's resolver (its gateway), from inside the sandbox"""
+    gw = inspect(d, sid)["net"]["gateway"]
+    q = b"".join(dns_question(n, 0x4000 + i) for i, n in enumerate(names))
+    r = d.api.raw("PUT", f"/v1/sandboxes/{sid}/files?path=/q.bin", q)
+    assert r.status in (200, 201, 204), r
+    # busybox nc ends at the end of its input: hold it open for the answers
+    d.api.sh(sid, f"(cat /q.bin; sleep 3) | timeout 20 nc {gw} 53 >/a.bin", timeout_s=40)
+    a = d.api.raw("GET", f"/v1/sandboxes/{sid}/files?path=/a.bin").body
+    out = []
+    while len(a) >= 2:
+        n = struct.unpack("!H", a[:2])[0]
+        m, a = a[2:2 + n], a[2 + n:]
+        addrs = [socket.inet_ntoa(m[i + 12:i + 16]) for i in range(12, len(m) - 15)
+                 if m[i:i + 4] == b"\xc0\x0c\x00\x01"]
+        out.append((m[3] & 0xf, addrs))
+    return out
+
+
+def test_dns_over_tcp(d, world):
+    sid = create(d, "allow=mirror.test:8080")
+    other = create(d, "allow=")
+    try:
+        gw = inspect(d, sid)["net"]["gateway"]
+        got = dns_over_tcp(d, sid, ["mirror.test", "forbidden.test", "tcp-exfil.example.com"])
+        assert got == [(0, [MIRROR]), (3, []), (3, [])], got
+        asked = (world / "dnslog").read_text()
+        assert "tcp:mirror.test" in asked
+        assert "tcp:forbidden.test" not in asked and "tcp-exfil" not in asked
+        # the answer's address is in the policy, as over UDP
+        assert fetch(d, sid, "http://mirror.test:8080/")[0] == 0
+        # another sandbox cannot reach this one's resolver
+        assert not can_reach(d, other, gw, 53)
+        # bounded: connections beyond the resolver's per-sandbox limit are
+        # closed unanswered; once the idle ones go, it answers again
+        d.api.sh(sid, f"(sleep 600 | nc {gw} 53 >/dev/null 2>&1 &);" * 12)
+        wait_for(lambda: established(d, sid, 53) == 8, what="the resolver's 8 connections")
+        assert dns_over_tcp(d, sid, ["forbidden.test"]) == []
+        d.api.sh(sid, "killall nc")
+        wait_for(lambda: dns_over_tcp(d, sid, ["forbidden.test"]) == [(3, [])],
+                 what="the resolver answers again")
+    finally:
+        d.api.delete(sid)
+        d.api.delete(other)
