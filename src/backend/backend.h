@@ -36,6 +36,11 @@ struct wr_cgroups
   bool v2_limits;     /* memory/pids/cpu live in v2 (WR_CG_V2) */
   char v2_path[256];
   char v1_path[WR_V1_N][256];
+  /* best-effort sandboxes' cpu groups live under <parent>.best-effort, a
+   * sibling of the parent that is idle at the top level (cgroup.c, "CPU
+   * QoS"): in the v1 cpu hierarchy, or the whole v2 tree when cpu is there */
+  int be_v2_fd, be_cpu_fd; /* -1 if unused */
+  char be_v2_path[256], be_cpu_path[256];
   /* What sandbox cgroups must be created for a layout (for destroy + stats). */
 };
 

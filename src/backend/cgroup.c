@@ -80,12 +80,40 @@ open_parent (const char *mnt, const char *name, char path[256], wr_err_t *err)
   return fd;
 }
 
+static int set_qos (int dfd, bool v2, bool best_effort, wr_err_t *err);
+
+/* CPU QoS (docs/performance.md, "CPU QoS"): best-effort sandboxes' cpu
+ * groups go under NAME.best-effort, a sibling of the parent made an idle
+ * entity (cpu.idle 1; cpu.weight 1 / cpu.shares 2 without it). Under the
+ * parent, next to the latency sandboxes, the burners' CPU time was charged
+ * to the parent's own entity at the top level: once they had used the
+ * parent's fair share there, a latency sandbox's wakeup waited behind every
+ * other runnable task on the host, tens of ms (perf sched: the latency
+ * agent runnable for 58 ms while the CPU went to burners and a host task in
+ * turns). An idle top-level entity is preempted by any wakeup at that level
+ * and the latency parent keeps none of its debt. */
+static int
+be_parent (const char *mnt, const char *name, bool v2, char path[256], wr_err_t *err)
+{
+  char be[128];
+  snprintf (be, sizeof be, "%s.best-effort", name);
+  _cleanup_close_ int fd = open_parent (mnt, be, path, err);
+  if (fd < 0)
+    return fd;
+  int r;
+  if (v2 && (r = wr_write_file_at (fd, "cgroup.subtree_control", "+memory +pids +cpu")) < 0)
+    return wr_error (err, -r, WR_E_INTERNAL, "enable controllers in %s", path);
+  if ((r = set_qos (fd, v2, true, err)) < 0)
+    return r;
+  return TAKE_FD (fd);
+}
+
 int
 wr_cg_init (struct wr_cgroups *cg, const char *name, wr_err_t *err)
 {
   char v2[256] = "", v1[WR_V1_N][256] = { { 0 } };
   memset (cg, 0, sizeof *cg);
-  cg->v2_fd = -1;
+  cg->v2_fd = cg->be_v2_fd = cg->be_cpu_fd = -1;
   for (int i = 0; i < WR_V1_N; i++)
     cg->v1_fd[i] = -1;
   int r = parse_mountinfo (v2, v1, err);
@@ -145,6 +173,18 @@ wr_cg_init (struct wr_cgroups *cg, const char *name, wr_err_t *err)
           return r;
         cg->v1_fd[i] = r;
       }
+  if (cg->v2_limits)
+    {
+      if ((r = be_parent (v2, name, true, cg->be_v2_path, err)) < 0)
+        return r;
+      cg->be_v2_fd = r;
+    }
+  else if (cg->v1_fd[WR_V1_CPU] >= 0)
+    {
+      if ((r = be_parent (v1[WR_V1_CPU], name, false, cg->be_cpu_path, err)) < 0)
+        return r;
+      cg->be_cpu_fd = r;
+    }
   return 0;
 }
 
@@ -152,6 +192,15 @@ void
 wr_cg_fini (struct wr_cgroups *cg)
 {
   /* Remove the empty `warren` parents; fails harmlessly while sandboxes live. */
+  int *be_fd[] = { &cg->be_v2_fd, &cg->be_cpu_fd };
+  const char *be_path[] = { cg->be_v2_path, cg->be_cpu_path };
+  for (size_t i = 0; i < WR_ARRAY_SIZE (be_fd); i++)
+    if (*be_fd[i] >= 0)
+      {
+        close (*be_fd[i]);
+        rmdir (be_path[i]);
+        *be_fd[i] = -1;
+      }
   if (cg->v2_fd >= 0)
     {
       close (cg->v2_fd);
@@ -202,10 +251,11 @@ knob (int dfd, const char *name, const char *val, wr_err_t *err)
 }
 
 /* CPU QoS (docs/performance.md, "CPU QoS"): a best-effort sandbox's group
- * is an idle entity (cpu.idle, kernel >= 5.15, v1 and v2), or where the
- * kernel lacks it the lowest weight (cpu.weight 1, cpu.shares 2). Always
- * written, so a reused cgroup never keeps another sandbox's class. The
- * kernel refuses a weight while the group is idle: idle goes first. */
+ * (and the parent of them all, be_parent) is an idle entity (cpu.idle,
+ * kernel >= 5.15, v1 and v2), or where the kernel lacks it the lowest
+ * weight (cpu.weight 1, cpu.shares 2). Always written, so a reused cgroup
+ * never keeps another sandbox's class. The kernel refuses a weight while
+ * the group is idle: idle goes first. */
 static int
 set_qos (int dfd, bool v2, bool best_effort, wr_err_t *err)
 {
@@ -243,22 +293,25 @@ wr_cg_create (struct wr_cgroups *cg, const char *id, const struct wr_cg_limits *
   s->v2_fd = -1;
   for (int i = 0; i < WR_V1_N; i++)
     s->v1_fd[i] = -1;
+  bool be_v2 = lim->best_effort && cg->be_v2_fd >= 0;
   if (cg->v2_fd >= 0)
     {
-      r = mk_open (cg->v2_fd, id, true);
+      r = mk_open (be_v2 ? cg->be_v2_fd : cg->v2_fd, id, true);
       if (r < -1)
-        return wr_error (err, -(r + 1000000), WR_E_INTERNAL, "cgroup %s/%s", cg->v2_path, id);
+        return wr_error (err, -(r + 1000000), WR_E_INTERNAL, "cgroup %s/%s",
+                         be_v2 ? cg->be_v2_path : cg->v2_path, id);
       s->v2_fd = r;
     }
   for (int i = 0; i < WR_V1_N; i++)
     if (cg->v1_fd[i] >= 0)
       {
-        r = mk_open (cg->v1_fd[i], id, true);
+        bool be = i == WR_V1_CPU && lim->best_effort && cg->be_cpu_fd >= 0;
+        r = mk_open (be ? cg->be_cpu_fd : cg->v1_fd[i], id, true);
         if (r < -1)
           {
             wr_cg_sandbox_close (s);
-            return wr_error (err, -(r + 1000000), WR_E_INTERNAL, "cgroup %s/%s", cg->v1_path[i],
-                             id);
+            return wr_error (err, -(r + 1000000), WR_E_INTERNAL, "cgroup %s/%s",
+                             be ? cg->be_cpu_path : cg->v1_path[i], id);
           }
         s->v1_fd[i] = r;
       }
@@ -328,13 +381,18 @@ int
 wr_cg_open (struct wr_cgroups *cg, const char *id, struct wr_cg_sandbox *s)
 {
   int n = 0;
+  /* a best-effort sandbox's group is under the idle sibling (wr_cg_init) */
   s->v2_fd = mk_open (cg->v2_fd, id, false);
+  if (s->v2_fd < 0)
+    s->v2_fd = mk_open (cg->be_v2_fd, id, false);
   if (s->v2_fd < -1)
     s->v2_fd = -1;
   n += s->v2_fd >= 0;
   for (int i = 0; i < WR_V1_N; i++)
     {
       s->v1_fd[i] = mk_open (cg->v1_fd[i], id, false);
+      if (s->v1_fd[i] < 0 && i == WR_V1_CPU)
+        s->v1_fd[i] = mk_open (cg->be_cpu_fd, id, false);
       if (s->v1_fd[i] < -1)
         s->v1_fd[i] = -1;
       n += s->v1_fd[i] >= 0;
@@ -672,10 +730,15 @@ wr_cg_stats (struct wr_cgroups *cg, struct wr_cg_sandbox *s, struct wr_container
 int
 wr_cg_remove (struct wr_cgroups *cg, const char *id, wr_err_t *err)
 {
-  int fds[1 + WR_V1_N];
-  fds[0] = cg->v2_fd;
+  /* v2 parents first (they may hold the agent's per-exec children), then
+   * v1; either QoS class (wr_cg_init) */
+  int fds[3 + WR_V1_N];
+  const char *paths[3 + WR_V1_N];
+  fds[0] = cg->v2_fd, paths[0] = cg->v2_path;
+  fds[1] = cg->be_v2_fd, paths[1] = cg->be_v2_path;
+  fds[2] = cg->be_cpu_fd, paths[2] = cg->be_cpu_path;
   for (int i = 0; i < WR_V1_N; i++)
-    fds[1 + i] = cg->v1_fd[i];
+    fds[3 + i] = cg->v1_fd[i], paths[3 + i] = cg->v1_path[i];
   int ret = 0;
   for (size_t i = 0; i < WR_ARRAY_SIZE (fds); i++)
     {
@@ -684,14 +747,13 @@ wr_cg_remove (struct wr_cgroups *cg, const char *id, wr_err_t *err)
       /* EBUSY while the last exiting task is still being released */
       for (long delay = 50, waited = 0;; delay *= 2)
         {
-          if (i == 0)
+          if (i < 2)
             remove_children (fds[i], id);
           if (unlinkat (fds[i], id, AT_REMOVEDIR) == 0 || errno == ENOENT)
             break;
           if (errno != EBUSY || waited > 2000000)
             {
-              ret = wr_sys_error (err, "rmdir cgroup %s/%s", i ? cg->v1_path[i - 1] : cg->v2_path,
-                                  id);
+              ret = wr_sys_error (err, "rmdir cgroup %s/%s", paths[i], id);
               break;
             }
           pause_us (delay);

@@ -359,7 +359,7 @@ wr_runtime_new (const struct wr_runtime_config *cfg, struct wr_runtime **ret, wr
   if (rt == NULL)
     return wr_error (err, ENOMEM, WR_E_INTERNAL, "runtime");
   rt->agent_fd = -1;
-  rt->cg.v2_fd = -1;
+  rt->cg.v2_fd = rt->cg.be_v2_fd = rt->cg.be_cpu_fd = -1;
   for (int i = 0; i < WR_V1_N; i++)
     rt->cg.v1_fd[i] = -1;
   pthread_mutex_init (&rt->lock, NULL);

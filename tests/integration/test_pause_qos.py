@@ -358,6 +358,73 @@ def test_best_effort_sandbox_yields(daemon):
         api.delete(lat)
 
 
+def cpu_root():
+    return "/sys/fs/cgroup/cpu" if os.path.isdir("/sys/fs/cgroup/cpu") else "/sys/fs/cgroup"
+
+
+def cpu_ancestry(pid):
+    """The cpu cgroup dirs of a host pid from the top level down to its own."""
+    g = cpu_cgroup_dir(pid)
+    assert g, f"no cpu cgroup for {pid}"
+    parts = [p for p in g[len(cpu_root()):].split("/") if p]
+    return [os.path.join(cpu_root(), *parts[:k]) for k in range(1, len(parts) + 1)]
+
+
+def idle_group(d):
+    """cpu.idle 1, or where the kernel lacks it the least weight."""
+    def read(k):
+        p = os.path.join(d, k)
+        return open(p).read().strip() if os.path.exists(p) else None
+    if read("cpu.idle") is not None:
+        return read("cpu.idle") == "1"
+    return read("cpu.shares") == "2" or read("cpu.weight") == "1"
+
+
+def test_best_effort_groups_under_an_idle_top_level_parent(rootfs):
+    """The structure CPU QoS rests on (docs/performance.md "CPU QoS"): a
+    best-effort sandbox's cpu group is under the daemon's idle top-level
+    parent NAME.best-effort, so its CPU time is never charged to an entity
+    the latency sandboxes or the daemon share; nothing above a latency
+    sandbox's agent or the daemon's threads is idle; the parent goes with
+    the daemon."""
+    d = start_daemon(rootfs)
+    be_parent = None
+    try:
+        api = d.api
+        be = api.create(qos="best-effort")
+        lat = api.create()
+        bpid = api.raw("GET", f"/v1/sandboxes/{be}").json()["pid"]
+        lpid = api.raw("GET", f"/v1/sandboxes/{lat}").json()["pid"]
+        bup, lup = cpu_ancestry(bpid), cpu_ancestry(lpid)
+        # the latency sandbox: NAME/<id>; the best-effort one: NAME.best-effort/<id>
+        assert os.path.basename(lup[-1]) == lat and len(lup) >= 2, lup
+        assert os.path.basename(bup[-1]) == be, bup
+        be_parent = bup[-2]
+        assert be_parent == lup[-2] + ".best-effort", (bup, lup)
+        assert idle_group(be_parent), be_parent
+        assert idle_group(bup[-1]) and sched_policy(bpid) == SCHED_IDLE
+        # no idle group above the latency agent or any of the daemon's threads
+        assert not any(idle_group(g) for g in lup), lup
+        for tid in os.listdir(f"/proc/{d.proc.pid}/task"):
+            assert not any(idle_group(g) for g in cpu_ancestry(int(tid))), tid
+            assert sched_policy(int(tid)) == SCHED_OTHER
+        # a restarted daemon finds the sandbox in the idle parent (adoption
+        # opens its cgroups) and removes its group on delete
+        api.sh(be, "echo kept > /tmp/f")
+        d.kill9()
+        d.start()
+        assert api.sh(be, "cat /tmp/f")["stdout"] == "kept\n"
+        assert cpu_ancestry(bpid) == bup
+        assert api.delete(be).status == 204 and api.delete(lat).status == 204
+        wait_for(lambda: not os.path.exists(bup[-1]), what="the best-effort group removed")
+    finally:
+        d.stop()
+        shutil.rmtree(d.root, ignore_errors=True)
+    # the idle parent goes with the daemon, like its latency sibling
+    assert be_parent and not os.path.exists(be_parent), be_parent
+    assert not os.path.exists(be_parent[: -len(".best-effort")])
+
+
 def test_cli_create_flags(daemon):
     import json
     r = daemon.cli("create", "--qos", "best-effort", "--idle-pause", "600", "--json", check=True)
