@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 #include <netinet/in.h>
@@ -42,16 +43,19 @@
 #include "common/httpd.h"
 #include "common/util.h"
 #include "daemon/compat_e2b.h"
+#include "daemon/fncall.h"
 #include "daemon/log.h"
 
 #define SF_DEFAULT_IMAGE "base:bookworm"
 #define SF_DEFAULT_MEMORY_MB 1024 /* memory_limit_MB <= 0: SandboxFusion's "no limit" */
 #define SF_OUT_CAP (16u << 20)
-#define SF_MAX_BODY (16u << 20)
-/* fncall reads call bodies up to 1 MiB: files + artifacts + stdin, base64 */
-#define SF_MAX_STAGE_INPUT (700u << 10)
+/* A request's body (code, files in base64, stdin). A stage's inputs reach
+ * its call staged in-process (wrd_fncall_stage), not in the call's JSON
+ * body, so this is the only input limit. */
+#define SF_MAX_BODY (64u << 20)
 #define SF_MAX_TIMEOUT_S 3600.0
-#define SF_FETCH_SLACK_S 10.0 /* unpacking and packing around a fetch-mode run */
+#define SF_TOO_LARGE "X-Warren-Body-Too-Large" /* see sf_filter_in */
+#define SF_FETCH_SLACK_S 10.0                  /* unpacking and packing around a fetch-mode run */
 #define SF_JUPYTER_MARK "\x1eWR-JUPYTER-RESULT\x1e"
 
 /* Per language: source file, compile command (NULL: interpreted), run
@@ -72,12 +76,9 @@ static const struct sf_lang langs[] = {
   { "cpp", "main.cpp", "g++ -std=c++17 main.cpp -o test -lpthread", "./test", "test", false },
   { "perl", "main.pl", NULL, "perl main.pl", NULL, false },
   { "nodejs", "main.js", NULL, "node main.js", NULL, false },
-  /* a Go binary (2 MB for hello world) does not fit a stage's input: the
-   * compile stage checks, the run stage builds again (the std library comes
-   * precompiled with bookworm's Go 1.19: a fraction of a second) */
-  { "go", "main.go", "go build -o /dev/null main.go",
-    "sh -c 'go build -o out main.go && exec ./out'", "main.go", false },
-  /* unstripped, hello world (4 MB) exceeds a stage's 700 KiB input */
+  { "go", "main.go", "go build -o out main.go", "./out", "out", false },
+  /* stripped: a 4 MB unstripped hello world travels twice (out of the
+   * compile stage, into the run stage) for nothing */
   { "rust", "main.rs", "rustc -C strip=symbols main.rs -o test", "./test", "test", false },
   /* the call's address-space limit (memory_mb) leaves G1's reservations
    * and the default 1 GB class space no room for a thread stack: the JVM
@@ -152,8 +153,9 @@ struct sf_req
   unsigned memory_mb;
   enum sf_stage stage;
   json_t *compile_result, *run_result, *out_files;
-  struct bufferevent *bev; /* the loopback call in flight */
-  struct event *hangup;    /* the client's socket closed (EV_CLOSED) */
+  char in_ref[WRD_FNCALL_REF_LEN + 1]; /* the stage input staged for the call in flight */
+  struct bufferevent *bev;             /* the loopback call in flight */
+  struct event *hangup;                /* the client's socket closed (EV_CLOSED) */
 };
 
 /* ---- small helpers ---- */
@@ -398,6 +400,7 @@ req_free (struct sf_req *r)
     bufferevent_free (r->bev);
   if (r->hangup)
     event_free (r->hangup);
+  wrd_fncall_unstage (r->s->d, r->in_ref); /* if its call never took it */
   json_decref (r->code);
   json_decref (r->cells);
   json_decref (r->fetch);
@@ -580,11 +583,27 @@ call_body (struct sf_req *r, double timeout_s)
                     (json_int_t)SF_OUT_CAP);
 }
 
-/* A stage's inputs as the tar its shell unpacks (base64 into "stdin"). */
+/* data (malloc'd, taken) becomes the stdin of the call posted next: staged
+ * in-process and named by "stdin_ref" in the call's body. */
+static int
+stage_stdin (struct sf_req *r, json_t *body, char *data, size_t len)
+{
+  wr_err_t err;
+  wrd_fncall_unstage (r->s->d, r->in_ref);
+  r->in_ref[0] = '\0';
+  if (wrd_fncall_stage (r->s->d, data, len, r->in_ref, &err) < 0)
+    return -ENOMEM;
+  json_object_set_new (body, "stdin_ref", json_string (r->in_ref));
+  return 0;
+}
+
+/* A stage's inputs as the tar its shell unpacks (its stdin). */
 static int
 set_stage_input (struct sf_req *r, json_t *body, bool with_run_inputs)
 {
   struct evbuffer *b = evbuffer_new ();
+  if (b == NULL)
+    return -ENOMEM;
   for (size_t i = 0; i < r->files.n; i++)
     tar_add (b, r->files.v[i].name, r->files.v[i].data, r->files.v[i].len, 0644);
   tar_add (b, r->lang->src, json_string_value (r->code), json_string_length (r->code), 0644);
@@ -609,36 +628,22 @@ set_stage_input (struct sf_req *r, json_t *body, bool with_run_inputs)
   static const char zero[1024];
   evbuffer_add (b, zero, sizeof zero);
   size_t n = evbuffer_get_length (b);
-  int rc = 0;
-  if (n > SF_MAX_STAGE_INPUT)
-    rc = -E2BIG;
-  else
-    {
-      char *enc = malloc (wr_b64_encoded_len (n) + 1);
-      if (enc == NULL)
-        rc = -ENOMEM;
-      else
-        {
-          wr_b64_encode (evbuffer_pullup (b, -1), n, enc);
-          json_object_set_new (body, "stdin", json_string (enc));
-          json_object_set_new (body, "stdin_encoding", json_string ("base64"));
-          free (enc);
-        }
-    }
+  char *data = malloc (n);
+  int rc = data && evbuffer_remove (b, data, n) == (int)n ? 0 : -ENOMEM;
   evbuffer_free (b);
-  return rc;
+  if (rc < 0)
+    {
+      free (data);
+      return rc;
+    }
+  return stage_stdin (r, body, data, n);
 }
 
 static void
 stage_start_failed (struct sf_req *r, int rc)
 {
   char msg[200];
-  if (rc == -E2BIG)
-    snprintf (msg, sizeof msg,
-              "files, code, stdin and build artifacts exceed %u KiB for one stage on Warren",
-              SF_MAX_STAGE_INPUT >> 10);
-  else
-    snprintf (msg, sizeof msg, "cannot reach the node's fncall API: %s", strerror (-rc));
+  snprintf (msg, sizeof msg, "cannot reach the node's fncall API: %s", strerror (-rc));
   reply_sandbox_error (r, msg);
 }
 
@@ -808,7 +813,7 @@ stage_done (struct sf_req *r, int http_status, json_t *res, const char *errmsg)
 
 static const char jupyter_driver[]
     = "import ast, base64, io, json, os, sys, traceback\n"
-      "R = json.loads(base64.b64decode(PAYLOAD))\n"
+      "R = json.loads(b''.join(iter(lambda: os.read(0, 1 << 20), b'')))\n"
       "for p, c in R['files'].items():\n"
       "    if os.path.dirname(p):\n"
       "        os.makedirs(os.path.dirname(p), exist_ok=True)\n"
@@ -894,30 +899,15 @@ jupyter_start (struct sf_req *r, double total_timeout, json_t *files_b64)
       = json_pack ("{s:O,s:O,s:O}", "cells", r->cells, "files", files_b64, "fetch", r->fetch);
   char *text = json_dumps (payload, JSON_COMPACT);
   json_decref (payload);
-  size_t n = text ? strlen (text) : 0;
-  char *enc = text ? malloc (wr_b64_encoded_len (n) + 1) : NULL;
-  if (enc == NULL || n > SF_MAX_STAGE_INPUT)
-    {
-      free (text);
-      free (enc);
-      stage_start_failed (r, enc ? -E2BIG : -ENOMEM);
-      return;
-    }
-  wr_b64_encode (text, n, enc);
-  free (text);
-  struct evbuffer *code = evbuffer_new ();
-  const char *at = strstr (jupyter_driver, "PAYLOAD");
-  evbuffer_add (code, jupyter_driver, (size_t)(at - jupyter_driver));
-  evbuffer_add_printf (code, "'%s'", enc);
-  evbuffer_add (code, at + 7, strlen (at + 7));
-  free (enc);
   json_t *body = call_body (r, total_timeout);
   json_object_set_new (body, "lang", json_string ("python"));
-  json_object_set_new (
-      body, "code",
-      json_stringn ((const char *)evbuffer_pullup (code, -1), evbuffer_get_length (code)));
-  evbuffer_free (code);
-  int rc = loop_call (r, body);
+  json_object_set_new (body, "code", json_string (jupyter_driver));
+  /* the cells and files reach the driver on its stdin */
+  int rc = text ? stage_stdin (r, body, text, strlen (text)) : -ENOMEM;
+  if (rc == 0)
+    rc = loop_call (r, body);
+  else
+    json_decref (body);
   if (rc < 0)
     stage_start_failed (r, rc);
 }
@@ -1126,9 +1116,18 @@ handle_run_code (struct sf *s, struct sf_req *r, json_t *body)
       json_t *b = call_body (r, r->run_timeout);
       json_object_set_new (b, "lang", json_string ("python"));
       json_object_set (b, "code", r->code);
-      if (r->in)
-        json_object_set_new (b, "stdin", sf_string (r->in, r->in_len));
-      int rc = loop_call (r, b);
+      int rc = 0;
+      if (r->in_len)
+        {
+          char *copy = malloc (r->in_len);
+          if (copy)
+            memcpy (copy, r->in, r->in_len);
+          rc = copy ? stage_stdin (r, b, copy, r->in_len) : -ENOMEM;
+        }
+      if (rc == 0)
+        rc = loop_call (r, b);
+      else
+        json_decref (b);
       if (rc < 0)
         stage_start_failed (r, rc);
       return;
@@ -1189,6 +1188,19 @@ sf_route (struct evhttp_request *req, void *arg)
   size_t plen = strcspn (uri, "?#");
   enum evhttp_cmd_type cmd = evhttp_request_get_command (req);
 #define PATH_IS(p) (plen == sizeof (p) - 1 && strncmp (uri, p, plen) == 0)
+  /* a body over the limit (sf_filter_in): SandboxFusion's shape, E2B's code */
+  const char *too_large = evhttp_find_header (evhttp_request_get_input_headers (req), SF_TOO_LARGE);
+  if (too_large)
+    {
+      char msg[200];
+      snprintf (msg, sizeof msg, "the request body (%s bytes) is over Warren's %u MiB limit",
+                too_large, SF_MAX_BODY >> 20);
+      sf_reply (req, 413,
+                json_pack ("{s:i,s:s,s:s,s:n,s:n,s:n,s:{}}", "code", 413, "status", "SandboxError",
+                           "message", msg, "compile_result", "run_result", "executor_pod_name",
+                           "files"));
+      return;
+    }
   if (PATH_IS ("/v1/ping") || PATH_IS ("/run_code") || PATH_IS ("/run_jupyter"))
     {
       bool ping = PATH_IS ("/v1/ping");
@@ -1279,6 +1291,190 @@ normalize_spec (const char *spec, char *out, size_t len, wr_err_t *err)
   return 0;
 }
 
+/* ---- bodies over SF_MAX_BODY ----
+ *
+ * evhttp answers a body over its limit with an HTML 413 and closes while
+ * the client may still be sending (a reset). A filter under evhttp follows
+ * the requests of each connection instead: the headers of one whose
+ * Content-Length is over the limit are replaced, once its body has been
+ * read and dropped, by a bodiless request that carries the length in
+ * SF_TOO_LARGE, and sf_route answers that in SandboxFusion's shape. */
+
+enum sf_conn_state
+{
+  SC_HEAD,  /* a request's header block, not complete yet */
+  SC_BODY,  /* passing `left` body bytes to evhttp */
+  SC_DRAIN, /* dropping `left` body bytes of a request over the limit */
+  SC_PASS,  /* chunked or unparsable: evhttp's own limits from here on */
+};
+
+struct sf_conn
+{
+  enum sf_conn_state state;
+  uint64_t left, too_large;
+  size_t scanned;
+  char path[128];
+  struct bufferevent *bev; /* the filter, evhttp's side */
+  struct event *kick;      /* flushes its output (sf_kick_cb) */
+};
+
+/* The header block's end in buf[0..n), or 0; its Content-Length (-1: none)
+ * and whether it is chunked; the request line's path. */
+static size_t
+head_parse (struct sf_conn *t, const char *buf, size_t n, long long *ret_len, bool *ret_chunked)
+{
+  size_t end = 0;
+  for (size_t i = t->scanned > 3 ? t->scanned - 3 : 0; i + 1 < n && end == 0; i++)
+    if (buf[i] == '\n'
+        && (buf[i + 1] == '\n' || (buf[i + 1] == '\r' && i + 2 < n && buf[i + 2] == '\n')))
+      end = i + (buf[i + 1] == '\n' ? 2 : 3);
+  if (end == 0)
+    {
+      t->scanned = n;
+      return 0;
+    }
+  *ret_len = -1;
+  *ret_chunked = false;
+  const char *sp = memchr (buf, ' ', end),
+             *sp2 = sp ? memchr (sp + 1, ' ', end - (size_t)(sp + 1 - buf)) : NULL;
+  if (sp && sp2)
+    snprintf (t->path, sizeof t->path, "%.*s", (int)(sp2 - sp - 1), sp + 1);
+  for (const char *p = memchr (buf, '\n', end); p && (size_t)(p - buf) + 1 < end;
+       p = memchr (p + 1, '\n', end - (size_t)(p + 1 - buf)))
+    {
+      const char *h = p + 1;
+      size_t room = end - (size_t)(h - buf);
+      if (room > 15 && strncasecmp (h, "content-length:", 15) == 0)
+        *ret_len = strtoll (h + 15, NULL, 10);
+      else if (room > 18 && strncasecmp (h, "transfer-encoding:", 18) == 0)
+        *ret_chunked = true;
+    }
+  t->scanned = 0;
+  return end;
+}
+
+static enum bufferevent_filter_result
+sf_filter_in (struct evbuffer *src, struct evbuffer *dst, ev_ssize_t lim WR_UNUSED,
+              enum bufferevent_flush_mode mode WR_UNUSED, void *arg)
+{
+  struct sf_conn *t = arg;
+  for (;;)
+    {
+      size_t len = evbuffer_get_length (src), k;
+      if (len == 0)
+        return BEV_OK;
+      switch (t->state)
+        {
+        case SC_PASS:
+          evbuffer_remove_buffer (src, dst, len);
+          return BEV_OK;
+        case SC_BODY:
+        case SC_DRAIN:
+          k = len < t->left ? len : (size_t)t->left;
+          if (t->state == SC_BODY)
+            evbuffer_remove_buffer (src, dst, k);
+          else
+            evbuffer_drain (src, k);
+          t->left -= k;
+          if (t->left == 0 && t->state == SC_DRAIN)
+            {
+              /* not "Connection: close": evhttp would free the connection
+               * once its answer reached the socket's buffer, before it was
+               * sent; the client closes after reading it */
+              evbuffer_add_printf (dst,
+                                   "POST %s HTTP/1.1\r\nHost: warren\r\n" SF_TOO_LARGE
+                                   ": %llu\r\nContent-Length: 0\r\n\r\n",
+                                   t->path, (unsigned long long)t->too_large);
+              t->state = SC_HEAD;
+            }
+          else if (t->left == 0)
+            t->state = SC_HEAD;
+          continue;
+        case SC_HEAD:
+          break;
+        }
+      size_t n = len < WR_HTTPD_HEADER_MAX ? len : WR_HTTPD_HEADER_MAX;
+      const char *buf = (const char *)evbuffer_pullup (src, (ev_ssize_t)n);
+      long long cl;
+      bool chunked;
+      size_t end = head_parse (t, buf, n, &cl, &chunked);
+      if (end == 0 && len < WR_HTTPD_HEADER_MAX)
+        return BEV_NEED_MORE;
+      if (end == 0 || chunked || strchr (t->path, '\r'))
+        {
+          t->state = SC_PASS; /* evhttp refuses or bounds it */
+          continue;
+        }
+      if (cl > (long long)SF_MAX_BODY)
+        {
+          evbuffer_drain (src, end);
+          t->state = SC_DRAIN;
+          t->left = t->too_large = (uint64_t)cl;
+          continue;
+        }
+      evbuffer_remove_buffer (src, dst, end);
+      if (cl > 0)
+        {
+          t->state = SC_BODY;
+          t->left = (uint64_t)cl;
+        }
+    }
+}
+
+/* libevent 2.1's filter moves output to the socket only when it is added
+ * while writing is enabled, and evhttp adds a reply before it enables
+ * writing: flush on the next loop turn (common/httpd.c does the same). */
+static void
+sf_kick_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
+{
+  struct sf_conn *t = arg;
+  bufferevent_data_cb rcb, wcb;
+  bufferevent_event_cb ecb = NULL;
+  void *cbarg;
+  bufferevent_getcb (t->bev, &rcb, &wcb, &ecb, &cbarg);
+  if (ecb) /* evhttp is not freeing the connection */
+    bufferevent_flush (t->bev, EV_WRITE, BEV_NORMAL);
+}
+
+static void
+sf_out_cb (struct evbuffer *b WR_UNUSED, const struct evbuffer_cb_info *info, void *arg)
+{
+  struct sf_conn *t = arg;
+  if (info->n_added)
+    event_active (t->kick, EV_TIMEOUT, 0);
+}
+
+static void
+sf_conn_free (void *arg)
+{
+  struct sf_conn *t = arg;
+  event_free (t->kick);
+  free (t);
+}
+
+static struct bufferevent *
+sf_bev_cb (struct event_base *base, void *arg WR_UNUSED)
+{
+  struct sf_conn *t = calloc (1, sizeof *t);
+  struct bufferevent *u = t ? bufferevent_socket_new (base, -1, BEV_OPT_CLOSE_ON_FREE) : NULL;
+  if (u)
+    t->kick = event_new (base, -1, 0, sf_kick_cb, t);
+  if (t && t->kick)
+    t->bev = bufferevent_filter_new (
+        u, sf_filter_in, NULL, BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS, sf_conn_free, t);
+  if (t == NULL || t->bev == NULL)
+    {
+      if (u)
+        bufferevent_free (u);
+      if (t && t->kick)
+        event_free (t->kick);
+      free (t);
+      return NULL;
+    }
+  evbuffer_add_cb (bufferevent_get_output (t->bev), sf_out_cb, t);
+  return t->bev;
+}
+
 /* Without a token: a plain evhttp on our own socket (a deep backlog for
  * bursts), with the daemon's setup calls. */
 static int
@@ -1289,6 +1485,7 @@ listen_open (struct sf *s, const char *spec, wr_err_t *err)
     return wr_error (err, ENOMEM, WR_E_INTERNAL, "evhttp_new");
   evhttp_set_gencb (s->http, sf_route, s);
   evhttp_set_max_body_size (s->http, SF_MAX_BODY);
+  evhttp_set_bevcb (s->http, sf_bev_cb, s);
   evhttp_set_max_headers_size (s->http, WR_HTTPD_HEADER_MAX);
   evhttp_set_allowed_methods (s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD
                                            | EVHTTP_REQ_DELETE | EVHTTP_REQ_PUT);

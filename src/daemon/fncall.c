@@ -130,9 +130,20 @@ struct fn_call
   struct fn_call *qnext;
 };
 
+/* A call's stdin staged in-process (wrd_fncall_stage): named by a random
+ * ref, taken by the one call whose body says "stdin_ref". */
+struct fn_staged
+{
+  char ref[WRD_FNCALL_REF_LEN + 1];
+  char *data;
+  size_t len;
+  struct fn_staged *next;
+};
+
 struct wrd_fncall
 {
   struct wrd_fncall_config cfg;
+  struct fn_staged *staged;
   char *zygote; /* script text, NULL when not found */
   char zygote_path[PATH_MAX];
   char preload[512];
@@ -1060,6 +1071,80 @@ env_array (struct wrd *d, json_t *req_env, json_t **ret, wr_err_t *err)
   return 0;
 }
 
+/* ---- staged stdin ---- */
+
+int
+wrd_fncall_stage (struct wrd *d, char *data, size_t len, char ret_ref[WRD_FNCALL_REF_LEN + 1],
+                  wr_err_t *err)
+{
+  struct wrd_fncall *f = d->fncall;
+  struct fn_staged *st = f ? calloc (1, sizeof *st) : NULL;
+  if (st == NULL)
+    {
+      free (data);
+      return f ? wr_error (err, ENOMEM, WR_E_INTERNAL, "staged stdin")
+               : wr_error (err, 0, WR_E_UNSUPPORTED, "fncall is not enabled on this node");
+    }
+  if (wr_random_hex (st->ref, WRD_FNCALL_REF_LEN) < 0)
+    {
+      free (data);
+      free (st);
+      return wr_sys_error (err, "random ref");
+    }
+  st->data = data;
+  st->len = len;
+  st->next = f->staged;
+  f->staged = st;
+  memcpy (ret_ref, st->ref, WRD_FNCALL_REF_LEN + 1);
+  return 0;
+}
+
+static struct fn_staged *
+staged_unlink (struct wrd_fncall *f, const char *ref)
+{
+  for (struct fn_staged **pp = &f->staged; *pp; pp = &(*pp)->next)
+    if (strcmp ((*pp)->ref, ref) == 0)
+      {
+        struct fn_staged *st = *pp;
+        *pp = st->next;
+        return st;
+      }
+  return NULL;
+}
+
+void
+wrd_fncall_unstage (struct wrd *d, const char *ref)
+{
+  struct fn_staged *st = d->fncall && ref && ref[0] ? staged_unlink (d->fncall, ref) : NULL;
+  if (st)
+    {
+      free (st->data);
+      free (st);
+    }
+}
+
+/* "stdin_ref": the call takes the staged bytes as its stdin (and the
+ * stage is gone: a ref serves one call). */
+static int
+take_staged (struct wrd *d, json_t *req, char **ret, size_t *ret_len, wr_err_t *err)
+{
+  json_t *v = json_object_get (req, "stdin_ref");
+  if (v == NULL || json_is_null (v))
+    return 0;
+  if (*ret)
+    return wr_error (err, 0, WR_E_INVALID, "\"stdin\" and \"stdin_ref\" exclude each other");
+  struct fn_staged *st
+      = json_is_string (v) ? staged_unlink (d->fncall, json_string_value (v)) : NULL;
+  if (st == NULL)
+    return wr_error (err, 0, WR_E_INVALID,
+                     "field \"stdin_ref\" names no staged input (refs are made in-process "
+                     "by wrd_fncall_stage and serve one call)");
+  *ret = st->data;
+  *ret_len = st->len;
+  free (st);
+  return 0;
+}
+
 /* Validate a call; fills the pool coordinates and the body sent to the agent
  * (cmd) or the zygote (python). */
 static int
@@ -1129,7 +1214,8 @@ parse_call (struct wrd *d, json_t *req, struct fn_call *c, const char **ret_imag
       json_decref (limits);
       return -EINVAL;
     }
-  if (decode_stdin (req, &c->in, &c->in_len, err) < 0)
+  if (decode_stdin (req, &c->in, &c->in_len, err) < 0
+      || take_staged (d, req, &c->in, &c->in_len, err) < 0)
     {
       json_decref (limits);
       json_decref (env);
@@ -1587,6 +1673,8 @@ wrd_fncall_shutdown (struct wrd *d)
   struct wrd_fncall *f = d->fncall;
   if (f == NULL)
     return;
+  while (f->staged)
+    wrd_fncall_unstage (d, f->staged->ref);
   for (struct fn_pool *p = f->pools, *pn; p; p = pn)
     {
       pn = p->next;

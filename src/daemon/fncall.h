@@ -30,6 +30,18 @@ int wrd_fncall_pool_set (struct wrd *d, const char *image, const char *lang, uns
 /* "REF=N[,python][,reuse][,memory=MB]" as given to --fncall-pool */
 int wrd_fncall_pool_arg (struct wrd *d, const char *arg, wr_err_t *err);
 
+/* Stdin for a later call, staged in-process instead of travelling in the
+ * call's JSON body (whose 1 MiB limit is the public API's): the compat
+ * layer's stage inputs (files, source, build artifacts) run to tens of MB.
+ * Takes data (malloc'd; freed on failure too) and names it by a random
+ * ref (WRD_FNCALL_REF_LEN hex digits) that a /v1/calls body gives as
+ * "stdin_ref"; the first call that names it takes it. A stage no call took
+ * is freed by wrd_fncall_unstage (a no-op once taken). */
+#define WRD_FNCALL_REF_LEN 32
+int wrd_fncall_stage (struct wrd *d, char *data, size_t len, char ret_ref[WRD_FNCALL_REF_LEN + 1],
+                      wr_err_t *err);
+void wrd_fncall_unstage (struct wrd *d, const char *ref);
+
 /* Routes: POST /v1/calls; GET|PUT /v1/fncall/pools */
 void wrd_fncall_http_calls (struct wrd *d, struct evhttp_request *req);
 void wrd_fncall_http_pools (struct wrd *d, struct evhttp_request *req);

@@ -192,3 +192,49 @@ def test_token(rootfs):
         d.stop()
         shutil.rmtree(d.root, ignore_errors=True)
         os.unlink(root_tok)
+
+
+def test_multi_mb_files_in_and_out(client):
+    """A 4 MB file in `files` (test data for a verifier) and a multi-MB file
+    back through `fetch_files`: a stage's inputs are staged in-process for
+    its fncall call, not carried in the call's JSON body (1 MiB), so they
+    pass through the compile stage, its artifact, and the run stage."""
+    data = os.urandom(4 << 20)
+    b64 = base64.b64encode(data).decode()
+    r = client.run_code(language="bash", code="cat big/in.bin big/in.bin > out.bin; wc -c < out.bin",
+                        files={"big/in.bin": b64}, fetch_files=["out.bin"])
+    assert r["status"] == "Success", {k: v for k, v in r.items() if k != "files"}
+    assert r["run_result"]["stdout"] == "%d\n" % (8 << 20)
+    assert base64.b64decode(r["files"]["out.bin"]) == data + data
+    # through a compile stage: the source, the data and the artifact
+    code = ('#include <stdio.h>\nint main(void){FILE*i=fopen("in.bin","rb"); long n=0; int c;'
+            'while((c=fgetc(i))!=EOF) n++; printf("%ld\\n", n); return 0;}')
+    r = client.run_code(language="c", code=code, files={"in.bin": b64})
+    assert r["status"] == "Success", r
+    assert r["run_result"]["stdout"] == "%d\n" % (4 << 20)
+    # a 2 MB stdin to the Python fast path, and a 4 MB file to /run_jupyter
+    r = client.run_code(language="python", code="import sys; print(len(sys.stdin.read()))",
+                        stdin="x" * (2 << 20))
+    assert r["status"] == "Success" and r["run_result"]["stdout"] == "%d\n" % (2 << 20), r
+    st, j = client.post("/run_jupyter", {"cells": ["import os", "os.path.getsize('in.bin')"],
+                                         "files": {"in.bin": b64}})
+    assert st == 200 and j["status"] == "Success", (st, j)
+    assert j["cells"][1]["display"] == [{"text/plain": str(4 << 20)}]
+
+
+def test_oversized_request_is_answered(client):
+    """A body over the documented maximum (64 MiB, docs/compat.md) is read
+    and answered, not reset; the answer is JSON."""
+    body = b'{"language": "bash", "code": "true", "stdin": "' + b"x" * (65 << 20) + b'"}'
+    c = http.client.HTTPConnection("127.0.0.1", client.port, timeout=300)
+    try:
+        c.request("POST", "/run_code", body=body, headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        data = r.read()
+    finally:
+        c.close()
+    assert r.status == 413, (r.status, data[:300])
+    j = json.loads(data)
+    assert j["status"] == "SandboxError" and "64 MiB" in j["message"], j
+    # the listener is still serving
+    assert client.run_code(language="bash", code="echo ok")["run_result"]["stdout"] == "ok\n"
