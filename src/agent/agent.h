@@ -131,6 +131,27 @@ void ag_fwatch_orphan (struct ag_req *r);
 /* Stop (or resume) reading events while the daemon is not reading ours. */
 void ag_fwatch_pause (bool pause);
 
+/* users.c: accounts of the sandbox (its /etc/passwd and /etc/group) */
+#define AG_USER_MAX_GROUPS 64
+struct ag_user
+{
+  unsigned uid, gid;
+  char home[256];
+  unsigned groups[AG_USER_MAX_GROUPS]; /* the primary group first */
+  size_t n_groups;
+};
+int ag_user_lookup (const char *name, struct ag_user *ret, wr_err_t *err);
+/* {"user": NAME} of a request: *ret_has false when absent */
+int ag_user_of (json_t *body, struct ag_user *ret, bool *ret_has, wr_err_t *err);
+struct ag_names
+{
+  char *passwd, *group;
+};
+void ag_names_load (struct ag_names *n);
+void ag_names_free (struct ag_names *n);
+/* add "user" and "group" names to a stat object, where the ids have one */
+void ag_names_add (const struct ag_names *n, json_t *st);
+
 /* resolve.c: open path (absolute, inside the sandbox) relative to rootfd so
  * that "..", absolute and relative symlinks never leave rootfd. flags are
  * open(2) flags; O_NOFOLLOW applies to the last component only. */

@@ -17,6 +17,7 @@
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <termios.h>
 
 #define container_of(p, type, member) ((type *)((char *)(p)-offsetof (type, member)))
@@ -431,8 +432,9 @@ struct spec
   struct strv argv, env;
   const char *cwd;
   uint64_t timeout_ms, caps[2];
-  bool want_stdin, tty;
+  bool want_stdin, tty, has_user;
   unsigned short rows, cols;
+  struct ag_user user; /* "user": run as this account of the sandbox */
 };
 
 static int
@@ -552,7 +554,8 @@ parse_spec (json_t *body, struct spec *s, wr_err_t *err)
       || get_u64 (body, "rows", 24, 65535, &rows, err) < 0
       || get_u64 (body, "cols", 80, 65535, &cols, err) < 0
       || get_flag (body, "stdin", &s->want_stdin, err) < 0
-      || get_flag (body, "tty", &s->tty, err) < 0)
+      || get_flag (body, "tty", &s->tty, err) < 0
+      || ag_user_of (body, &s->user, &s->has_user, err) < 0)
     return -EINVAL;
   s->rows = (unsigned short)rows;
   s->cols = (unsigned short)cols;
@@ -644,7 +647,8 @@ struct spawn_ctx
   const char *slave;
   const int *fds;
   const sigset_t *dfl;
-  int err; /* set by the child when it fails before or at execve */
+  const struct ag_user *user; /* NULL: stay root */
+  int err;                    /* set by the child when it fails before or at execve */
 };
 
 static int
@@ -676,6 +680,13 @@ spawn_child (void *arg)
     for (int i = 0; i < 3 && e == 0; i++)
       if (dup2 (c->fds[i], i) < 0)
         e = errno;
+  /* the account last (the tty is opened as root): raw syscalls, as
+   * glibc's own spawn child does, since this child shares our memory */
+  if (e == 0 && c->user
+      && (syscall (SYS_setgroups, c->user->n_groups, c->user->groups) < 0
+          || syscall (SYS_setresgid, c->user->gid, c->user->gid, c->user->gid) < 0
+          || syscall (SYS_setresuid, c->user->uid, c->user->uid, c->user->uid) < 0))
+    e = errno;
   if (e == 0)
     {
       execve (c->file, c->argv, c->envp);
@@ -687,7 +698,8 @@ spawn_child (void *arg)
 
 static int
 spawn_in_cgroup (const struct ag_exec_cg *c, const char *file, char **argv, char **envp, int cwdfd,
-                 const char *slave, const int fds[3], const sigset_t *dfl, pid_t *ret_pid)
+                 const char *slave, const int fds[3], const sigset_t *dfl,
+                 const struct ag_user *user, pid_t *ret_pid)
 {
   /* one child at a time (CLONE_VFORK) and a single-threaded agent: one
    * stack serves every spawn; only the pages it touches are ever mapped */
@@ -699,7 +711,8 @@ spawn_in_cgroup (const struct ag_exec_cg *c, const char *file, char **argv, char
                            .cwdfd = cwdfd,
                            .slave = slave,
                            .fds = fds,
-                           .dfl = dfl };
+                           .dfl = dfl,
+                           .user = user };
   pid_t pid = clone (spawn_child, stack + sizeof stack, CLONE_VM | CLONE_VFORK | SIGCHLD, &ctx);
   if (pid < 0)
     return errno;
@@ -721,8 +734,9 @@ ag_exec_start (uint32_t stream, json_t *body)
   struct ag_call call;
   if (r == 0 && (r = ag_call_parse (body, &call, &err)) == 0 && call.on)
     {
-      if (s.tty)
-        r = wr_error (&err, EINVAL, WR_E_INVALID, "\"call\" and \"tty\" do not mix");
+      if (s.tty || s.has_user)
+        r = wr_error (&err, EINVAL, WR_E_INVALID,
+                      "\"call\" mixes with neither \"tty\" nor \"user\"");
       else if ((r = ag_call_prepare (&call, &err)) == 0)
         s.cwd = call.scratch;
     }
@@ -837,10 +851,12 @@ ag_exec_start (uint32_t stream, json_t *body)
       return;
     }
   uint64_t start = wr_now_ns ();
-  if (ecg.dir_fd >= 0)
+  if (ecg.dir_fd >= 0 || s.has_user)
     {
+      /* posix_spawn cannot change the account: the clone path can */
       int fds[3] = { in_r >= 0 ? in_r : ag.devnull, out_w, err_w };
-      r = spawn_in_cgroup (&ecg, file, argv.v, env.v, cwdfd, s.tty ? slave : NULL, fds, &dfl, &pid);
+      r = spawn_in_cgroup (&ecg, file, argv.v, env.v, cwdfd, s.tty ? slave : NULL, fds, &dfl,
+                           s.has_user ? &s.user : NULL, &pid);
     }
   else if (call.on)
     {

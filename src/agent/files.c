@@ -232,8 +232,11 @@ op_write (uint32_t stream, const char *path, json_t *body, wr_err_t *err)
 {
   uint64_t mode;
   bool append, has_mode = json_object_get (body, "mode") != NULL;
+  struct ag_user owner;
+  bool has_owner;
   if (get_uint (body, "mode", 0644, 07777, &mode, err) < 0
-      || get_bool (body, "append", &append, err) < 0)
+      || get_bool (body, "append", &append, err) < 0
+      || ag_user_of (body, &owner, &has_owner, err) < 0)
     return -EINVAL;
   char base[NAME_MAX + 1];
   _cleanup_close_ int dfd = ag_open_parent_in_root (ag.rootfd, path, base, ag.use_openat2, err);
@@ -255,6 +258,9 @@ op_write (uint32_t stream, const char *path, json_t *body, wr_err_t *err)
     return wr_error (err, EINVAL, WR_E_INVALID, "%s: not a regular file", path);
   if (has_mode && fchmod (fd, (mode_t)mode) < 0)
     return wr_error (err, errno, ag_errno_code (errno), "chmod %s", path);
+  /* "user": the file is theirs, whoever owned it before (as envd does) */
+  if (has_owner && fchown (fd, owner.uid, owner.gid) < 0)
+    return wr_error (err, errno, ag_errno_code (errno), "chown %s", path);
   int fl = fcntl (fd, F_GETFL);
   if (fl >= 0)
     fcntl (fd, F_SETFL, fl & ~O_NONBLOCK);
@@ -311,8 +317,18 @@ ag_file_orphan (struct ag_req *r)
 
 /* ---- stat, list, mkdir, remove ---- */
 
+/* "names": true adds the owner's user and group names */
+static bool
+want_names (json_t *body, struct ag_names *n)
+{
+  if (!json_is_true (json_object_get (body, "names")))
+    return false;
+  ag_names_load (n);
+  return true;
+}
+
 static int
-op_stat (uint32_t stream, const char *path, wr_err_t *err)
+op_stat (uint32_t stream, const char *path, json_t *body, wr_err_t *err)
 {
   _cleanup_close_ int fd
       = ag_open_in_root (ag.rootfd, path, O_PATH | O_NOFOLLOW, ag.use_openat2, err);
@@ -329,6 +345,9 @@ op_stat (uint32_t stream, const char *path, wr_err_t *err)
       if (n >= 0)
         set_bytes (o, "target", target, (size_t)n);
     }
+  _cleanup_ (ag_names_free) struct ag_names names = { 0 };
+  if (o && want_names (body, &names))
+    ag_names_add (&names, o);
   ag_send_json (stream, WR_MSG_RESULT, o);
   return 0;
 }
@@ -354,7 +373,7 @@ names_free (struct names *ns)
 }
 
 static int
-op_list (uint32_t stream, const char *path, wr_err_t *err)
+op_list (uint32_t stream, const char *path, json_t *body, wr_err_t *err)
 {
   int fd = ag_open_in_root (ag.rootfd, path, O_RDONLY | O_DIRECTORY, ag.use_openat2, err);
   if (fd < 0)
@@ -395,19 +414,24 @@ op_list (uint32_t stream, const char *path, wr_err_t *err)
     qsort (ns.v, ns.n, sizeof *ns.v, cmp_str);
   json_t *entries = json_array ();
   size_t approx = 0;
+  _cleanup_ (ag_names_free) struct ag_names names = { 0 };
+  bool with_names = want_names (body, &names);
   for (size_t i = 0; i < ns.n; i++)
     {
       struct stat st;
       if (fstatat (dirfd (d), ns.v[i], &st, AT_SYMLINK_NOFOLLOW) < 0)
         continue; /* removed meanwhile */
       /* Keep the answer inside one frame: ~120 bytes of fields + the name. */
-      approx += 128 + strlen (ns.v[i]) * 2;
+      approx += (with_names ? 200 : 128) + strlen (ns.v[i]) * 2;
       if (approx > WR_FRAME_MAX - 4096)
         {
           truncated = true;
           break;
         }
-      json_array_append_new (entries, ag_stat_json (ns.v[i], &st));
+      json_t *o = ag_stat_json (ns.v[i], &st);
+      if (o && with_names)
+        ag_names_add (&names, o);
+      json_array_append_new (entries, o);
     }
   ag_send_json (stream, WR_MSG_RESULT,
                 json_pack ("{s:o,s:b}", "entries", entries, "truncated", truncated));
@@ -415,14 +439,19 @@ op_list (uint32_t stream, const char *path, wr_err_t *err)
 }
 
 static int
-mkdir_one (const char *path, mode_t mode, bool exist_ok, wr_err_t *err)
+mkdir_one (const char *path, mode_t mode, bool exist_ok, const struct ag_user *owner, wr_err_t *err)
 {
   char base[NAME_MAX + 1];
   _cleanup_close_ int dfd = ag_open_parent_in_root (ag.rootfd, path, base, ag.use_openat2, err);
   if (dfd < 0)
     return dfd;
   if (mkdirat (dfd, base, mode) == 0)
-    return 0;
+    {
+      /* only what we created changes owner */
+      if (owner && fchownat (dfd, base, owner->uid, owner->gid, AT_SYMLINK_NOFOLLOW) < 0)
+        return wr_error (err, errno, ag_errno_code (errno), "chown %s", path);
+      return 0;
+    }
   int e = errno;
   if (e == EEXIST && exist_ok)
     {
@@ -439,9 +468,13 @@ op_mkdir (uint32_t stream, const char *path, json_t *body, wr_err_t *err)
 {
   uint64_t mode;
   bool parents;
+  struct ag_user owner;
+  bool has_owner;
   if (get_uint (body, "mode", 0755, 07777, &mode, err) < 0
-      || get_bool (body, "parents", &parents, err) < 0)
+      || get_bool (body, "parents", &parents, err) < 0
+      || ag_user_of (body, &owner, &has_owner, err) < 0)
     return -EINVAL;
+  const struct ag_user *own = has_owner ? &owner : NULL;
   if (parents)
     {
       /* Each prefix is resolved from the root again, so a symlink created
@@ -460,12 +493,12 @@ op_mkdir (uint32_t stream, const char *path, json_t *body, wr_err_t *err)
           prefix[i] = '\0';
           const char *b = base_name (prefix);
           if (strcmp (b, ".") != 0 && strcmp (b, "..") != 0
-              && mkdir_one (prefix, (mode_t)mode, true, err) < 0)
+              && mkdir_one (prefix, (mode_t)mode, true, own, err) < 0)
             return -EINVAL;
           prefix[i] = saved;
         }
     }
-  else if (mkdir_one (path, (mode_t)mode, false, err) < 0)
+  else if (mkdir_one (path, (mode_t)mode, false, own, err) < 0)
     return -EINVAL;
   ag_send_json (stream, WR_MSG_RESULT, json_object ());
   return 0;
@@ -517,9 +550,9 @@ ag_file_start (uint32_t stream, json_t *body)
   else if (strcmp (op, "write") == 0)
     op_write (stream, path, body, &err);
   else if (strcmp (op, "stat") == 0)
-    op_stat (stream, path, &err);
+    op_stat (stream, path, body, &err);
   else if (strcmp (op, "list") == 0)
-    op_list (stream, path, &err);
+    op_list (stream, path, body, &err);
   else if (strcmp (op, "mkdir") == 0)
     op_mkdir (stream, path, body, &err);
   else if (strcmp (op, "remove") == 0)

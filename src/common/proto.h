@@ -32,7 +32,8 @@ enum wr_msg
    *   "stdout_cap":N, "stderr_cap":N (bytes forwarded; rest drained),
    *   "stdin":bool (true: STDIN frames follow, else /dev/null),
    *   "tty":bool (stdout+stderr on one pty; STDERR frames never sent),
-   *   "rows":N, "cols":N (pty window size, default 24x80)
+   *   "rows":N, "cols":N (pty window size, default 24x80),
+   *   "user":"name" (run as that account of the sandbox's /etc/passwd)
    * answered by STDOUT/STDERR frames, then exactly one EXIT or ERROR. */
   WR_MSG_EXEC = 2,
   /* daemon -> agent: bytes for the process's stdin; empty payload = EOF */
@@ -59,6 +60,8 @@ enum wr_msg
    *   list   {}                      -> RESULT {"entries":[stat objects with "name"],
    *                                             "truncated":bool}
    *   mkdir  {"parents":bool,"mode":N} -> RESULT {}
+   *   (write and mkdir take "user":"name": what they create is theirs;
+   *    stat and list take "names":true: stat objects add "user","group")
    *   remove {"recursive":bool}      -> RESULT {}
    *   watch  {"recursive":bool,"entry":bool} -> DATA {"ready":true}, then DATA
    *          {"events":[{"name","type":"create|write|remove|rename|chmod","entry"}]}

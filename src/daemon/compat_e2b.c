@@ -48,7 +48,9 @@
 #include "daemon/log.h"
 
 #define E2B_ENVD_VERSION "0.6.4" /* what the SDK checks features against */
-#define E2B_HOME "/home/user"    /* E2B's default user's home: relative paths, cwd */
+#define E2B_USER "user"          /* E2B's default account: commands and files */
+#define E2B_HOME "/home/user"    /* its home: relative paths, cwd */
+#define E2B_USER_MAX 64
 #define E2B_DEFAULT_TIMEOUT_S 300
 #define E2B_MAX_TIMEOUT_S 86400
 #define E2B_MAX_BODY (64u << 20)
@@ -223,20 +225,51 @@ iso_time (double t, char *buf, size_t len)
   snprintf (buf, len, "%s.%03dZ", base, (int)((t - (double)s) * 1000) % 1000);
 }
 
-/* Relative paths are relative to the default user's home, as in envd. */
+/* Relative paths are relative to the user's home, as in envd. */
 static char *
-abs_path (const char *p)
+abs_path (const char *home, const char *p)
 {
   char *out = NULL;
   if (p == NULL || p[0] == '\0')
-    return strdup (E2B_HOME);
+    return strdup (home);
   if (p[0] == '/')
     return strdup (p);
   if (p[0] == '~' && (p[1] == '/' || p[1] == '\0'))
     p += p[1] ? 2 : 1;
-  if (asprintf (&out, "%s/%s", E2B_HOME, p) < 0)
+  if (asprintf (&out, "%s/%s", home, p) < 0)
     return NULL;
   return out;
+}
+
+/* The account a request acts as: `Authorization: Basic base64(NAME:)`
+ * (the SDK's `user` option on RPCs), else ?username= (on /files), else
+ * E2B's default user. */
+static void
+request_user (struct evhttp_request *req, const char *query_user, char out[E2B_USER_MAX])
+{
+  snprintf (out, E2B_USER_MAX, "%s", E2B_USER);
+  const char *a = evhttp_find_header (evhttp_request_get_input_headers (req), "Authorization");
+  if (a && strncasecmp (a, "Basic ", 6) == 0)
+    {
+      char raw[3 * E2B_USER_MAX];
+      size_t len = strlen (a + 6);
+      long n = len < 4 * E2B_USER_MAX - 8 ? wr_b64_decode (a + 6, len, raw) : -1;
+      if (n > 0)
+        {
+          raw[n] = '\0';
+          size_t name = strcspn (raw, ":");
+          if (name > 0 && name < (size_t)n && name < E2B_USER_MAX)
+            snprintf (out, E2B_USER_MAX, "%.*s", (int)name, raw);
+        }
+    }
+  else if (query_user && query_user[0] && strlen (query_user) < E2B_USER_MAX)
+    snprintf (out, E2B_USER_MAX, "%s", query_user);
+}
+
+static void
+user_home (const char *user, char out[E2B_USER_MAX + 8])
+{
+  snprintf (out, E2B_USER_MAX + 8, strcmp (user, "root") == 0 ? "/root" : "/home/%s", user);
 }
 
 static const char *
@@ -339,20 +372,74 @@ find_e2b (struct e2b *s, const char *id)
   return sb;
 }
 
-static void
-ignore_data (void *ud WR_UNUSED, uint8_t type WR_UNUSED, const uint8_t *data WR_UNUSED,
-             size_t len WR_UNUSED)
+/* E2B's templates have the account `user` (home /home/user) that commands
+ * and files default to. An image without it gets it at create, by a script
+ * that needs nothing but a POSIX sh, mkdir and chown: the first id from
+ * 1000 up that neither /etc/passwd nor /etc/group uses. */
+static const char provision_script[]
+    = "set -e\n"
+      "used() { while IFS=: read -r n x i r; do [ \"$i\" = \"$1\" ] && return 0; done < \"$2\"; "
+      "return 1; }\n"
+      "field() { while IFS=: read -r n x i g r; do [ \"$n\" = user ] && eval echo \\$$1 && "
+      "return 0; done < \"$2\"; return 1; }\n"
+      "touch /etc/passwd /etc/group\n"
+      "if ! field i /etc/passwd >/dev/null; then\n"
+      "  id=1000\n"
+      "  while used $id /etc/passwd || used $id /etc/group; do id=$((id+1)); done\n"
+      "  field i /etc/group >/dev/null || echo \"user:x:$id:\" >> /etc/group\n"
+      "  gid=$(field i /etc/group)\n"
+      "  sh=/bin/sh; [ -x /bin/bash ] && sh=/bin/bash\n"
+      "  echo \"user:x:$id:$gid::/home/user:$sh\" >> /etc/passwd\n"
+      "  if [ -f /etc/shadow ]; then echo 'user:!:19000::::::' >> /etc/shadow; fi\n"
+      "fi\n"
+      "mkdir -p /home/user\n"
+      "chown \"$(field i /etc/passwd):$(field g /etc/passwd)\" /home/user\n";
+
+struct provision
 {
+  struct evhttp_request *req;
+  char sbid[33];
+  struct evbuffer *err;
+};
+
+static void
+provision_reply (struct provision *pv, const char *problem)
+{
+  struct sandbox *sb = find_e2b (g_e2b, pv->sbid);
+  if (problem)
+    wrd_log (WRD_LOG_WARN, "e2b: sandbox %s has no account \"%s\": %s", pv->sbid, E2B_USER,
+             problem);
+  if (sb)
+    reply_json (pv->req, 201, e2b_sandbox_json (sb));
+  else
+    reply_api_error (pv->req, 500, "the sandbox went away while it was being created");
+  evbuffer_free (pv->err);
+  free (pv);
 }
 
 static void
-ignore_done (void *ud WR_UNUSED, json_t *res WR_UNUSED)
+provision_data (void *ud, uint8_t type, const uint8_t *data, size_t len)
 {
+  struct provision *pv = ud;
+  if (type == WR_MSG_STDERR && evbuffer_get_length (pv->err) < 1024)
+    evbuffer_add (pv->err, data, len);
 }
 
 static void
-ignore_error (void *ud WR_UNUSED, const char *code WR_UNUSED, const char *msg WR_UNUSED)
+provision_done (void *ud, json_t *res)
 {
+  struct provision *pv = ud;
+  if (json_integer_value (json_object_get (res, "exit_code")) == 0)
+    return provision_reply (pv, NULL);
+  evbuffer_add (pv->err, "", 1);
+  const char *msg = (const char *)evbuffer_pullup (pv->err, -1);
+  provision_reply (pv, msg && msg[0] ? msg : "the script failed");
+}
+
+static void
+provision_error (void *ud, const char *code WR_UNUSED, const char *msg)
+{
+  provision_reply (ud, msg);
 }
 
 static void
@@ -364,14 +451,22 @@ create_done (struct wrd *d WR_UNUSED, struct sandbox *sb, wr_err_t *err, void *u
       reply_api_error (req, wr_err_http_status (err), err->msg);
       return;
     }
-  /* E2B templates have the default user's home; commands start there */
-  json_t *mk = json_pack ("{s:s,s:s,s:b,s:i}", "op", "mkdir", "path", E2B_HOME, "parents", 1,
-                          "mode", 0755);
-  static const struct agent_ops none = { ignore_data, ignore_done, ignore_error };
-  if (sb->conn)
-    agent_request (sb->conn, WR_MSG_FILE, mk, &none, NULL);
-  json_decref (mk);
-  reply_json (req, 201, e2b_sandbox_json (sb));
+  struct provision *pv = sb->conn ? calloc (1, sizeof *pv) : NULL;
+  if (pv == NULL || (pv->err = evbuffer_new ()) == NULL)
+    {
+      free (pv);
+      reply_json (req, 201, e2b_sandbox_json (sb));
+      return;
+    }
+  pv->req = req;
+  snprintf (pv->sbid, sizeof pv->sbid, "%s", sb->id);
+  /* answered once the account is there: the client's first command runs as it */
+  json_t *b = json_pack ("{s:s,s:[s],s:s,s:i}", "shell", provision_script, "env",
+                         "PATH=" WR_DEFAULT_PATH, "cwd", "/", "timeout_ms", 60000);
+  static const struct agent_ops ops = { provision_data, provision_done, provision_error };
+  if (agent_request (sb->conn, WR_MSG_EXEC, b, &ops, pv) == 0)
+    provision_reply (pv, "the sandbox agent is gone");
+  json_decref (b);
 }
 
 static int
@@ -791,21 +886,30 @@ process_start (struct e2b *s, struct sandbox *sb, struct evhttp_request *req, js
   json_t *envs = json_object_get (cfg, "envs");
   json_t *env = NULL;
   wr_err_t err;
-  if (wrd_exec_env (sb, json_is_object (envs) ? envs : NULL, &env, &err) < 0)
+  char user[E2B_USER_MAX], home[E2B_USER_MAX + 8];
+  request_user (req, NULL, user);
+  user_home (user, home);
+  /* the account's variables, as a login would set them; the client's win */
+  json_t *uenv = json_pack ("{s:s,s:s,s:s}", "HOME", home, "USER", user, "LOGNAME", user);
+  if (json_is_object (envs))
+    json_object_update (uenv, envs);
+  int er = wrd_exec_env (sb, uenv, &env, &err);
+  json_decref (uenv);
+  if (er < 0)
     {
       json_decref (argv);
       reply_stream_error (req, "invalid_argument", err.msg);
       return;
     }
   const char *cwd = json_string_value (json_object_get (cfg, "cwd"));
-  _cleanup_free_ char *dir = abs_path (cwd);
+  _cleanup_free_ char *dir = abs_path (home, cwd);
   /* an absent "stdin" is an SDK older than the field: stdin was always open */
   json_t *sin = json_object_get (msg, "stdin");
   json_t *pty = json_object_get (msg, "pty");
   bool want_stdin = sin == NULL || json_is_true (sin) || pty;
-  json_t *body = json_pack ("{s:o,s:o,s:s,s:I,s:I,s:b}", "cmd", argv, "env", env, "cwd", dir,
+  json_t *body = json_pack ("{s:o,s:o,s:s,s:I,s:I,s:b,s:s}", "cmd", argv, "env", env, "cwd", dir,
                             "stdout_cap", (json_int_t)E2B_OUT_CAP, "stderr_cap",
-                            (json_int_t)E2B_OUT_CAP, "stdin", want_stdin);
+                            (json_int_t)E2B_OUT_CAP, "stdin", want_stdin, "user", user);
   if (json_is_object (pty))
     {
       /* one terminal for stdin, stdout and stderr, the process its session leader */
@@ -986,6 +1090,7 @@ struct fop
   struct e2b *s;
   struct evhttp_request *req;
   char sbid[33];
+  char user[E2B_USER_MAX], home[E2B_USER_MAX + 8]; /* who creates what this writes */
   char *path, *path2;
   struct evbuffer *data; /* read: what arrived */
   fop_done_fn done;
@@ -1077,7 +1182,12 @@ fop_file (struct fop *f, const char *op, const char *path, bool flag)
 {
   json_t *b = json_pack ("{s:s,s:s}", "op", op, "path", path);
   if (strcmp (op, "mkdir") == 0)
-    json_object_set_new (b, "parents", json_boolean (flag));
+    {
+      json_object_set_new (b, "parents", json_boolean (flag));
+      json_object_set_new (b, "user", json_string (f->user)); /* what it creates is theirs */
+    }
+  if (strcmp (op, "stat") == 0 || strcmp (op, "list") == 0)
+    json_object_set_new (b, "names", json_true ()); /* owner names */
   if (strcmp (op, "remove") == 0)
     json_object_set_new (b, "recursive", json_boolean (flag));
   fop_send (f, b, NULL, 0, false);
@@ -1093,6 +1203,11 @@ fop_new (struct e2b *s, struct sandbox *sb, struct evhttp_request *req, fop_done
   f->req = req;
   snprintf (f->sbid, sizeof f->sbid, "%s", sb->id);
   f->done = done;
+  struct evkeyvalq q;
+  evhttp_parse_query_str (evhttp_uri_get_query (evhttp_request_get_evhttp_uri (req)) ?: "", &q);
+  request_user (req, evhttp_find_header (&q, "username"), f->user);
+  evhttp_clear_headers (&q);
+  user_home (f->user, f->home);
   return f;
 }
 
@@ -1117,17 +1232,20 @@ entry_info (json_t *st, const char *path)
                    : strcmp (type, "symlink") == 0 ? "FILE_TYPE_SYMLINK"
                                                    : "FILE_TYPE_UNSPECIFIED";
   unsigned mode = (unsigned)json_integer_value (json_object_get (st, "mode"));
-  char perms[11], mtime[40], owner[16], group[16];
+  char perms[11], mtime[40], owner[E2B_USER_MAX], group[E2B_USER_MAX];
   perm_string (mode, type, perms);
   iso_time (json_number_value (json_object_get (st, "mtime")), mtime, sizeof mtime);
   json_int_t uid = json_integer_value (json_object_get (st, "uid"));
   json_int_t gid = json_integer_value (json_object_get (st, "gid"));
-  snprintf (owner, sizeof owner, "%s", uid == 0 ? "root" : "");
-  if (uid)
-    snprintf (owner, sizeof owner, "%lld", (long long)uid);
-  snprintf (group, sizeof group, "%s", gid == 0 ? "root" : "");
-  if (gid)
-    snprintf (group, sizeof group, "%lld", (long long)gid);
+  /* names from the sandbox's accounts (FILE "names"), else the ids */
+  const char *uname = json_string_value (json_object_get (st, "user"));
+  const char *gname = json_string_value (json_object_get (st, "group"));
+  snprintf (owner, sizeof owner, "%lld", (long long)uid);
+  snprintf (group, sizeof group, "%lld", (long long)gid);
+  if (uname || uid == 0)
+    snprintf (owner, sizeof owner, "%s", uname ? uname : "root");
+  if (gname || gid == 0)
+    snprintf (group, sizeof group, "%s", gname ? gname : "root");
   json_t *e = json_pack (
       "{s:s,s:s,s:s,s:I,s:I,s:s,s:s,s:s,s:s}", "name", base_name (path), "type", ft, "path", path,
       "size", json_integer_value (json_object_get (st, "size")), "mode", (json_int_t)mode,
@@ -1437,7 +1555,11 @@ watch_start (struct e2b *s, struct sandbox *sb, struct evhttp_request *req, json
              bool polling)
 {
   struct e2b_watch *w = calloc (1, sizeof *w);
-  if (w == NULL || (w->path = abs_path (json_string_value (json_object_get (msg, "path")))) == NULL)
+  char user[E2B_USER_MAX], home[E2B_USER_MAX + 8];
+  request_user (req, NULL, user);
+  user_home (user, home);
+  if (w == NULL
+      || (w->path = abs_path (home, json_string_value (json_object_get (msg, "path")))) == NULL)
     {
       free (w);
       (polling ? reply_connect_error : reply_stream_error) (req, "resource_exhausted",
@@ -1518,7 +1640,7 @@ handle_filesystem (struct e2b *s, struct sandbox *sb, struct evhttp_request *req
     {
       f = fop_new (s, sb, req, stat_done);
       if (f)
-        f->path = abs_path (p);
+        f->path = abs_path (f->home, p);
     }
   if (f && strcmp (method, "Stat") == 0)
     fop_file (f, "stat", f->path, false);
@@ -1548,8 +1670,8 @@ handle_filesystem (struct e2b *s, struct sandbox *sb, struct evhttp_request *req
       struct fop *m = fop_new (s, sb, req, stat_done);
       if (m)
         {
-          m->path = abs_path (json_string_value (json_object_get (msg, "source")));
-          m->path2 = abs_path (json_string_value (json_object_get (msg, "destination")));
+          m->path = abs_path (m->home, json_string_value (json_object_get (msg, "source")));
+          m->path2 = abs_path (m->home, json_string_value (json_object_get (msg, "destination")));
           json_t *env = NULL;
           wrd_exec_env (sb, NULL, &env, NULL);
           json_t *b = json_pack ("{s:[s,s,s,s],s:o,s:s,s:i}", "cmd", "mv", "-T", m->path, m->path2,
@@ -1626,7 +1748,8 @@ upload_step (struct fop *f, json_t *res WR_UNUSED, const char *code, const char 
       fop_file (f, "mkdir", dir ? dir : "/", true);
       return;
     }
-  json_t *b = json_pack ("{s:s,s:s,s:b}", "op", "write", "path", u->path, "append", 0);
+  json_t *b = json_pack ("{s:s,s:s,s:b,s:s}", "op", "write", "path", u->path, "append", 0, "user",
+                         f->user);
   fop_send (f, b, u->len ? u->data : "", u->len, true);
 }
 
@@ -1682,7 +1805,7 @@ parse_multipart (const char *ctype, const char *body, size_t n, struct fop *f, c
       if (np == NULL)
         return -1;
       f->parts = np;
-      f->parts[f->n_parts].path = abs_path (target);
+      f->parts[f->n_parts].path = abs_path (f->home, target);
       f->parts[f->n_parts].data = data;
       f->parts[f->n_parts].len = (size_t)(end - data);
       f->n_parts++;
@@ -1742,7 +1865,7 @@ handle_files (struct e2b *s, struct sandbox *sb, struct evhttp_request *req)
     }
   if (evhttp_request_get_command (req) == EVHTTP_REQ_GET)
     {
-      f->path = abs_path (qpath);
+      f->path = abs_path (f->home, qpath);
       f->data = evbuffer_new ();
       evhttp_clear_headers (&q);
       fop_send (f, json_pack ("{s:s,s:s}", "op", "read", "path", f->path), NULL, 0, false);
@@ -1780,7 +1903,7 @@ handle_files (struct e2b *s, struct sandbox *sb, struct evhttp_request *req)
     r = parse_multipart (ctype, body, n, f, qpath);
   else if (qpath && (f->parts = calloc (1, sizeof *f->parts)))
     {
-      f->parts[0] = (struct upload_part){ abs_path (qpath), body, n };
+      f->parts[0] = (struct upload_part){ abs_path (f->home, qpath), body, n };
       f->n_parts = 1;
     }
   else

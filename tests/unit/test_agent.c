@@ -685,6 +685,20 @@ test_tty (struct agent *a)
 }
 
 static void
+test_exec_user (struct agent *a)
+{
+  struct result r;
+  run (a, "{\"shell\":\"id -u; id -g; id -G\",\"user\":\"nobody\"}", &r, 5000);
+  TAP_OK (r.exit && TAP_C_EQ (jint (r.exit, "exit_code"), 0) && TAP_C_HAS_STR (r.out, "65534\n"),
+          "exec \"user\": runs as the account (%s)", r.out ? r.out : "");
+  result_free (&r);
+  run (a, "{\"cmd\":[\"true\"],\"user\":\"no-such-user-here\"}", &r, 5000);
+  TAP_OK (r.error && TAP_C_EQ_STR (jstr (r.error, "code"), "invalid_argument"),
+          "exec \"user\": an unknown account is invalid_argument");
+  result_free (&r);
+}
+
+static void
 test_pid1_duties (struct agent *a)
 {
   kill (a->pid, SIGTERM);
@@ -1237,6 +1251,45 @@ test_watch (struct agent *a, const char *root, const char *outside, const char *
   TAP_OK (ping (a, "after-watch"), "[%s] agent alive after the watches", mode);
 }
 
+/* FILE "user" (owner of what is created) and "names", from the accounts
+ * of the root (its etc/passwd and etc/group, not the host's) */
+static void
+test_file_owner (struct agent *a, const char *root, const char *mode)
+{
+  char p[PATH_MAX];
+  snprintf (p, sizeof p, "%s/etc", root);
+  mkdir (p, 0755);
+  host_write (root, "etc/passwd",
+              "root:x:0:0::/root:/bin/sh\nalice:x:1234:1235::/home/a:/bin/sh\n");
+  host_write (root, "etc/group", "root:x:0:\nstaff:x:1235:\n");
+  struct fres f = file_op (a, "{\"op\":\"write\",\"path\":\"/own/x\",\"user\":\"alice\"}", "x", 1);
+  TAP_OK (is_err (&f, "not_found"), "[%s] write: no parents made", mode);
+  fres_free (&f);
+  f = fop (a, "{\"op\":\"mkdir\",\"path\":\"/own/sub\",\"parents\":true,\"user\":\"alice\"}");
+  fres_free (&f);
+  f = file_op (a, "{\"op\":\"write\",\"path\":\"/own/sub/x\",\"user\":\"alice\"}", "x", 1);
+  fres_free (&f);
+  struct stat st1, st2, st3;
+  snprintf (p, sizeof p, "%s/own", root);
+  int r1 = lstat (p, &st1);
+  snprintf (p, sizeof p, "%s/own/sub/x", root);
+  int r2 = lstat (p, &st2);
+  snprintf (p, sizeof p, "%s/etc", root);
+  int r3 = lstat (p, &st3);
+  TAP_OK (TAP_C_EQ (r1, 0) && TAP_C_EQ (r2, 0) && TAP_C_EQ (r3, 0) && TAP_C_EQ (st1.st_uid, 1234)
+              && TAP_C_EQ (st1.st_gid, 1235) && TAP_C_EQ (st2.st_uid, 1234)
+              && TAP_C_EQ (st3.st_uid, 0),
+          "[%s] mkdir/write \"user\": what they create is the account's, nothing else", mode);
+  f = fop (a, "{\"op\":\"stat\",\"path\":\"/own/sub/x\",\"names\":true}");
+  TAP_OK (f.result && TAP_C_EQ_STR (jstr (f.result, "user"), "alice")
+              && TAP_C_EQ_STR (jstr (f.result, "group"), "staff"),
+          "[%s] stat \"names\": the owner's names from the root's accounts", mode);
+  fres_free (&f);
+  f = fop (a, "{\"op\":\"write\",\"path\":\"/own/y\",\"user\":\"bob\"}");
+  TAP_OK (is_err (&f, "invalid_argument"), "[%s] write \"user\": unknown account", mode);
+  fres_free (&f);
+}
+
 static void
 file_suite (bool no_openat2)
 {
@@ -1260,6 +1313,7 @@ file_suite (bool no_openat2)
     }
   test_files (&a, root, outside, no_openat2 ? "walk" : "openat2");
   test_watch (&a, root, outside, no_openat2 ? "walk" : "openat2");
+  test_file_owner (&a, root, no_openat2 ? "walk" : "openat2");
   agent_stop (&a);
   snprintf (p, sizeof p, "rm -rf '%s' '%s'", root, outside);
   if (system (p) != 0)
@@ -1305,6 +1359,7 @@ main (void)
   test_timeout_tree (&a);
   test_output_cap (&a);
   test_tty (&a);
+  test_exec_user (&a);
   test_pid1_duties (&a);
   agent_stop (&a);
 
