@@ -253,15 +253,39 @@ def _rm(path):
 
 scratch_ok = False  # SCRATCH exists, empty, ours, mode 0700
 
+# Directories a scan found nothing to remove in, by path: the stat that scan
+# started from. A directory whose entries change gets a new ctime, which no
+# call can set back (utimensat sets ctime to now, and only the owner may):
+# the same stat again means the same entries, and the scan (open, getdents,
+# a stat per entry: most of a reuse call's cleanup) is skipped. Only stats
+# with a ctime older than CTIME_SETTLED_NS are kept, so a change in the same
+# clock tick as the scan cannot leave the ctime as it was.
+_unchanged = {}
+CTIME_SETTLED_NS = 1000000000
+
+
+def _dir_key(st):
+    return (st.st_dev, st.st_ino, st.st_ctime_ns, st.st_mtime_ns, st.st_mode, st.st_uid,
+            st.st_nlink)
+
+
+def _settled(st):
+    return time.time_ns() - st.st_ctime_ns > CTIME_SETTLED_NS
+
 
 def scratch_clean():
     try:
         st = os.lstat(SCRATCH)
         if st.st_uid != UID or st.st_mode != 0o40700:
             return False
+        key = _dir_key(st)
+        if _unchanged.get(SCRATCH) == key:
+            return True
         with os.scandir(SCRATCH) as it:
             for _ in it:
                 return False
+        if _settled(st):
+            _unchanged[SCRATCH] = key
         return True
     except OSError:
         return False
@@ -272,8 +296,18 @@ def wipe_files():
     global scratch_ok
     scratch_ok = scratch_clean()  # the common case: untouched, keep it
     if not scratch_ok:
+        _unchanged.pop(SCRATCH, None)
         _rm(SCRATCH)
     for d in TMP_DIRS:
+        try:
+            st = os.stat(d)
+        except OSError:
+            continue
+        key = _dir_key(st)
+        if _unchanged.get(d) == key:
+            continue
+        _unchanged.pop(d, None)
+        removed = False
         try:
             it = os.scandir(d)
         except OSError:
@@ -285,8 +319,11 @@ def wipe_files():
                 try:
                     if e.stat(follow_symlinks=False).st_uid == UID:
                         _rm(d + "/" + e.name)
+                        removed = True
                 except OSError:
                     pass
+        if not removed and st.st_uid != UID and _settled(st):
+            _unchanged[d] = key
 
 
 def make_scratch():
@@ -294,6 +331,7 @@ def make_scratch():
     if scratch_ok:
         scratch_ok = False  # the call about to run may dirty it
         return
+    _unchanged.pop(SCRATCH, None)
     try:
         os.mkdir(SCRATCH, 0o700)
     except FileExistsError:
@@ -317,24 +355,26 @@ def reap():
 # ---- framing ----
 
 
-def read_exact(fd, n):
-    buf = bytearray()
-    while len(buf) < n:
-        b = os.read(fd, n - len(buf))
-        if not b:
-            return None
-        buf += b
-    return bytes(buf)
+_inbuf = b""  # read from the daemon's channel, not yet a whole frame
 
 
 def read_frame(fd):
-    h = read_exact(fd, 4)
-    if h is None:
-        return None
-    (n,) = HDR.unpack(h)
-    if n > MAX_REQ:
-        raise ValueError("frame too large")
-    return read_exact(fd, n)
+    """One frame; a single read() for the usual request that arrived whole."""
+    global _inbuf
+    buf, need = _inbuf, 4
+    while True:
+        if len(buf) >= 4:
+            (n,) = HDR.unpack_from(buf)
+            if n > MAX_REQ:
+                raise ValueError("frame too large")
+            need = 4 + n
+            if len(buf) >= need:
+                _inbuf = buf[need:]
+                return buf[4:need]
+        b = os.read(fd, max(65536, need - len(buf)))
+        if not b:
+            return None
+        buf += b
 
 
 def write_all(fd, data):
@@ -374,10 +414,8 @@ class Capture:
         self.fd, self.cap, self.buf, self.trunc, self.eof = fd, cap, bytearray(), False, False
 
     def pump(self):
-        try:
-            b = os.read(self.fd, 65536)
-        except BlockingIOError:
-            return
+        # only after poll() or select() found the pipe readable: no wait
+        b = os.read(self.fd, 65536)
         if not b:
             self.eof = True
             return
@@ -400,7 +438,7 @@ def call_fork(req):
         write_all(in_fd, data)
         os.lseek(in_fd, 0, 0)
     else:
-        in_fd = os.dup(_null)
+        in_fd = _null
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     t0 = time.monotonic()
@@ -411,8 +449,6 @@ def call_fork(req):
     except BaseException as e:  # SyntaxError, ValueError (NUL), MemoryError...
         compiled = e
     glb = {"__name__": "__main__", "__builtins__": __builtins__}
-    os.set_blocking(out_r, False)
-    os.set_blocking(err_r, False)
     caps = [Capture(out_r, req.get("out_cap", 1 << 20)), Capture(err_r, req.get("err_cap", 1 << 20))]
     poll = select.poll()
     for c in caps:
@@ -446,7 +482,8 @@ def call_fork(req):
                 pass
             code = 126
         os._exit(code)
-    os.close(in_fd)
+    if in_fd != _null:
+        os.close(in_fd)
     os.close(out_w)
     os.close(err_w)
     pidfd = os.pidfd_open(pid)
@@ -482,8 +519,8 @@ def call_fork(req):
             reap_all(time.monotonic() + 2)
     for c in caps:
         while not c.eof:
-            select.select([c.fd], [], [], 1.0)
-            c.pump()
+            if select.select([c.fd], [], [], 1.0)[0]:
+                c.pump()
         os.close(c.fd)
     code = os.waitstatus_to_exitcode(status)
     hdr = {"exit_code": code if code >= 0 else -1, "signal": -code if code < 0 else 0,
@@ -640,13 +677,11 @@ class Worker:
             os._exit(1)
         ws.close()
         self.ctl = zs
-        self.reaped = False
         self.calls = 0
 
     def close(self):
+        # never reaped before this: its pid cannot have been reused
         self.ctl.close()
-        if self.reaped:
-            return
         try:
             os.kill(self.pid, signal.SIGKILL)
         except OSError:
@@ -716,16 +751,6 @@ def clean_result(h):
             "mode": "reuse"}
 
 
-def worker_alive(w):
-    try:
-        if os.waitpid(w.pid, os.WNOHANG)[0] == 0:
-            return True
-    except ChildProcessError:
-        pass
-    w.reaped = True  # its pid may be reused now: never signal it again
-    return False
-
-
 def call_reuse(req, raw):
     """raw: the request frame as the daemon sent it (passed on, not re-encoded)."""
     global worker
@@ -738,11 +763,10 @@ def call_reuse(req, raw):
     res_r, res_w = os.pipe2(os.O_CLOEXEC)
     t0 = time.monotonic()
     # A worker that a previous call broke after its result (closed the
-    # control socket, exited) must not fail this call: replace it once.
+    # control socket, exited) must not fail this call: replace it once. Its
+    # end of the socket is in no other process (it cannot fork), so the
+    # send fails once it is gone; unreaped until then, its pid is not reused.
     for _ in range(2):
-        if worker is not None and not worker_alive(worker):
-            worker.close()
-            worker = None
         if worker is None:
             worker = Worker()
         try:

@@ -186,6 +186,32 @@ def test_scratch_wiped(fn, one):
         assert b["stdout"] == "[] False\n", (mode, b)
 
 
+def test_scratch_wiped_once_the_dirs_settled(fn, one):
+    """The zygote skips rescanning a temp dir or the scratch whose stat
+    (ctime included, which no call can set back) is what a scan that found
+    nothing started from, once that ctime is a second old: what a call leaves
+    there afterwards is still found, also when it restores the scratch's
+    mtime. (The pause only lets the dirs settle; without it the test still
+    passes, through full scans.)"""
+    for mode, mem in MODES:
+        def run(code):
+            return ok(fn.api, image="python:latest", lang="python", memory_mb=mem, mode=mode,
+                      code=code)
+        look = ("import os; print(sorted(os.listdir('.')), "
+                "[n for d in ('/tmp', '/var/tmp', '/dev/shm') for n in os.listdir(d)])")
+        first = run(look)
+        time.sleep(1.5)
+        settled = [run(look), run(look)]
+        assert all(r["stdout"] == "[] ['.wr-call']\n" for r in [first] + settled), settled
+        leave = run("import os\nst = os.stat('.')\nopen('f', 'w').write('x')\n"
+                    "os.utime('.', ns=(st.st_atime_ns, st.st_mtime_ns))\n"
+                    "for d in ('/tmp', '/var/tmp', '/dev/shm'):\n"
+                    "    open(d + '/left', 'w').write('y')\n")
+        after = run(look)
+        same_member([first, leave, after] + settled)
+        assert after["stdout"] == "[] ['.wr-call']\n", (mode, after)
+
+
 def test_background_processes_killed(fn, one):
     t = time.time()
     a = ok(fn.api, image="python:latest", memory_mb=201,
