@@ -75,8 +75,12 @@ wr_bearer_matches (const char *v, size_t n, const char *token)
 {
   if (n < 7 || strncmp (v, "Bearer ", 7) != 0)
     return false;
-  v += 7;
-  n -= 7;
+  return wr_token_matches (v + 7, n - 7, token);
+}
+
+bool
+wr_token_matches (const char *v, size_t n, const char *token)
+{
   size_t b = strlen (token);
   unsigned char diff = n != b;
   for (size_t i = 0; i < n && i < b; i++)
@@ -104,7 +108,9 @@ header_block_end (const char *buf, size_t n, size_t *scanned)
 }
 
 /* Does the header block carry an admitted token? The request line is
- * skipped; header names are case-insensitive. */
+ * skipped; header names are case-insensitive. With authorized_key, an
+ * X-API-Key or X-Access-Token header may carry it too (E2B's SDK sends
+ * those, and an Authorization: Basic that names a user, not a token). */
 static bool
 headers_authorized (struct wr_httpd *h, const char *buf, size_t n)
 {
@@ -114,15 +120,26 @@ headers_authorized (struct wr_httpd *h, const char *buf, size_t n)
       const char *eol = memchr (p, '\n', (size_t)(end - p));
       if (eol == NULL)
         break;
-      const char *v = p + 14;
+      size_t nl = 0;
+      bool key = false;
       if (eol - p > 14 && strncasecmp (p, "authorization:", 14) == 0)
+        nl = 14;
+      else if (h->cfg.authorized_key && eol - p > 10 && strncasecmp (p, "x-api-key:", 10) == 0)
+        nl = 10, key = true;
+      else if (h->cfg.authorized_key && eol - p > 15 && strncasecmp (p, "x-access-token:", 15) == 0)
+        nl = 15, key = true;
+      if (nl)
         {
+          const char *v = p + nl;
           while (v < eol && (*v == ' ' || *v == '\t'))
             v++;
           const char *ve = eol;
           while (ve > v && (ve[-1] == '\r' || ve[-1] == ' ' || ve[-1] == '\t'))
             ve--;
-          return h->cfg.authorized (h->cfg.arg, v, (size_t)(ve - v));
+          bool ok = key ? h->cfg.authorized_key (h->cfg.arg, v, (size_t)(ve - v))
+                        : h->cfg.authorized (h->cfg.arg, v, (size_t)(ve - v));
+          if (ok || !h->cfg.authorized_key)
+            return ok;
         }
       p = eol;
     }

@@ -31,6 +31,9 @@ struct wr_httpd_config
   size_t max_body;           /* evhttp's body limit for admitted connections */
   /* Header stage: does this Authorization header value admit the connection? */
   bool (*authorized) (void *arg, const char *value, size_t len);
+  /* Optional: does this X-API-Key or X-Access-Token value admit it? (Then
+   * any one admitting header is enough.) */
+  bool (*authorized_key) (void *arg, const char *value, size_t len);
   /* Requests of admitted connections (they still carry their headers). */
   void (*route) (struct evhttp_request *req, void *arg);
   /* Answer a refused connection (401, 413 or 503 with code and message). */
@@ -92,5 +95,7 @@ int wr_httpd_limit_opt (int opt, const char *arg, unsigned *max_connections,
 /* "Bearer TOKEN" (value[0..len)) against token, in constant time for a
  * given length; an empty token matches nothing. */
 bool wr_bearer_matches (const char *value, size_t len, const char *token);
+/* value == token, in constant time (token non-empty) */
+bool wr_token_matches (const char *value, size_t len, const char *token);
 
 #endif

@@ -109,6 +109,7 @@ struct e2b
   struct e2b_proc *procs;
   struct e2b_watch *watches;
   uint32_t next_pid, next_watch;
+  bool keyed; /* a listener serving us asks for a token */
 };
 
 static struct e2b *g_e2b;
@@ -345,7 +346,7 @@ sb_metadata (struct sandbox *sb)
 }
 
 static json_t *
-e2b_sandbox_json (struct sandbox *sb)
+e2b_sandbox_json (struct sandbox *sb, struct evhttp_request *req)
 {
   char started[40], end[40];
   iso_time (sb->created_at, started, sizeof started);
@@ -353,14 +354,21 @@ e2b_sandbox_json (struct sandbox *sb)
   iso_time (e, end, sizeof end);
   json_t *spec = sb->spec;
   double cpus = json_number_value (json_object_get (spec, "cpus"));
-  return json_pack ("{s:s,s:s,s:s,s:s,s:s,s:s,s:i,s:I,s:I,s:o,s:s,s:s,s:n,s:n}", "sandboxID",
-                    sb->id, "templateID", sb_template (sb), "alias", sb_template (sb), "clientID",
-                    "warren", "startedAt", started, "endAt", end, "cpuCount",
-                    cpus >= 1 ? (int)cpus : 1, "memoryMB",
-                    json_integer_value (json_object_get (spec, "memory_mb")), "diskSizeMB",
-                    json_integer_value (json_object_get (spec, "disk_mb")), "metadata",
-                    sb_metadata (sb), "state", sb->state == SB_PAUSED ? "paused" : "running",
-                    "envdVersion", E2B_ENVD_VERSION, "envdAccessToken", "domain");
+  json_t *j
+      = json_pack ("{s:s,s:s,s:s,s:s,s:s,s:s,s:i,s:I,s:I,s:o,s:s,s:s,s:n,s:n}", "sandboxID", sb->id,
+                   "templateID", sb_template (sb), "alias", sb_template (sb), "clientID", "warren",
+                   "startedAt", started, "endAt", end, "cpuCount", cpus >= 1 ? (int)cpus : 1,
+                   "memoryMB", json_integer_value (json_object_get (spec, "memory_mb")),
+                   "diskSizeMB", json_integer_value (json_object_get (spec, "disk_mb")), "metadata",
+                   sb_metadata (sb), "state", sb->state == SB_PAUSED ? "paused" : "running",
+                   "envdVersion", E2B_ENVD_VERSION, "envdAccessToken", "domain");
+  /* On a port that asks for a token, the SDK's envd requests must carry it
+   * too: it sends X-Access-Token with the sandbox's envdAccessToken, so
+   * that is the client's own key, handed back. */
+  const char *key = g_e2b && g_e2b->keyed ? header (req, "X-API-Key") : NULL;
+  if (key && key[0])
+    json_object_set_new (j, "envdAccessToken", json_string (key));
+  return j;
 }
 
 static struct sandbox *
@@ -410,7 +418,7 @@ provision_reply (struct provision *pv, const char *problem)
     wrd_log (WRD_LOG_WARN, "e2b: sandbox %s has no account \"%s\": %s", pv->sbid, E2B_USER,
              problem);
   if (sb)
-    reply_json (pv->req, 201, e2b_sandbox_json (sb));
+    reply_json (pv->req, 201, e2b_sandbox_json (sb, pv->req));
   else
     reply_api_error (pv->req, 500, "the sandbox went away while it was being created");
   evbuffer_free (pv->err);
@@ -455,7 +463,7 @@ create_done (struct wrd *d WR_UNUSED, struct sandbox *sb, wr_err_t *err, void *u
   if (pv == NULL || (pv->err = evbuffer_new ()) == NULL)
     {
       free (pv);
-      reply_json (req, 201, e2b_sandbox_json (sb));
+      reply_json (req, 201, e2b_sandbox_json (sb, req));
       return;
     }
   pv->req = req;
@@ -561,7 +569,7 @@ handle_list (struct e2b *s, struct evhttp_request *req)
     for (struct sandbox *sb = d->table[i]; sb; sb = sb->hnext)
       if ((sb->state == SB_RUNNING || sb->state == SB_PAUSED) && sb_is_e2b (sb)
           && list_match (sb, metadata, state))
-        json_array_append_new (a, e2b_sandbox_json (sb));
+        json_array_append_new (a, e2b_sandbox_json (sb, req));
   evhttp_clear_headers (&q);
   reply_json (req, 200, a);
 }
@@ -597,7 +605,7 @@ handle_sandbox (struct e2b *s, struct evhttp_request *req, const char *rest, jso
       return;
     }
   if (action[0] == '\0' && m == EVHTTP_REQ_GET)
-    reply_json (req, 200, e2b_sandbox_json (sb));
+    reply_json (req, 200, e2b_sandbox_json (sb, req));
   else if (action[0] == '\0' && m == EVHTTP_REQ_DELETE)
     {
       if (wrd_sandbox_destroy (s->d, sb, &err) < 0)
@@ -649,7 +657,7 @@ handle_sandbox (struct e2b *s, struct evhttp_request *req, const char *rest, jso
           && (sb->expires_at <= 0 || wr_now_ns () / 1e9 + (double)timeout > sb->expires_at
               || strcmp (action, "resume") == 0))
         set_timeout (s, sb, timeout);
-      reply_json (req, was_paused ? 201 : 200, e2b_sandbox_json (sb));
+      reply_json (req, was_paused ? 201 : 200, e2b_sandbox_json (sb, req));
     }
   else
     reply_api_error (req, 404, "no such route");
@@ -969,9 +977,83 @@ signal_number (json_t *sig)
   return 0;
 }
 
+/* StreamInput, client streaming: envelopes {start: {process}}, then
+ * {data: {input: {stdin|pty}}} and {keepalive}. evhttp hands us a request
+ * once its body is complete, so over HTTP/1.1 the input reaches the
+ * process when the client ends its stream (half duplex, as the Connect
+ * protocol allows); the answer is one {} message and the end of stream. */
+static void
+stream_input (struct e2b *s, struct sandbox *sb, struct evhttp_request *req)
+{
+  struct evbuffer *ib = evhttp_request_get_input_buffer (req);
+  size_t n = evbuffer_get_length (ib);
+  const uint8_t *p = n ? evbuffer_pullup (ib, -1) : NULL;
+  struct e2b_proc *proc = NULL;
+  const char *bad = NULL;
+  while (n && bad == NULL)
+    {
+      size_t len = n >= 5 ? (size_t)p[1] << 24 | (size_t)p[2] << 16 | (size_t)p[3] << 8 | p[4] : 0;
+      json_t *m = n >= 5 && len <= n - 5 ? json_loadb ((const char *)p + 5, len, 0, NULL) : NULL;
+      if (!json_is_object (m))
+        bad = "malformed request envelope";
+      json_t *start = json_object_get (m, "start"), *data = json_object_get (m, "data");
+      const char *in
+          = json_string_value (json_object_get (json_object_get (data, "input"), "stdin"))
+                ?: json_string_value (json_object_get (json_object_get (data, "input"), "pty"));
+      if (bad == NULL && start && proc == NULL)
+        {
+          proc = proc_find (s, sb->id, json_object_get (start, "process"));
+          if (proc == NULL)
+            bad = "process not found";
+        }
+      else if (bad == NULL && data && proc == NULL)
+        bad = "the stream must begin with a start event";
+      else if (bad == NULL && in && in[0])
+        {
+          size_t il = strlen (in);
+          _cleanup_free_ char *raw = malloc (il / 4 * 3 + 4);
+          long rn = raw ? wr_b64_decode (in, il, raw) : -1;
+          if (rn < 0)
+            bad = "input is not base64";
+          else if (rn > 0)
+            agent_send (proc->conn, proc->sid, WR_MSG_STDIN, raw, (size_t)rn);
+        }
+      json_decref (m);
+      if (bad == NULL)
+        {
+          p += 5 + len;
+          n -= 5 + len;
+        }
+    }
+  if (bad == NULL && proc == NULL)
+    bad = "the stream must begin with a start event";
+  if (bad)
+    {
+      reply_stream_error (
+          req, strcmp (bad, "process not found") == 0 ? "not_found" : "invalid_argument", bad);
+      return;
+    }
+  struct evbuffer *b = evbuffer_new ();
+  envelope_add (b, 0, json_object ());
+  envelope_add (b, 0x02, json_object ());
+  evhttp_add_header (evhttp_request_get_output_headers (req), "Content-Type",
+                     "application/connect+json");
+  evhttp_send_reply (req, 200, NULL, b);
+  evbuffer_free (b);
+}
+
 static void
 handle_process (struct e2b *s, struct sandbox *sb, struct evhttp_request *req, const char *method)
 {
+  if (strcmp (method, "StreamInput") == 0)
+    {
+      const char *ccode, *cmsg;
+      if (usable (sb, &ccode, &cmsg) == NULL)
+        reply_stream_error (req, ccode, cmsg);
+      else
+        stream_input (s, sb, req);
+      return;
+    }
   bool streaming = strcmp (method, "Start") == 0 || strcmp (method, "Connect") == 0;
   const char *ccode, *cmsg;
   json_t *msg = request_message (req, streaming);
@@ -1009,7 +1091,7 @@ handle_process (struct e2b *s, struct sandbox *sb, struct evhttp_request *req, c
       return;
     }
   struct e2b_proc *p = proc_find (s, sb->id, json_object_get (msg, "process"));
-  if (p == NULL && strcmp (method, "Update") != 0 && strcmp (method, "StreamInput") != 0)
+  if (p == NULL && strcmp (method, "Update") != 0)
     {
       (streaming ? reply_stream_error : reply_connect_error) (req, "not_found",
                                                               "process not found");
@@ -1074,8 +1156,7 @@ handle_process (struct e2b *s, struct sandbox *sb, struct evhttp_request *req, c
   else if (strcmp (method, "Update") == 0)
     reply_connect_error (req, "not_found", "process not found");
   else
-    reply_connect_error (req, "unimplemented",
-                         "client-streamed input (StreamInput) needs HTTP/2: use SendInput");
+    reply_connect_error (req, "unimplemented", "no such process call");
   json_decref (msg);
 }
 
@@ -2048,6 +2129,13 @@ wrd_compat_e2b_attach (struct wrd *d, wr_err_t *err)
   s->next_pid = 1000;
   g_e2b = s;
   return 0;
+}
+
+void
+wrd_compat_e2b_keyed (void)
+{
+  if (g_e2b)
+    g_e2b->keyed = true;
 }
 
 int

@@ -20,5 +20,9 @@ void wrd_compat_e2b_stop (struct wrd *d); /* accepts a daemon without one */
 bool wrd_compat_e2b_route (struct evhttp_request *req);
 /* Set up the E2B state without a listener of its own. */
 int wrd_compat_e2b_attach (struct wrd *d, wr_err_t *err);
+/* A listener serving these routes asks for a token (X-API-Key): sandboxes
+ * then answer with the client's key as their envdAccessToken, which the
+ * SDK sends back as X-Access-Token on envd requests. */
+void wrd_compat_e2b_keyed (void);
 
 #endif

@@ -1272,6 +1272,15 @@ sf_authorized (void *arg, const char *value, size_t len)
   return wr_bearer_matches (value, len, s->token);
 }
 
+/* E2B's SDK sends its API key as X-API-Key (and, once a sandbox answered
+ * with an envdAccessToken, as X-Access-Token), never as a bearer token */
+static bool
+sf_key_authorized (void *arg, const char *value, size_t len)
+{
+  struct sf *s = arg;
+  return wr_token_matches (value, len, s->token);
+}
+
 /* "tcp:ADDR:PORT", "tcp:PORT" or "PORT" -> "tcp:ADDR:PORT" (ADDR 127.0.0.1) */
 static int
 normalize_spec (const char *spec, char *out, size_t len, wr_err_t *err)
@@ -1564,6 +1573,7 @@ wrd_compat_sf_start (struct wrd *d, const struct wrd_compat_sf_config *cfg, wr_e
         .max_body = SF_MAX_BODY,
         .idle_timeout_s = 3600,
         .authorized = sf_authorized,
+        .authorized_key = sf_key_authorized,
         .route = sf_route,
         .refused = sf_refused,
         .arg = s,
@@ -1589,6 +1599,8 @@ wrd_compat_sf_start (struct wrd *d, const struct wrd_compat_sf_config *cfg, wr_e
       wrd_compat_sf_stop (d);
       return -1;
     }
+  if (s->token[0])
+    wrd_compat_e2b_keyed (); /* sandboxes hand the key back as envdAccessToken */
   wrd_log (WRD_LOG_INFO, "SandboxFusion and E2B APIs on %s%s", spec, s->token[0] ? " (token)" : "");
   return 0;
 }

@@ -10,6 +10,7 @@ import os
 import shutil
 import struct
 import subprocess
+import threading
 
 import pytest
 
@@ -262,6 +263,51 @@ def test_user_account(e2b):
         assert request(port, "DELETE", "/sandboxes/" + sid)[0] == 204
 
 
+def test_stream_input(e2b):
+    """StreamInput (client streaming) over HTTP/1.1: the whole stream is one
+    request body; its input reaches the process when the body ends."""
+    d, port = e2b
+    st, sb = request(port, "POST", "/sandboxes", {"templateID": "base", "timeout": 120})
+    assert st == 201, sb
+    sid = sb["sandboxID"]
+    h = {"E2b-Sandbox-Id": sid}
+    try:
+        msg = json.dumps({"process": {"cmd": "/bin/cat"}, "stdin": True, "tag": "si"}).encode()
+        res = {}
+        t = threading.Thread(target=lambda: res.update(r=request(
+            port, "POST", "/process.Process/Start", struct.pack(">BI", 0, len(msg)) + msg,
+            dict(h, **{"Content-Type": "application/connect+json"}), raw=True)))
+        t.start()
+        procs = wait_for(lambda: request(port, "POST", "/process.Process/List", {}, h)[1]
+                         ["processes"], what="the process is listed")
+        pid = procs[0]["pid"]
+
+        def env(m):
+            b = json.dumps(m).encode()
+            return struct.pack(">BI", 0, len(b)) + b
+        data = base64.b64encode(b"hello stream\n").decode()
+        body = (env({"start": {"process": {"pid": pid}}}) + env({"keepalive": {}})
+                + env({"data": {"input": {"stdin": data}}}))
+        st, out, ctype = request(port, "POST", "/process.Process/StreamInput", body,
+                                 dict(h, **{"Content-Type": "application/connect+json"}),
+                                 raw=True)
+        assert st == 200 and envelopes(out) == [(0, {}), (2, {})], out
+        # without a start event, or for an unknown process: an end-of-stream error
+        st, out, _ = request(port, "POST", "/process.Process/StreamInput",
+                             env({"start": {"process": {"pid": 999999}}}),
+                             dict(h, **{"Content-Type": "application/connect+json"}), raw=True)
+        assert st == 200 and envelopes(out)[-1][1]["error"]["code"] == "not_found", out
+        assert request(port, "POST", "/process.Process/CloseStdin",
+                       {"process": {"pid": pid}}, h)[0] == 200
+        t.join(60)
+        st, body, _ = res["r"]
+        outb = b"".join(base64.b64decode(e["event"]["data"].get("stdout", ""))
+                        for f, e in envelopes(body) if f == 0 and "data" in e.get("event", {}))
+        assert outb == b"hello stream\n", envelopes(body)
+    finally:
+        assert request(port, "DELETE", "/sandboxes/" + sid)[0] == 204
+
+
 def test_watcher_polling(e2b):
     """CreateWatcher / GetWatcherEvents / RemoveWatcher (the polling form of
     WatchDir that E2B's synchronous SDKs use), recursive, by hand."""
@@ -327,3 +373,39 @@ def test_sdk_on_the_compat_listener(sf_daemon):
     res = sf.run_code(code="print(1)")
     assert res["status"] == "Success" and res["run_result"]["stdout"] == "1\n", res
     assert d.api.raw("GET", "/v1/sandboxes").json()["sandboxes"] == []
+
+
+def test_sdk_on_a_tokened_compat_port():
+    """A compat port with --compat-token-file admits the SDK by its API key
+    (X-API-Key, then X-Access-Token on envd requests); a wrong key is 401."""
+    need(os.geteuid() == 0, "container tests need root")
+    tarball = debian_tarball()
+    token = "e2b_" + "7" * 40
+    root_tok = "/var/tmp/wr-e2b-token-%d" % os.getpid()
+    with open(root_tok, "w") as f:
+        f.write(token + "\n")
+    port = free_port()
+    d = Daemon(os.path.abspath(BUILD), extra_args=[
+        "--listen-compat", "tcp:127.0.0.1:%d" % port, "--compat-token-file", root_tok])
+    try:
+        d.start()
+        r = d.api.raw("POST", "/v1/images/import", {"name": "base:bookworm", "path": tarball},
+                      timeout=600)
+        assert r.status == 201, r
+        nd = npm_dir()
+        env = dict(node_env(port), E2B_API_KEY=token, WARREN_E2B_TEMPLATE="base:bookworm")
+        r = subprocess.run(["node", "smoke.mjs"], cwd=nd, env=env, capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert json.loads(r.stdout.strip().splitlines()[-1])["ok"] is True
+        env["E2B_API_KEY"] = "e2b_" + "8" * 40
+        r = subprocess.run(["node", "smoke.mjs"], cwd=nd, env=env, capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode != 0 and ("401" in r.stderr or "Unauthorized" in r.stderr
+                                      or "AuthenticationError" in r.stderr), r.stderr[-500:]
+        assert d.api.raw("GET", "/v1/sandboxes").json()["sandboxes"] == []
+    finally:
+        d.stop()
+        shutil.rmtree(d.root, ignore_errors=True)
+        os.unlink(root_tok)
+
