@@ -7,6 +7,8 @@
  * --control also measures B latency-class burners the same way: what the
  * QoS class buys. JSON on stdout, progress on stderr. */
 #include <getopt.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,16 +62,63 @@ sh (struct qos_run *q, const char *id, const char *cmd)
   return rc;
 }
 
-/* every burner stopped (quiet) or running (loaded) */
+/* One switcher thread: burners next, next+1, ... each with its own client. */
+struct burn_job
+{
+  struct qos_run *q;
+  const char *cmd;
+  atomic_uint next;
+  atomic_bool failed;
+  pthread_mutex_t mu;
+};
+
+static void *
+burn_worker (void *arg)
+{
+  struct burn_job *j = arg;
+  warren_error_t e;
+  warren_client_t *c = warren_client_new (warren_client_host (j->q->c), NULL, &e);
+  json_t *req = json_pack ("{s:s}", "shell", j->cmd);
+  if (c == NULL)
+    atomic_store (&j->failed, true);
+  for (unsigned k;
+       c && !atomic_load (&j->failed) && (k = atomic_fetch_add (&j->next, 1)) < j->q->n_ids;)
+    {
+      json_t *r = warren_exec (c, j->q->ids[k], req, &e);
+      if (r == NULL || json_integer_value (json_object_get (r, "exit_code")) != 0)
+        {
+          pthread_mutex_lock (&j->mu);
+          snprintf (j->q->err, sizeof j->q->err, "burner switch: %s",
+                    r ? "non-zero exit" : e.message);
+          pthread_mutex_unlock (&j->mu);
+          atomic_store (&j->failed, true);
+        }
+      json_decref (r);
+    }
+  json_decref (req);
+  warren_client_free (c);
+  return NULL;
+}
+
+/* every burner stopped (quiet) or running (loaded). In parallel: a
+ * best-effort sandbox's agent runs idle-class, and on a busy host each
+ * switch exec waits for idle CPU; one after another they took minutes. */
 static int
 burn (struct qos_run *q, bool on)
 {
-  for (unsigned k = 0; k < q->n_ids; k++)
-    if (sh (q, q->ids[k],
-            on ? "kill -CONT $(cat /tmp/burn.pid)" : "kill -STOP $(cat /tmp/burn.pid)")
-        != 0)
-      return -1;
-  return 0;
+  struct burn_job j
+      = { .q = q,
+          .cmd = on ? "kill -CONT $(cat /tmp/burn.pid)" : "kill -STOP $(cat /tmp/burn.pid)" };
+  pthread_mutex_init (&j.mu, NULL);
+  pthread_t th[16];
+  unsigned n = 0;
+  for (unsigned i = 0; i < WR_ARRAY_SIZE (th) && i < q->n_ids; i++)
+    if (pthread_create (&th[i], NULL, burn_worker, &j) == 0)
+      n++;
+  for (unsigned i = 0; i < n; i++)
+    pthread_join (th[i], NULL);
+  pthread_mutex_destroy (&j.mu);
+  return n == 0 || atomic_load (&j.failed) ? -1 : 0;
 }
 
 /* samples `true` execs into id, latencies appended to lat */
