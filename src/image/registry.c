@@ -1047,11 +1047,12 @@ fetch_meta (struct fetcher *f, struct fetch_meta *ret, wr_err_t *err)
       ret->layers[i].erofs = lmt && strcmp (lmt, WARREN_EROFS_TYPE) == 0;
     }
 
-  /* the config, to a file the daemon reads (and hashes) itself */
+  /* the config, to a file the daemon reads (and hashes) itself; truncated
+   * when a mirror's attempt left one (the filter has no unlinkat) */
   char path[1024];
   snprintf (path, sizeof path, "/v2/%s/blobs/%s", r->repo, cdg);
   _cleanup_close_ int fd
-      = openat (f->dirfd, "config", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+      = openat (f->dirfd, "config", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0)
     return wr_sys_error (err, "create the config file");
   struct wr_sha256 h;
@@ -1067,6 +1068,7 @@ fetch_meta (struct fetcher *f, struct fetch_meta *ret, wr_err_t *err)
 struct pull
 {
   const struct rref *r;
+  const struct rref *origin; /* r is a mirror: a blob it cannot serve comes from here */
   const struct fetch_meta *meta;
   const struct fetch_plan *plan;
   int dirfd, sock;
@@ -1093,17 +1095,11 @@ pull_tick (void *ud, size_t n)
 }
 
 static int
-fetch_blob (struct pull *p, size_t i, wr_err_t *err)
+fetch_blob_from (struct pull *p, const struct rref *from, size_t i, int fd, wr_err_t *err)
 {
   const char *digest = p->meta->layers[i].digest;
-  char name[32];
-  snprintf (name, sizeof name, "layer-%zu", i);
-  _cleanup_close_ int fd
-      = openat (p->dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd < 0)
-    return wr_sys_error (err, "create %s", name);
   char path[1024];
-  snprintf (path, sizeof path, "/v2/%s/blobs/%s", p->r->repo, digest);
+  snprintf (path, sizeof path, "/v2/%s/blobs/%s", from->repo, digest);
   struct wr_sha256 h;
   wr_sha256_init (&h);
   char what[64];
@@ -1118,13 +1114,34 @@ fetch_blob (struct pull *p, size_t i, wr_err_t *err)
                     .what = what,
                     .blob = true };
   struct resp rp;
-  int r = http_get (p->r, path, NULL, &k, &rp, err);
+  int r = http_get (from, path, NULL, &k, &rp, err);
   if (r < 0)
     return wr_error_wrap (err, "layer %zu", i + 1);
   if (k.len != (size_t)want)
     return wr_error (err, 0, WR_E_INVALID, "layer %zu is %zu bytes, the manifest says %lld", i + 1,
                      k.len, (long long)want);
   return check_digest (&h, digest, what, err);
+}
+
+static int
+fetch_blob (struct pull *p, size_t i, wr_err_t *err)
+{
+  char name[32];
+  snprintf (name, sizeof name, "layer-%zu", i);
+  _cleanup_close_ int fd
+      = openat (p->dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0)
+    return wr_sys_error (err, "create %s", name);
+  int r = fetch_blob_from (p, p->r, i, fd, err);
+  if (r < 0 && p->origin)
+    {
+      /* the mirror lacks it or sent something else: the origin's bytes
+       * overwrite it (never longer than the manifest's size) */
+      if (lseek (fd, 0, SEEK_SET) < 0)
+        return wr_sys_error (err, "rewind %s", name);
+      r = fetch_blob_from (p, p->origin, i, fd, err);
+    }
+  return r;
 }
 
 static void *
@@ -1267,17 +1284,18 @@ fetcher_main (void *arg)
     return NULL;
   wr_err_t err = { 0 };
   int r = -1;
+  struct rref origin = f->r;
+  bool mirrored = false;
   if (f->mirror.host[0])
     {
       /* the mirror first; anything it cannot serve comes from the origin */
-      struct rref origin = f->r;
       f->r = f->mirror;
       r = fetch_meta (f, meta, &err);
+      mirrored = r == 0;
       if (r < 0)
         {
           f->r = origin;
           memset (meta, 0, sizeof *meta);
-          unlinkat (f->dirfd, "config", 0);
         }
     }
   if (r < 0)
@@ -1290,7 +1308,12 @@ fetcher_main (void *arg)
       free (meta);
       return NULL;
     }
-  struct pull p = { .r = &f->r, .meta = meta, .plan = &plan, .dirfd = f->dirfd, .sock = f->sock };
+  struct pull p = { .r = &f->r,
+                    .origin = mirrored ? &origin : NULL,
+                    .meta = meta,
+                    .plan = &plan,
+                    .dirfd = f->dirfd,
+                    .sock = f->sock };
   pthread_mutex_init (&p.lock, NULL);
   size_t todo = 0;
   for (size_t i = 0; i < meta->n; i++)

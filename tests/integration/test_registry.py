@@ -554,3 +554,182 @@ def test_push_with_auth(work, rootfs, tls_basic, daemons):
     assert r.status == 401, r
     m = r.json()["error"]["message"]
     assert "credentials" in m and "refused" in m, m
+
+
+# ---------------------------------------------------------------- proxies and mirrors
+
+class ForwardProxy:
+    """An HTTP forward proxy: CONNECT (https) and absolute-form requests
+    (plain http), recording the request line of every connection (the
+    fetcher opens one per request)."""
+
+    def __init__(self):
+        self.lines = []
+        self.lock = threading.Lock()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.closed = False
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while not self.closed:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.serve, args=(c,), daemon=True).start()
+
+    @staticmethod
+    def pump(a, b):
+        try:
+            while True:
+                d = a.recv(65536)
+                if not d:
+                    break
+                b.sendall(d)
+        except OSError:
+            pass
+        finally:
+            try:
+                b.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+    def serve(self, c):
+        try:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                d = c.recv(65536)
+                if not d:
+                    return
+                head += d
+            line = head.split(b"\r\n", 1)[0].decode(errors="replace")
+            with self.lock:
+                self.lines.append(line)
+            method, target, _ = line.split(" ", 2)
+            if method == "CONNECT":
+                host, port = target.rsplit(":", 1)
+                u = socket.create_connection((host, int(port)), timeout=60)
+                c.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                rest = head.split(b"\r\n\r\n", 1)[1]
+                if rest:
+                    u.sendall(rest)
+            else:
+                # absolute form: the upstream (Go's net/http) takes it as it is
+                p = urllib.parse.urlsplit(target)
+                u = socket.create_connection((p.hostname, p.port or 80), timeout=60)
+                u.sendall(head)
+            t = threading.Thread(target=self.pump, args=(u, c), daemon=True)
+            t.start()
+            self.pump(c, u)
+            t.join(120)
+            u.close()
+        except (OSError, ValueError):
+            pass
+        finally:
+            c.close()
+
+    def count(self, needle):
+        with self.lock:
+            return sum(needle in l for l in self.lines)
+
+    def close(self):
+        self.closed = True
+        self.sock.close()
+
+
+@pytest.fixture
+def forward_proxy():
+    p = ForwardProxy()
+    yield p
+    p.close()
+
+
+def test_pull_through_an_http_proxy(work, plain, image, daemons, forward_proxy, monkeypatch):
+    """http_proxy in warrend's environment: a plain-HTTP pull goes through
+    the proxy as absolute-form GETs (docs/images.md, Registry configuration)."""
+    host, _ = plain
+    monkeypatch.setenv("http_proxy", forward_proxy.url)
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    d = daemons()
+    r = pull(d, f"{host}/{image}", insecure=True)
+    assert r.status == 201, r
+    assert forward_proxy.count(f"GET http://{host}/v2/reg/small/manifests/v1") >= 1, \
+        forward_proxy.lines
+    assert forward_proxy.count(f"GET http://{host}/v2/reg/small/blobs/") == 3, forward_proxy.lines
+
+
+def test_pull_through_an_https_proxy(work, tls_basic, image, daemons, forward_proxy, monkeypatch):
+    """HTTPS_PROXY: a TLS pull (test CA, htpasswd) tunnels through the
+    proxy with CONNECT; the credentials travel inside the tunnel."""
+    host, ca = tls_basic
+    auth = creds_file(work, "proxy.json", host, "alice", "s3cret")
+    monkeypatch.setenv("HTTPS_PROXY", forward_proxy.url)
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    d = daemons("--registry-ca", ca, "--registry-auth", auth)
+    r = pull(d, f"{host}/{image}")
+    assert r.status == 201, r
+    assert forward_proxy.count(f"CONNECT {host} ") >= 4, forward_proxy.lines  # manifest, 3 blobs
+    assert all(l.startswith("CONNECT ") for l in forward_proxy.lines), forward_proxy.lines
+    # without the variable, the same pull does not touch the proxy
+    monkeypatch.delenv("HTTPS_PROXY")
+    n = len(forward_proxy.lines)
+    d2 = daemons("--registry-ca", ca, "--registry-auth", auth)
+    assert pull(d2, f"{host}/{image}").status == 201
+    assert len(forward_proxy.lines) == n, forward_proxy.lines
+
+
+def test_pull_from_a_mirror_and_fallback_to_the_origin(work, plain, image, daemons):
+    """--registry-mirror ORIGIN=MIRROR: a mirror that holds the image serves
+    the whole pull (the origin, behind a counting proxy, sees nothing); a
+    mirror that lacks it falls back to the origin."""
+    host, _ = plain
+    origin = CountingProxy(int(host.split(":")[1]))
+    full = start_registry(work, "mirror-full", os.path.join(work, "mirror-full"))
+    empty = start_registry(work, "mirror-empty", os.path.join(work, "mirror-empty"))
+    try:
+        mirror_host = f"127.0.0.1:{full[1]}"
+        # the mirror's copy differs from the origin's: its layers tell who served it
+        push(mirror_host, "reg/small", "v1",
+                          [tar_bytes([("a", "file", "layer one\n")]),
+                           tar_bytes([("m", "file", "from the mirror\n")])])
+        ref = f"127.0.0.1:{origin.port}/{image}"
+        d = daemons("--registry-mirror", f"127.0.0.1:{origin.port}={mirror_host}")
+        r = pull(d, ref, insecure=True)
+        assert r.status == 201, r
+        assert origin.lines == [], origin.lines
+        from_mirror = r.json()["layers"]
+        # a mirror without the image: the origin serves the pull
+        d2 = daemons("--registry-mirror", f"127.0.0.1:{origin.port}=127.0.0.1:{empty[1]}")
+        r = pull(d2, ref, insecure=True)
+        assert r.status == 201, r
+        assert r.json()["layers"] != from_mirror and len(from_mirror) == 2, (r, from_mirror)
+        assert origin.count("/manifests/v1") >= 1 and origin.count("/blobs/") == 3, origin.lines
+        # a mirror with the manifest but not every blob (a cache half
+        # filled): the manifest from the mirror, the missing blob from the origin
+        pstore = os.path.join(work, "mirror-partial")
+        partial = start_registry(work, "mirror-partial", pstore)
+        try:
+            phost = f"127.0.0.1:{partial[1]}"
+            _, layers = push(phost, "reg/small", "v1", [tar_bytes([("a", "file", "layer one\n")]),
+                                                        tar_bytes([("b", "file", "layer two\n")])])
+            dg = layers[1].split(":")[1]
+            os.unlink(os.path.join(pstore, "docker/registry/v2/blobs/sha256", dg[:2], dg, "data"))
+            before = list(origin.lines)
+            d3 = daemons("--registry-mirror", f"127.0.0.1:{origin.port}={phost}")
+            r = pull(d3, ref, insecure=True)
+            assert r.status == 201, r
+            new = origin.lines[len(before):]
+            assert [l for l in new if "/blobs/" in l] == [f"GET /v2/reg/small/blobs/{layers[1]} HTTP/1.1"], new
+            assert not any("/manifests/" in l for l in new), new
+        finally:
+            stop(partial[0])
+    finally:
+        origin.close()
+        stop(full[0])
+        stop(empty[0])
