@@ -238,3 +238,16 @@ def test_oversized_request_is_answered(client):
     assert j["status"] == "SandboxError" and "64 MiB" in j["message"], j
     # the listener is still serving
     assert client.run_code(language="bash", code="echo ok")["run_result"]["stdout"] == "ok\n"
+
+
+def test_staged_stdin_refs_are_in_process_only(sf_daemon):
+    """/v1/calls' "stdin_ref" names bytes the compat layer staged in-process
+    (docs/fncall.md, "Staged stdin"): an API caller cannot name one that
+    does not exist, nor give it with "stdin"."""
+    d, _ = sf_daemon
+    r = d.api.raw("POST", "/v1/calls", {"image": "base:bookworm", "shell": "cat",
+                                        "stdin_ref": "0" * 32})
+    assert r.status == 400 and "stdin_ref" in r.json()["error"]["message"], r
+    r = d.api.raw("POST", "/v1/calls", {"image": "base:bookworm", "shell": "cat", "stdin": "x",
+                                        "stdin_ref": "0" * 32})
+    assert r.status == 400 and "exclude" in r.json()["error"]["message"], r
