@@ -251,3 +251,28 @@ def test_staged_stdin_refs_are_in_process_only(sf_daemon):
     r = d.api.raw("POST", "/v1/calls", {"image": "base:bookworm", "shell": "cat", "stdin": "x",
                                         "stdin_ref": "0" * 32})
     assert r.status == 400 and "exclude" in r.json()["error"]["message"], r
+
+
+def test_connection_close_and_http10_get_their_answer(client):
+    """The listener's connections go through a filter (the 413 above);
+    evhttp frees a Connection: close or HTTP/1.0 connection as soon as it
+    thinks the answer was sent: the answer must reach the client first."""
+    body = json.dumps({"language": "bash", "code": "echo closed"}).encode()
+    for req in (b"GET /v1/ping HTTP/1.0\r\n\r\n",
+                b"POST /run_code HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body):
+        s = socket.create_connection(("127.0.0.1", client.port), timeout=120)
+        try:
+            s.sendall(req)
+            data = b""
+            while True:
+                d = s.recv(65536)
+                if not d:
+                    break
+                data += d
+        finally:
+            s.close()
+        head, _, payload = data.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.") and b" 200 " in head.split(b"\r\n")[0], data[:300]
+        j = json.loads(payload)
+        assert j == "pong" or j["run_result"]["stdout"] == "closed\n", j
