@@ -99,6 +99,8 @@ struct e2b_watch
   struct evhttp_request *req; /* the stream, or CreateWatcher's call until ready */
   struct evhttp_connection *evcon;
   struct event *hup;
+  struct event *ping; /* keepalive messages every Keepalive-Ping-Interval s */
+  int ping_s;
   json_t *events; /* polling: not yet fetched */
 };
 
@@ -1494,6 +1496,8 @@ watch_free (struct e2b *s, struct e2b_watch *w)
       }
   if (w->hup)
     event_free (w->hup);
+  if (w->ping)
+    event_free (w->ping);
   if (w->evcon)
     evhttp_connection_set_closecb (w->evcon, NULL, NULL);
   json_decref (w->events);
@@ -1552,6 +1556,15 @@ watch_send (struct e2b_watch *w, uint8_t flags, json_t *j)
   evbuffer_free (b);
 }
 
+/* A watch may be quiet for long: keepalive messages keep proxies (and the
+ * SDK, which asks for them) from taking the stream for dead. */
+static void
+watch_ping (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
+{
+  struct e2b_watch *w = arg;
+  watch_send (w, 0, json_pack ("{s:{}}", "keepalive"));
+}
+
 static void
 watch_ready (struct e2b_watch *w)
 {
@@ -1564,6 +1577,11 @@ watch_ready (struct e2b_watch *w)
     }
   stream_begin (g_e2b, w->req, watch_closed, watch_hangup, w, &w->evcon, &w->hup);
   watch_send (w, 0, json_pack ("{s:{}}", "start")); /* oneof fields at the top */
+  if (w->ping_s > 0 && (w->ping = event_new (g_e2b->d->base, -1, EV_PERSIST, watch_ping, w)))
+    {
+      struct timeval tv = { .tv_sec = w->ping_s };
+      event_add (w->ping, &tv);
+    }
 }
 
 static void
@@ -1651,6 +1669,8 @@ watch_start (struct e2b *s, struct sandbox *sb, struct evhttp_request *req, json
   snprintf (w->sbid, sizeof w->sbid, "%s", sb->id);
   w->polling = polling;
   w->req = req;
+  const char *ping = header (req, "Keepalive-Ping-Interval");
+  w->ping_s = ping && atoi (ping) > 0 ? (atoi (ping) < 3600 ? atoi (ping) : 3600) : 0;
   w->events = json_array ();
   w->conn = sb->conn;
   w->next = s->watches;

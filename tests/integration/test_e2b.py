@@ -3,6 +3,7 @@ unmodified, against warrend --listen-e2b, plus the wire contract checked by
 hand (control API codes, Connect envelopes). npm installs the pinned SDK and
 vitest (tests/integration/e2b/package.json) into a cache under /var/tmp."""
 import base64
+import contextlib
 import hashlib
 import http.client
 import json
@@ -214,6 +215,18 @@ def test_control_api_contract(e2b):
              what="the sandbox is gone")
 
 
+@contextlib.contextmanager
+def e2b_sandbox(port):
+    """A sandbox of the control API for a test: (id, envd headers); killed
+    at the end."""
+    st, sb = request(port, "POST", "/sandboxes", {"templateID": "base", "timeout": 120})
+    assert st == 201, sb
+    try:
+        yield sb["sandboxID"], {"E2b-Sandbox-Id": sb["sandboxID"]}
+    finally:
+        assert request(port, "DELETE", "/sandboxes/" + sb["sandboxID"])[0] == 204
+
+
 def start_process(port, sid, cmd, user=None):
     """process.Process/Start by hand: (exit code, stdout)."""
     msg = json.dumps({"process": {"cmd": "/bin/sh", "args": ["-c", cmd]},
@@ -237,11 +250,7 @@ def test_user_account(e2b):
     """Commands and files are the account "user"'s (provisioned at create
     when the image lacks it), root's with `Authorization: Basic root:`."""
     d, port = e2b
-    st, sb = request(port, "POST", "/sandboxes", {"templateID": "base", "timeout": 120})
-    assert st == 201, sb
-    sid = sb["sandboxID"]
-    h = {"E2b-Sandbox-Id": sid}
-    try:
+    with e2b_sandbox(port) as (sid, h):
         code, out = start_process(port, sid, "id -un; echo $HOME; pwd; touch made; stat -c %U made")
         assert code == 0 and out.split() == ["user", "/home/user", "/home/user", "user"], out
         code, out = start_process(port, sid, "id -un; echo $HOME; pwd", user="root")
@@ -259,19 +268,13 @@ def test_user_account(e2b):
         assert st == 200 and (e["entry"]["owner"], e["entry"]["group"]) == ("user", "user"), e
         st, e = request(port, "POST", "/filesystem.Filesystem/MakeDir", {"path": "m"}, h)
         assert st == 200 and e["entry"]["owner"] == "user", e
-    finally:
-        assert request(port, "DELETE", "/sandboxes/" + sid)[0] == 204
 
 
 def test_stream_input(e2b):
     """StreamInput (client streaming) over HTTP/1.1: the whole stream is one
     request body; its input reaches the process when the body ends."""
     d, port = e2b
-    st, sb = request(port, "POST", "/sandboxes", {"templateID": "base", "timeout": 120})
-    assert st == 201, sb
-    sid = sb["sandboxID"]
-    h = {"E2b-Sandbox-Id": sid}
-    try:
+    with e2b_sandbox(port) as (sid, h):
         msg = json.dumps({"process": {"cmd": "/bin/cat"}, "stdin": True, "tag": "si"}).encode()
         res = {}
         t = threading.Thread(target=lambda: res.update(r=request(
@@ -304,19 +307,51 @@ def test_stream_input(e2b):
         outb = b"".join(base64.b64decode(e["event"]["data"].get("stdout", ""))
                         for f, e in envelopes(body) if f == 0 and "data" in e.get("event", {}))
         assert outb == b"hello stream\n", envelopes(body)
-    finally:
-        assert request(port, "DELETE", "/sandboxes/" + sid)[0] == 204
+
+
+def test_watchdir_stream(e2b):
+    """WatchDir by hand: the start message, keepalives at the asked interval,
+    then the change; the watch ends with the client's connection."""
+    d, port = e2b
+    with e2b_sandbox(port) as (sid, h):
+        assert request(port, "POST", "/filesystem.Filesystem/MakeDir", {"path": "ws"}, h)[0] == 200
+        msg = json.dumps({"path": "ws"}).encode()
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        c.request("POST", "/filesystem.Filesystem/WatchDir", struct.pack(">BI", 0, len(msg)) + msg,
+                  dict(h, **{"Content-Type": "application/connect+json",
+                             "Keepalive-Ping-Interval": "1"}))
+        r = c.getresponse()
+        assert r.status == 200
+
+        def message():
+            flags, n = struct.unpack(">BI", r.read(5))
+            return flags, json.loads(r.read(n))
+        assert message() == (0, {"start": {}})
+        assert message() == (0, {"keepalive": {}})
+        st, _, _ = request(port, "POST", "/files?path=ws/new.txt", b"x",
+                           dict(h, **{"Content-Type": "application/octet-stream"}), raw=True)
+        assert st == 200
+        got = []
+        while not any(m.get("filesystem", {}).get("type") == "EVENT_TYPE_WRITE" for m in got):
+            flags, m = message()
+            assert flags == 0, m
+            got.append(m)
+        fs = [m["filesystem"] for m in got if "filesystem" in m]
+        assert fs[0] == {"name": "new.txt", "type": "EVENT_TYPE_CREATE"}, got
+        c.close()
+        # a missing directory: the stream's end carries not_found
+        msg = json.dumps({"path": "nope"}).encode()
+        st, body, _ = request(port, "POST", "/filesystem.Filesystem/WatchDir",
+                              struct.pack(">BI", 0, len(msg)) + msg,
+                              dict(h, **{"Content-Type": "application/connect+json"}), raw=True)
+        assert st == 200 and envelopes(body)[-1][1]["error"]["code"] == "not_found", body
 
 
 def test_watcher_polling(e2b):
     """CreateWatcher / GetWatcherEvents / RemoveWatcher (the polling form of
     WatchDir that E2B's synchronous SDKs use), recursive, by hand."""
     d, port = e2b
-    st, sb = request(port, "POST", "/sandboxes", {"templateID": "base", "timeout": 120})
-    assert st == 201, sb
-    sid = sb["sandboxID"]
-    h = {"E2b-Sandbox-Id": sid}
-    try:
+    with e2b_sandbox(port) as (sid, h):
         st, r = request(port, "POST", "/filesystem.Filesystem/MakeDir", {"path": "wd/sub"}, h)
         assert st == 200, r
         st, w = request(port, "POST", "/filesystem.Filesystem/CreateWatcher",
@@ -357,8 +392,6 @@ def test_watcher_polling(e2b):
         # a missing path is not_found
         st, r = request(port, "POST", "/filesystem.Filesystem/CreateWatcher", {"path": "nope"}, h)
         assert st == 404 and r["code"] == "not_found", r
-    finally:
-        assert request(port, "DELETE", "/sandboxes/" + sid)[0] == 204
 
 
 def test_sdk_on_the_compat_listener(sf_daemon):
