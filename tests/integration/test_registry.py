@@ -337,29 +337,34 @@ class CountingProxy:
             if self.hold is not None and "/blobs/" in line:
                 self.hold.wait(600)
             u.sendall(first)
-
-            def pump(a, b):
-                try:
-                    while True:
-                        d = a.recv(65536)
-                        if not d:
-                            break
-                        b.sendall(d)
-                except OSError:
-                    pass
-                finally:
-                    try:
-                        b.shutdown(socket.SHUT_WR)
-                    except OSError:
-                        pass
-            t = threading.Thread(target=pump, args=(u, c), daemon=True)
-            t.start()
-            pump(c, u)
-            t.join(120)
+            self.relay(c, u)
         except OSError:
             pass
         finally:
             c.close()
+
+    @staticmethod
+    def pump(a, b):
+        try:
+            while True:
+                d = a.recv(65536)
+                if not d:
+                    break
+                b.sendall(d)
+        except OSError:
+            pass
+        finally:
+            try:
+                b.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+    def relay(self, c, u):
+        """Bytes both ways between the client c and the upstream u until both close."""
+        t = threading.Thread(target=self.pump, args=(u, c), daemon=True)
+        t.start()
+        self.pump(c, u)
+        t.join(120)
 
     def count(self, needle):
         with self.lock:
@@ -558,45 +563,14 @@ def test_push_with_auth(work, rootfs, tls_basic, daemons):
 
 # ---------------------------------------------------------------- proxies and mirrors
 
-class ForwardProxy:
+class ForwardProxy(CountingProxy):
     """An HTTP forward proxy: CONNECT (https) and absolute-form requests
     (plain http), recording the request line of every connection (the
     fetcher opens one per request)."""
 
     def __init__(self):
-        self.lines = []
-        self.lock = threading.Lock()
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(128)
-        self.port = self.sock.getsockname()[1]
+        super().__init__(None)
         self.url = f"http://127.0.0.1:{self.port}"
-        self.closed = False
-        threading.Thread(target=self.accept, daemon=True).start()
-
-    def accept(self):
-        while not self.closed:
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self.serve, args=(c,), daemon=True).start()
-
-    @staticmethod
-    def pump(a, b):
-        try:
-            while True:
-                d = a.recv(65536)
-                if not d:
-                    break
-                b.sendall(d)
-        except OSError:
-            pass
-        finally:
-            try:
-                b.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
 
     def serve(self, c):
         try:
@@ -622,23 +596,12 @@ class ForwardProxy:
                 p = urllib.parse.urlsplit(target)
                 u = socket.create_connection((p.hostname, p.port or 80), timeout=60)
                 u.sendall(head)
-            t = threading.Thread(target=self.pump, args=(u, c), daemon=True)
-            t.start()
-            self.pump(c, u)
-            t.join(120)
+            self.relay(c, u)
             u.close()
         except (OSError, ValueError):
             pass
         finally:
             c.close()
-
-    def count(self, needle):
-        with self.lock:
-            return sum(needle in l for l in self.lines)
-
-    def close(self):
-        self.closed = True
-        self.sock.close()
 
 
 @pytest.fixture
