@@ -45,8 +45,9 @@ struct wr_net
   unsigned char fresh[WR_NET_SLOTS]; /* chains not made yet */
   /* egress limits wanted and those in the slot's l/k chains */
   struct wr_net_limits limits[WR_NET_SLOTS], limits_on[WR_NET_SLOTS];
-  uint32_t conn_gen; /* the conntrack mark of the last connection count made */
-  int self_netns;    /* the daemon's own netns, to come back after setns */
+  uint32_t conn_gen;                   /* the conntrack mark of the last connection count made */
+  unsigned char lchains[WR_NET_SLOTS]; /* l<slot> and k<slot> made (a limit was set) */
+  int self_netns;                      /* the daemon's own netns, to come back after setns */
   /* slots whose link is made in a pooled netns (wr_net_prepare), by the
    * netns's inode: a create that got one claims it (wr_net_claim) */
   struct prepared
@@ -508,9 +509,11 @@ configure_inside (struct wr_net *n, unsigned slot, int netns, wr_err_t *err)
   return r;
 }
 
-/* The slot's counter, set, chains and map entries; run with its first
- * policy, in one transaction (until then the base chains drop everything
- * from the interface: it has no map entry). */
+/* The slot's counter, set, chains and map entries, made or, when a
+ * previous sandbox of the slot left them (wr_net_detach), reset: run with
+ * the slot's first policy, in its transaction (until then an interface
+ * without a map entry is dropped by the base chains; one with a previous
+ * sandbox's has no process behind it yet). The caller holds n->lock. */
 static size_t
 slot_chains (struct wr_net *n, unsigned slot, char *cmds, size_t len)
 {
@@ -519,26 +522,29 @@ slot_chains (struct wr_net *n, unsigned slot, char *cmds, size_t len)
   struct in_addr gw = wr_net_gateway (n, slot);
   char gws[INET_ADDRSTRLEN];
   inet_ntop (AF_INET, &gw, gws, sizeof gws);
+  char lk[256] = "";
+  if (n->lchains[slot])
+    snprintf (lk, sizeof lk, "flush chain inet %1$s l%2$u\nflush chain inet %1$s k%2$u\n", n->table,
+              slot);
   return (size_t)snprintf (
       cmds, len,
       "add counter inet %1$s c%2$u\n"
       "add set inet %1$s a%2$u { type ipv4_addr . inet_service; flags interval; }\n"
       "add chain inet %1$s e%2$u\n"
       "add chain inet %1$s i%2$u\n"
-      "add chain inet %1$s l%2$u\n"
-      "add chain inet %1$s k%2$u\n"
       "flush chain inet %1$s e%2$u\n"
       "flush chain inet %1$s i%2$u\n"
-      "flush chain inet %1$s l%2$u\n"
-      "flush chain inet %1$s k%2$u\n"
-      "add rule inet %1$s e%2$u counter name c%2$u drop\n"
+      "%5$s"
+      /* a new count of denied packets (no rule refers to it now) */
+      "delete counter inet %1$s c%2$u\n"
+      "add counter inet %1$s c%2$u\n"
       "add rule inet %1$s i%2$u ct state established,related accept\n"
       "add rule inet %1$s i%2$u ip daddr %4$s udp dport 53 accept\n"
       "add rule inet %1$s i%2$u ip daddr %4$s tcp dport 53 accept\n"
       "add rule inet %1$s i%2$u counter name c%2$u drop\n"
       "add element inet %1$s out_map { \"%3$s\" : jump e%2$u }\n"
       "add element inet %1$s in_map { \"%3$s\" : jump i%2$u }\n",
-      n->table, slot, ifn, gws);
+      n->table, slot, ifn, gws, lk);
 }
 
 /* The slot's veth pair with eth0 made directly in netns (IFLA_NET_NS_FD:
@@ -649,21 +655,13 @@ wr_net_prepare (struct wr_net *n, int netns_fd, wr_err_t *err)
       wr_net_slot_free (n, slot);
       return r;
     }
-  /* its chains (deny-all until the policy) too: the claiming create's
-   * transaction only fills them */
-  char cmds[2048];
-  slot_chains (n, slot, cmds, sizeof cmds);
+  /* no nftables here: the claiming create's one transaction makes (or
+   * resets) the slot's chains with its policy (docs/network.md, "Creation
+   * cost"); nothing runs in a pooled netns before that */
   pthread_mutex_lock (&n->lock);
-  r = nft_run (n, cmds, err);
-  if (r == 0)
-    {
-      n->fresh[slot] = 0;
-      n->prepared[n->n_prepared++] = (struct prepared){ ino, slot };
-    }
+  n->prepared[n->n_prepared++] = (struct prepared){ ino, slot };
   pthread_mutex_unlock (&n->lock);
-  if (r < 0)
-    wr_net_detach (n, slot, NULL);
-  return r;
+  return 0;
 }
 
 /* the prepared slot of the netns with inode ino, taken off the list */
@@ -771,23 +769,46 @@ limit_cmds (struct wr_net *n, unsigned slot, const struct wr_net_limits *on, cha
   return o;
 }
 
+/* The limit chains are made for a slot's first limit only: every chain in
+ * the table makes each nftables transaction slower (libnftables reads the
+ * whole table first; docs/network.md, "Creation cost"). */
+static bool
+limits_make_chains (struct wr_net *n, unsigned slot)
+{
+  return !n->lchains[slot] && (n->limits[slot].egress_kbps || n->limits[slot].connections);
+}
+
 int
 wr_net_set_limits (struct wr_net *n, unsigned slot, const struct wr_net_limits *l, bool with_policy,
                    wr_err_t *err)
 {
   if (slot >= WR_NET_SLOTS)
     return wr_error (err, 0, WR_E_INVALID, "slot %u", slot);
-  char cmds[512];
+  char cmds[1024];
+  size_t o = 0;
   int r = 0;
   pthread_mutex_lock (&n->lock);
   n->limits[slot] = *l;
   /* a slot without chains yet gets them with its first policy */
-  if (!with_policy && !n->fresh[slot]
-      && limit_cmds (n, slot, &n->limits_on[slot], cmds, sizeof cmds) > 0)
+  bool make = limits_make_chains (n, slot);
+  if (!with_policy && !n->fresh[slot])
+    {
+      if (make) /* jumps at the head of e<slot>, where wr_net_set_policy puts them */
+        o = (size_t)snprintf (cmds, sizeof cmds,
+                              "add chain inet %1$s l%2$u\nadd chain inet %1$s k%2$u\n"
+                              "insert rule inet %1$s e%2$u jump k%2$u\n"
+                              "insert rule inet %1$s e%2$u jump l%2$u\n",
+                              n->table, slot);
+      o += limit_cmds (n, slot, &n->limits_on[slot], cmds + o, sizeof cmds - o);
+    }
+  if (o > 0)
     {
       r = nft_run (n, cmds, err);
       if (r == 0)
-        n->limits_on[slot] = *l;
+        {
+          n->limits_on[slot] = *l;
+          n->lchains[slot] |= make;
+        }
     }
   pthread_mutex_unlock (&n->lock);
   return r;
@@ -801,13 +822,19 @@ wr_net_set_policy (struct wr_net *n, unsigned slot, const struct wr_net_allow *a
   _cleanup_free_ char *cmds = malloc (cap);
   if (cmds == NULL)
     return wr_error (err, ENOMEM, WR_E_INTERNAL, "policy");
+  if (slot >= WR_NET_SLOTS)
+    return wr_error (err, 0, WR_E_INVALID, "slot %u", slot);
   char ifn[16];
   wr_net_ifname (n, slot, ifn);
   size_t o = 0;
-  bool fresh = n->fresh[slot % WR_NET_SLOTS];
+  pthread_mutex_lock (&n->lock);
+  bool fresh = n->fresh[slot];
   if (fresh)
     o = slot_chains (n, slot, cmds, cap);
+  bool make = limits_make_chains (n, slot);
 #define OUT(...) o += (size_t)snprintf (cmds + o, cap - o, __VA_ARGS__)
+  if (make)
+    OUT ("add chain inet %1$s l%2$u\nadd chain inet %1$s k%2$u\n", n->table, slot);
   OUT ("flush set inet %s a%u\n", n->table, slot);
   if (n_allow)
     {
@@ -835,6 +862,10 @@ wr_net_set_policy (struct wr_net *n, unsigned slot, const struct wr_net_allow *a
   /* the chain is rebuilt in the same transaction: a group change and the
    * set are seen together by the next packet */
   OUT ("flush chain inet %1$s e%2$u\n", n->table, slot);
+  /* its limits first: everything it sends */
+  if (make || n->lchains[slot])
+    OUT ("add rule inet %1$s e%2$u jump l%2$u\nadd rule inet %1$s e%2$u jump k%2$u\n", n->table,
+         slot);
   {
     /* only its own address: NET_RAW could otherwise forge a neighbour's,
      * whose replies conntrack would then let in as established */
@@ -843,9 +874,6 @@ wr_net_set_policy (struct wr_net *n, unsigned slot, const struct wr_net_allow *a
     inet_ntop (AF_INET, &x, me, sizeof me);
     OUT ("add rule inet %1$s e%2$u ip saddr != %3$s counter name c%2$u drop\n", n->table, slot, me);
   }
-  /* its limits (empty chains when unlimited): everything it sends */
-  OUT ("add rule inet %1$s e%2$u jump l%2$u\nadd rule inet %1$s e%2$u jump k%2$u\n", n->table,
-       slot);
   if (group)
     OUT ("add set inet %1$s g_%2$s { type ipv4_addr; }\n"
          "add rule inet %1$s e%3$u ip daddr @g_%2$s accept\n",
@@ -866,19 +894,21 @@ wr_net_set_policy (struct wr_net *n, unsigned slot, const struct wr_net_allow *a
       OUT ("add element inet %s g_%s { %s }\n", n->table, group, a);
     }
 #undef OUT
+  int r;
   if (o + 512 >= cap)
-    return wr_error (err, E2BIG, WR_E_INVALID, "policy too large");
-  pthread_mutex_lock (&n->lock);
-  /* fresh: the limit chains were just made, empty */
-  static const struct wr_net_limits unlimited;
-  const struct wr_net_limits *on = fresh ? &unlimited : &n->limits_on[slot % WR_NET_SLOTS];
-  struct wr_net_limits want = n->limits[slot % WR_NET_SLOTS];
-  limit_cmds (n, slot % WR_NET_SLOTS, on, cmds + o, cap - o);
-  int r = nft_run (n, cmds, err);
+    r = wr_error (err, E2BIG, WR_E_INVALID, "policy too large");
+  else
+    {
+      /* fresh: the limit chains are new or were just flushed */
+      static const struct wr_net_limits unlimited;
+      limit_cmds (n, slot, fresh ? &unlimited : &n->limits_on[slot], cmds + o, cap - o);
+      r = nft_run (n, cmds, err);
+    }
   if (r == 0)
     {
-      n->fresh[slot % WR_NET_SLOTS] = 0;
-      n->limits_on[slot % WR_NET_SLOTS] = want;
+      n->fresh[slot] = 0;
+      n->limits_on[slot] = n->limits[slot];
+      n->lchains[slot] |= make;
     }
   pthread_mutex_unlock (&n->lock);
   return r;
@@ -905,38 +935,63 @@ wr_net_allow_add (struct wr_net *n, unsigned slot, const struct wr_net_allow *al
 }
 
 void
-wr_net_detach (struct wr_net *n, unsigned slot, const char *group)
+wr_net_detach_many (struct wr_net *n, const unsigned *slots, const char *const *groups,
+                    size_t count)
 {
-  char ifn[16], cmds[1024], a[INET_ADDRSTRLEN];
-  wr_net_ifname (n, slot, ifn);
   /* The link goes with the sandbox's netns (the kernel deletes the pair
    * when the namespace is freed, off our path); deleting it here would wait
    * for RCU grace periods under RTNL: ~30 ms on this host. A link still
    * there when the slot is reused is deleted by wr_net_attach. */
-  struct in_addr me = wr_net_address (n, slot);
-  inet_ntop (AF_INET, &me, a, sizeof a);
-  int o = snprintf (cmds, sizeof cmds,
-                    "delete element inet %1$s out_map { \"%3$s\" }\n"
-                    "delete element inet %1$s in_map { \"%3$s\" }\n"
-                    "delete chain inet %1$s e%2$u\ndelete chain inet %1$s i%2$u\n"
-                    "delete chain inet %1$s l%2$u\ndelete chain inet %1$s k%2$u\n"
-                    "delete set inet %1$s a%2$u\ndelete counter inet %1$s c%2$u\n",
-                    n->table, slot, ifn);
-  if (group)
-    snprintf (cmds + o, sizeof cmds - (size_t)o, "delete element inet %s g_%s { %s }\n", n->table,
-              group, a);
+  size_t cap = 1024 * (count ? count : 1), o = 0;
+  _cleanup_free_ char *cmds = malloc (cap);
+  if (cmds == NULL)
+    return;
   pthread_mutex_lock (&n->lock);
-  if (nft_run (n, cmds, NULL) < 0)
+  for (size_t i = 0; i < count; i++)
+    {
+      unsigned slot = slots[i] % WR_NET_SLOTS;
+      if (n->fresh[slot]) /* no chains yet (a prepared slot, a failed policy) */
+        continue;
+      char ifn[16], a[INET_ADDRSTRLEN];
+      wr_net_ifname (n, slot, ifn);
+      struct in_addr me = wr_net_address (n, slot);
+      inet_ntop (AF_INET, &me, a, sizeof a);
+      o += (size_t)snprintf (cmds + o, cap - o,
+                             "delete element inet %1$s out_map { \"%3$s\" }\n"
+                             "delete element inet %1$s in_map { \"%3$s\" }\n"
+                             "delete chain inet %1$s e%2$u\ndelete chain inet %1$s i%2$u\n"
+                             "delete set inet %1$s a%2$u\ndelete counter inet %1$s c%2$u\n",
+                             n->table, slot, ifn);
+      if (n->lchains[slot])
+        o += (size_t)snprintf (cmds + o, cap - o,
+                               "delete chain inet %1$s l%2$u\ndelete chain inet %1$s k%2$u\n",
+                               n->table, slot);
+      if (groups && groups[i])
+        o += (size_t)snprintf (cmds + o, cap - o, "delete element inet %s g_%s { %s }\n", n->table,
+                               groups[i], a);
+    }
+  if (o > 0 && nft_run (n, cmds, NULL) < 0)
     {
       /* one at a time: a missing piece (a half-made slot) must not keep the rest */
       char *save = NULL;
       for (char *c = strtok_r (cmds, "\n", &save); c; c = strtok_r (NULL, "\n", &save))
         nft_run (n, c, NULL);
     }
-  n->used[slot < WR_NET_SLOTS ? slot : 0] = 0;
-  if (slot < WR_NET_SLOTS)
-    n->limits[slot] = n->limits_on[slot] = (struct wr_net_limits){ 0 };
+  for (size_t i = 0; i < count; i++)
+    {
+      unsigned slot = slots[i] % WR_NET_SLOTS;
+      n->used[slot] = 0;
+      n->lchains[slot] = 0;
+      n->fresh[slot] = 1;
+      n->limits[slot] = n->limits_on[slot] = (struct wr_net_limits){ 0 };
+    }
   pthread_mutex_unlock (&n->lock);
+}
+
+void
+wr_net_detach (struct wr_net *n, unsigned slot, const char *group)
+{
+  wr_net_detach_many (n, &slot, &group, 1);
 }
 
 /* one counter of /sys/class/net/IF/statistics */

@@ -89,6 +89,10 @@ int wr_net_allow_add (struct wr_net *n, unsigned slot, const struct wr_net_allow
                       size_t n_allow, wr_err_t *err);
 /* Remove the slot's chains, set, counter and link (idempotent). */
 void wr_net_detach (struct wr_net *n, unsigned slot, const char *group);
+/* The same for several slots in one transaction (groups[i]: slots[i]'s
+ * group or NULL; groups may be NULL). */
+void wr_net_detach_many (struct wr_net *n, const unsigned *slots, const char *const *groups,
+                         size_t count);
 /* Bytes through the slot's link since it was made: sent by the sandbox
  * (egress: everything it put on eth0, dropped or not) and sent to it. */
 void wr_net_bytes (struct wr_net *n, unsigned slot, uint64_t *ret_egress, uint64_t *ret_ingress);

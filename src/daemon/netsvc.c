@@ -69,6 +69,20 @@ static struct wr_net *knet; /* NULL: no networking on this host */
 static struct wr_netns_pool *npool;
 static char knet_error[256];
 static struct sbnet *sbnets;
+/* Destroyed sandboxes' slots leave nftables in batches: every transaction
+ * costs a read of the whole table (docs/network.md, "Creation cost"), so
+ * the slots of sandboxes destroyed within DETACH_DELAY_MS go in one. Their
+ * chains outlive them by that long; the slots are not reused before. */
+#define DETACH_BATCH 64
+#define DETACH_DELAY_MS 50
+static struct
+{
+  unsigned slots[DETACH_BATCH];
+  char groups[DETACH_BATCH][9];
+  size_t n;
+  struct event *ev;
+} detaching;
+static void detach_flush (evutil_socket_t fd, short what, void *arg);
 static struct sockaddr_in upstream;
 
 static struct sbnet *
@@ -220,6 +234,10 @@ wrd_net_shutdown (struct wrd *d WR_UNUSED)
   npool = NULL;
   if (knet == NULL)
     return;
+  detach_flush (-1, 0, NULL); /* destroyed sandboxes' slots */
+  if (detaching.ev)
+    event_free (detaching.ev);
+  detaching.ev = NULL;
   if (sbnets) /* networked sandboxes outlive us: keep their rules */
     return;
   wr_net_free (knet);
@@ -1168,11 +1186,23 @@ wrd_net_readopt (struct wrd *d, struct sandbox *sb, wr_err_t *err)
   return r;
 }
 
+static void
+detach_flush (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg WR_UNUSED)
+{
+  const char *groups[DETACH_BATCH];
+  for (size_t i = 0; i < detaching.n; i++)
+    groups[i] = detaching.groups[i][0] ? detaching.groups[i] : NULL;
+  if (detaching.n)
+    wr_net_detach_many (knet, detaching.slots, groups, detaching.n);
+  detaching.n = 0;
+}
+
 void
-wrd_net_detach (struct wrd *d WR_UNUSED, struct sandbox *sb)
+wrd_net_detach (struct wrd *d, struct sandbox *sb)
 {
   struct sbnet *s = sb->net_pending;
   sb->net_pending = NULL;
+  bool started = s == NULL; /* on the loop: linked in by wrd_net_start */
   if (s == NULL)
     for (struct sbnet **pp = &sbnets; *pp; pp = &(*pp)->next)
       if ((*pp)->sb == sb)
@@ -1184,7 +1214,22 @@ wrd_net_detach (struct wrd *d WR_UNUSED, struct sandbox *sb)
   if (s == NULL)
     return;
   dns_stop (s);
-  wr_net_detach (knet, s->slot, s->group[0] ? s->group : NULL);
+  if (!started) /* maybe a builder's thread: at once */
+    wr_net_detach (knet, s->slot, s->group[0] ? s->group : NULL);
+  else
+    {
+      if (detaching.n == DETACH_BATCH)
+        detach_flush (-1, 0, NULL);
+      detaching.slots[detaching.n] = s->slot;
+      memcpy (detaching.groups[detaching.n++], s->group, sizeof s->group);
+      if (detaching.ev == NULL)
+        detaching.ev = evtimer_new (d->base, detach_flush, NULL);
+      struct timeval tv = { 0, DETACH_DELAY_MS * 1000 };
+      if (detaching.ev && !evtimer_pending (detaching.ev, NULL))
+        evtimer_add (detaching.ev, &tv);
+      else if (detaching.ev == NULL)
+        detach_flush (-1, 0, NULL);
+    }
   json_decref (s->names);
   free (s);
 }
