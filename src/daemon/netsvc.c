@@ -644,11 +644,10 @@ wrd_net_attach (struct wrd *d, struct sandbox *sb, wr_err_t *err)
   if (knet == NULL)
     return wr_error (err, 0, WR_E_UNSUPPORTED, "no sandbox networking on this node: %s",
                      knet_error);
-  /* VM backends: the process behind the pidfd is the VMM, in the host's
-   * network namespace; their tap devices are not policed yet */
+  /* VM backends get their tap before QEMU starts (wrd_net_attach_vm): the
+   * process behind their pidfd is the VMM, in a netns of its own */
   if (strcmp (sb->backend, "container") != 0 || wr_container_pidfd (&sb->c) < 0)
-    return wr_error (err, 0, WR_E_UNSUPPORTED,
-                     "\"network\": \"allow=...\" needs the container backend (not %s yet)",
+    return wr_error (err, 0, WR_E_INTERNAL, "%s sandbox: no container to attach a link to",
                      sb->backend);
   unsigned slot;
   int r = 0;

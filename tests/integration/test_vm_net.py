@@ -11,12 +11,11 @@ import shutil
 import socket
 import subprocess
 
-import pytest
-
 from conftest import need, start_daemon
 from wr import wait_for
-from test_network import (DNS, FORBIDDEN, HOST_IP, MIRROR, can_reach, fetch, inspect, links,
-                          nft_table, patch, prefixed_links, sh, table_exists, world)  # noqa: F401
+from test_network import (DNS, FORBIDDEN, HOST_IP, MIRROR, can_reach, create, fetch, inspect,
+                          links, nft_table, patch, prefixed_links, sh, table_exists,
+                          world)  # noqa: F401 (world: the fixture)
 from test_vm import GUEST, REPO, guest_kit, kernel_release, qemu_pids
 
 BOOT_S = 240  # the first exec waits for the guest's boot under TCG
@@ -49,9 +48,9 @@ def vm_net_daemon(rootfs, extra=()):
         del os.environ["WARREN_DNS_UPSTREAM"]
 
 
-def create_vm(dm, backend, network):
+def create_vm(dm, backend, network, **kw):
     r = dm.api.raw("POST", "/v1/sandboxes",
-                   {"backend": backend, "network": network, "memory_mb": 256}, timeout=300)
+                   dict(backend=backend, network=network, memory_mb=256, **kw), timeout=300)
     assert r.status == 201, r
     return r.json()["id"]
 
@@ -79,7 +78,7 @@ def test_microvm_policy_dns_patch_proxy_crash(rootfs, world):
     dm = vm_net_daemon(rootfs, ["--listen", f"tcp:{HOST_IP}:{port}", "--token-file", tok])
     table = None
     try:
-        sid = create_vm(dm, "microvm", "allow=mirror.test:8080")
+        sid = create_vm(dm, "microvm", "allow=mirror.test:8080", net_group="vmapp")
         table = nft_table(dm)
         net = inspect(dm, sid)["net"]
         ifn, addr, gw = net["interface"], net["address"], net["gateway"]
@@ -120,6 +119,20 @@ def test_microvm_policy_dns_patch_proxy_crash(rootfs, world):
         r = patch(dm, sid, {"deny": f"{FORBIDDEN}:8080"})
         assert r.status == 200, r
         assert fetch(dm, sid, f"http://{FORBIDDEN}:8080/", timeout=5)[0] != 0
+
+        # a net group: the VM and a container of its group meet on every
+        # port; a container outside the group is out of reach
+        peers = [create(dm, "allow=", net_group=g) for g in ("vmapp", "other")]
+        try:
+            for p in peers:
+                dm.api.sh(p, "mkdir -p /www && echo peer > /www/i && httpd -p 8000 -h /www")
+            mate, stranger = (inspect(dm, p)["net"]["address"] for p in peers)
+            code, body = fetch(dm, sid, f"http://{mate}:8000/i", timeout=10)
+            assert code == 0 and "peer" in body, (code, body)
+            assert not can_reach(dm, sid, stranger, 8000)
+        finally:
+            for p in peers:
+                dm.api.delete(p)
 
         # counters: what the policy dropped, what the guest sent
         net = inspect(dm, sid)["net"]
