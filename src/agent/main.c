@@ -699,7 +699,7 @@ zy_fork (const struct wr_zygote_req *req, const char *strs, size_t len, const in
        * forget the request */
       close (WR_CHILD_ERR_FD);
       prctl (PR_SET_NAME, "warren-agent", 0, 0, 0);
-      explicit_bzero (zy_msg, sizeof zy_msg);
+      explicit_bzero (zy_msg, sizeof *req + len); /* not the whole buffer: COW faults */
       zy_argv[7] = (req->flags & WR_ZY_DELEGATE) ? zy_a7 : NULL;
       zy_argv[8] = (req->flags & WR_ZY_DELEGATE) ? zy_a8 : NULL;
       return 0;
