@@ -5,7 +5,9 @@
  * exec) between phases, so quiet and loaded phases interleave over R
  * rounds and drift on the node (other work, caches) falls on both alike.
  * --control also measures B latency-class burners the same way: what the
- * QoS class buys. JSON on stdout, progress on stderr. */
+ * QoS class buys. Each phase also reports burners_cpus, the CPUs' worth
+ * the burners used while it was measured. JSON on stdout, progress on
+ * stderr. */
 #include <getopt.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -121,6 +123,23 @@ burn (struct qos_run *q, bool on)
   return n == 0 || atomic_load (&j.failed) ? -1 : 0;
 }
 
+/* the burners' CPU time so far (cgroup usage through the API), seconds */
+static double
+burners_cpu_s (struct qos_run *q)
+{
+  double t = 0;
+  for (unsigned k = 0; k < q->n_ids; k++)
+    {
+      warren_error_t e;
+      json_t *sb = warren_sandbox_get (q->c, q->ids[k], &e);
+      t += (double)json_integer_value (
+               json_object_get (json_object_get (sb, "usage"), "cpu_usage_ns"))
+           / 1e9;
+      json_decref (sb);
+    }
+  return t;
+}
+
 /* samples `true` execs into id, latencies appended to lat */
 static int
 measure (struct qos_run *q, const char *id, double *lat, size_t *n)
@@ -191,19 +210,33 @@ scenario (struct qos_run *q, const char *lat_id, const char *qos)
   _cleanup_free_ double *loaded = calloc (cap, sizeof (double));
   if (quiet == NULL || loaded == NULL)
     return NULL;
+  /* what the burners used while each phase was measured: ~0 quiet; loaded,
+   * whatever CPU the host leaves idle (their class takes no more) */
+  double cpu[2] = { 0, 0 }, wall[2] = { 0, 0 };
   for (unsigned r = 0; r < q->rounds; r++)
     {
       fprintf (stderr, "qos: %s round %u/%u\n", qos, r + 1, q->rounds);
-      if (burn (q, false) < 0 || measure (q, lat_id, quiet, &nq) < 0 || burn (q, true) < 0
-          || measure (q, lat_id, loaded, &nl) < 0)
-        return NULL;
+      for (int on = 0; on < 2; on++)
+        {
+          if (burn (q, on) < 0)
+            return NULL;
+          double c0 = burners_cpu_s (q);
+          uint64_t t0 = wr_now_ns ();
+          if (measure (q, lat_id, on ? loaded : quiet, on ? &nl : &nq) < 0)
+            return NULL;
+          wall[on] += (double)(wr_now_ns () - t0) / 1e9;
+          cpu[on] += burners_cpu_s (q) - c0;
+        }
     }
   burn (q, false);
   wr_bench_stats_t sq, sl;
   wr_bench_stats_compute (quiet, nq, 1, 1, &sq);
   wr_bench_stats_compute (loaded, nl, 1, 1, &sl);
+  json_t *jq = latency_json (&sq), *jl = latency_json (&sl);
+  json_object_set_new (jq, "burners_cpus", json_real (wall[0] > 0 ? cpu[0] / wall[0] : 0));
+  json_object_set_new (jl, "burners_cpus", json_real (wall[1] > 0 ? cpu[1] / wall[1] : 0));
   return json_pack ("{s:s,s:I,s:o,s:o,s:f}", "burners_qos", qos, "burners", (json_int_t)q->burners,
-                    "quiet", latency_json (&sq), "loaded", latency_json (&sl), "p99_ratio",
+                    "quiet", jq, "loaded", jl, "p99_ratio",
                     sq.p99_ms > 0 ? sl.p99_ms / sq.p99_ms : 0.0);
 }
 

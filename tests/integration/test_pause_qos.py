@@ -490,5 +490,7 @@ def test_bench_qos_reports(daemon):
         s = rep[k]
         assert s["burners"] == 2 and s["quiet"]["count"] == 10 and s["loaded"]["count"] == 10, rep
         assert s["p99_ratio"] > 0, rep
+        # the CPUs' worth the burners used while each phase was measured
+        assert s["quiet"]["burners_cpus"] >= 0 and s["loaded"]["burners_cpus"] >= 0, rep
     assert rep["best_effort"]["burners_qos"] == "best-effort"
     assert daemon.api.raw("GET", "/v1/sandboxes").json()["sandboxes"] == []
