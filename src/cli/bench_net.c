@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <warren/warren.h>
 
@@ -23,6 +24,27 @@ pct (double *v, size_t n, double p)
 {
   qsort (v, n, sizeof *v, cmp_double);
   return n ? v[(size_t)((double)(n - 1) * p)] : 0;
+}
+
+/* CPU seconds (user + system, all its threads, exited ones included) of
+ * process pid so far, < 0 when unreadable */
+static double
+proc_cpu_s (long pid)
+{
+  char path[64], buf[1024];
+  snprintf (path, sizeof path, "/proc/%ld/stat", pid);
+  FILE *f = pid > 0 ? fopen (path, "re") : NULL;
+  size_t r = f ? fread (buf, 1, sizeof buf - 1, f) : 0;
+  if (f)
+    fclose (f);
+  buf[r] = 0;
+  char *p = strrchr (buf, ')');
+  unsigned long long ut, st;
+  /* after the command: state and 10 fields, then utime and stime */
+  if (p == NULL
+      || sscanf (p + 2, "%*c %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %llu %llu", &ut, &st) != 2)
+    return -1;
+  return (double)(ut + st) / (double)sysconf (_SC_CLK_TCK);
 }
 
 /* n create+destroy of req; seconds spent, < 0 on failure */
@@ -47,6 +69,7 @@ int
 wr_cli_bench_net (warren_client_t *c, int argc, char **argv)
 {
   unsigned n = 100, updates = 200;
+  long daemon_pid = 0;               /* --daemon-pid: its CPU per create, whatever the load */
   const char *rule = "192.0.2.1:80"; /* TEST-NET-1: never a real host */
   for (int i = 1; i < argc; i++)
     {
@@ -56,11 +79,15 @@ wr_cli_bench_net (warren_client_t *c, int argc, char **argv)
         updates = (unsigned)strtoul (argv[++i], NULL, 10);
       else if (strcmp (argv[i], "--rule") == 0 && i + 1 < argc)
         rule = argv[++i];
+      else if (strcmp (argv[i], "--daemon-pid") == 0 && i + 1 < argc)
+        daemon_pid = strtol (argv[++i], NULL, 10);
       else
         {
-          fprintf (stderr, "usage: warren bench net [-n N] [--updates M] [--rule RULE]\n"
+          fprintf (stderr, "usage: warren bench net [-n N] [--updates M] [--rule RULE] "
+                           "[--daemon-pid PID]\n"
                            "create+destroy rate with network none vs allow=RULE (same run,\n"
-                           "alternating rounds of 10), and live policy update latency.\n");
+                           "alternating rounds of 10), and live policy update latency. With\n"
+                           "the pid of a local warrend: its CPU time per create of each kind.\n");
           return strcmp (argv[i], "--help") == 0 ? 0 : 2;
         }
     }
@@ -71,17 +98,22 @@ wr_cli_bench_net (warren_client_t *c, int argc, char **argv)
   json_t *none_req = json_pack ("{s:s}", "network", "none");
   json_t *allow_req = json_pack ("{s:s}", "network", allow);
   warren_error_t e;
-  double t_none = 0, t_allow = 0;
+  double t_none = 0, t_allow = 0, cpu_none = 0, cpu_allow = 0;
   int rc = 1;
   /* warm-up: the first networked sandbox creates the daemon's table */
   if (creates (c, allow_req, 2, &e) < 0 || creates (c, none_req, 2, &e) < 0)
     goto fail;
   for (unsigned done = 0; done < n; done += 10)
     {
+      double c0 = proc_cpu_s (daemon_pid);
       double a = creates (c, none_req, 10, &e);
+      double c1 = proc_cpu_s (daemon_pid);
       double b = a < 0 ? -1 : creates (c, allow_req, 10, &e);
+      double c2 = proc_cpu_s (daemon_pid);
       if (a < 0 || b < 0)
         goto fail;
+      cpu_none += c1 - c0;
+      cpu_allow += c2 - c1;
       t_none += a;
       t_allow += b;
     }
@@ -124,6 +156,11 @@ wr_cli_bench_net (warren_client_t *c, int argc, char **argv)
                            "updates", (json_int_t)updates, "update_p50_ms", p50, "update_p99_ms",
                            p99, "targets", "allow_vs_none>=0.7", rate_allow / rate_none >= 0.7,
                            "update_p50<=10ms", p50 <= 10.0);
+  if (daemon_pid > 0 && proc_cpu_s (daemon_pid) >= 0)
+    json_object_set_new (rep, "daemon_cpu_ms_per_create",
+                         json_pack ("{s:f,s:f,s:f}", "none", cpu_none * 1e3 / total, "allow",
+                                    cpu_allow * 1e3 / total, "allow_extra",
+                                    (cpu_allow - cpu_none) * 1e3 / total));
   char *s = json_dumps (rep, JSON_INDENT (2));
   printf ("%s\n", s);
   free (s);
