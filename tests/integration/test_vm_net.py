@@ -97,7 +97,7 @@ def test_microvm_policy_dns_patch_proxy_crash(rootfs, world):
         assert f"nameserver {gw}" in r["stdout"]
 
         # allowed by name (the daemon's DNS answers it); the rest is not
-        code, body = fetch(dm, sid, "http://mirror.test:8080/", timeout=10)
+        code, body = fetch(dm, sid, "http://mirror.test:8080/", timeout=30)
         assert code == 0 and "this is the mirror" in body, (code, body)
         assert fetch(dm, sid, f"http://{FORBIDDEN}:8080/", timeout=5)[0] != 0
         # DNS answers only allowed names: no address, and never asked upstream
@@ -114,7 +114,7 @@ def test_microvm_policy_dns_patch_proxy_crash(rootfs, world):
         # live update: the next packet sees it
         r = patch(dm, sid, {"allow": f"{FORBIDDEN}:8080"})
         assert r.status == 200, r
-        code, body = fetch(dm, sid, f"http://{FORBIDDEN}:8080/", timeout=10)
+        code, body = fetch(dm, sid, f"http://{FORBIDDEN}:8080/", timeout=30)
         assert code == 0 and "this is the forbidden" in body
         r = patch(dm, sid, {"deny": f"{FORBIDDEN}:8080"})
         assert r.status == 200, r
@@ -127,7 +127,7 @@ def test_microvm_policy_dns_patch_proxy_crash(rootfs, world):
             for p in peers:
                 dm.api.sh(p, "mkdir -p /www && echo peer > /www/i && httpd -p 8000 -h /www")
             mate, stranger = (inspect(dm, p)["net"]["address"] for p in peers)
-            code, body = fetch(dm, sid, f"http://{mate}:8000/i", timeout=10)
+            code, body = fetch(dm, sid, f"http://{mate}:8000/i", timeout=30)
             assert code == 0 and "peer" in body, (code, body)
             assert not can_reach(dm, sid, stranger, 8000)
         finally:
@@ -157,7 +157,7 @@ def test_microvm_policy_dns_patch_proxy_crash(rootfs, world):
         start(dm)
         assert inspect(dm, sid)["state"] == "running"
         assert inspect(dm, sid)["net"]["interface"] == ifn
-        assert fetch(dm, sid, f"http://{MIRROR}:8080/", timeout=10)[0] == 0
+        assert fetch(dm, sid, f"http://{MIRROR}:8080/", timeout=30)[0] == 0
         assert fetch(dm, sid, f"http://{FORBIDDEN}:8080/", timeout=5)[0] != 0
 
         # destroy: QEMU's fd was the tap's last, the slot's chains go too
@@ -184,7 +184,7 @@ def test_vm_q35_policy(rootfs, world):
         ifn = inspect(dm, sid)["net"]["interface"]
         r = dm.api.sh(sid, "uname -r; cat /etc/resolv.conf", timeout_s=BOOT_S)
         assert r["exit_code"] == 0 and kernel_release() in r["stdout"], r
-        code, body = fetch(dm, sid, f"http://{MIRROR}:8080/", timeout=10)
+        code, body = fetch(dm, sid, f"http://{MIRROR}:8080/", timeout=30)
         assert code == 0 and "this is the mirror" in body, (code, body)
         assert fetch(dm, sid, f"http://{FORBIDDEN}:8080/", timeout=5)[0] != 0
         assert dm.api.raw("DELETE", f"/v1/sandboxes/{sid}").status in (200, 204)
