@@ -131,6 +131,9 @@ struct wrd
   unsigned n_tcp_conns;    /* open TCP connections under the limit */
   bool allow_host_network; /* --allow-host-network: "network": "host" for sandboxes and builds */
   unsigned idle_pause_s;   /* --idle-pause: default "idle_pause_s" of a create (0: never) */
+  /* --net-default-egress-kbps, --net-default-connections: an allow=
+   * create's "net_limits" where it names none (0: unlimited) */
+  unsigned long long net_default_egress_kbps, net_default_connections;
   bool stopping;
 };
 

@@ -43,7 +43,9 @@ usage (FILE *f)
       "               [--registry-insecure HOST:PORT]... [--registry-trust-erofs HOST[:PORT]]...\n"
       "               [--compat-image [LANG=]REF]... [--log-retention S]\n"
       "               [--zram-size MB [--zram-priority N]] [--idle-pause S]\n"
-      "               [--no-agent-zygote]\n" WRD_CLUSTER_USAGE
+      "               [--no-agent-zygote]\n"
+      "               [--net-default-egress-kbps KBPS]\n"
+      "               [--net-default-connections N]\n" WRD_CLUSTER_USAGE
       "Runs the Warren node daemon in the foreground; all state lives under DIR.\n"
       "Default listener: unix:DIR/warrend.sock (owner-only).\n");
 }
@@ -135,6 +137,9 @@ main (int argc, char **argv)
     { "idle-pause", required_argument, NULL, 2502 },
     /* exec each sandbox's agent (docs/containers.md, "Agent zygote") */
     { "no-agent-zygote", no_argument, NULL, 2600 },
+    /* default egress limits of allow= sandboxes (docs/network.md) */
+    { "net-default-egress-kbps", required_argument, NULL, 2700 },
+    { "net-default-connections", required_argument, NULL, 2701 },
     { NULL, 0, NULL, 0 },
   };
   const char *fn_pools[64];
@@ -220,6 +225,20 @@ main (int argc, char **argv)
       case 2600: /* the runtime reads it (src/backend/runtime.c) */
         setenv ("WARREN_AGENT_ZYGOTE", "0", 1);
         break;
+      case 2700: /* default egress limits (netsvc.c) */
+      case 2701:
+        {
+          char *end;
+          unsigned long long v = strtoull (optarg, &end, 10);
+          if (*end || optarg[0] == '\0' || v > (c == 2700 ? 100000000ull : 1000000ull))
+            {
+              wrd_log (WRD_LOG_ERROR, "--net-default-%s wants a number in range",
+                       c == 2700 ? "egress-kbps" : "connections");
+              return 2;
+            }
+          *(c == 2700 ? &d.net_default_egress_kbps : &d.net_default_connections) = v;
+          break;
+        }
       case 2000: /* SandboxFusion API */
         sfcfg.listen = optarg;
         break;

@@ -550,18 +550,22 @@ limits_json (const struct wr_net_limits *l)
 }
 
 int
-wrd_net_parse_limits (struct wrd *d WR_UNUSED, json_t *limits, const char *network,
-                      json_t **ret_limits, wr_err_t *err)
+wrd_net_parse_limits (struct wrd *d, json_t *limits, const char *network, json_t **ret_limits,
+                      wr_err_t *err)
 {
   *ret_limits = NULL;
-  if (limits == NULL || json_is_null (limits))
-    return 0;
-  struct wr_net_limits l = { 0 };
-  if (limits_parse (limits, &l, err) < 0)
-    return -EINVAL;
-  if (network == NULL || strncmp (network, "allow=", 6) != 0)
-    return wr_error (err, 0, WR_E_INVALID, "\"net_limits\" needs \"network\": \"allow=...\"");
-  *ret_limits = limits_json (&l);
+  bool allow = network && strncmp (network, "allow=", 6) == 0;
+  /* the daemon's defaults (--net-default-*), where the request names none */
+  struct wr_net_limits l = { d->net_default_egress_kbps, (uint32_t)d->net_default_connections };
+  if (limits && !json_is_null (limits))
+    {
+      if (limits_parse (limits, &l, err) < 0)
+        return -EINVAL;
+      if (!allow)
+        return wr_error (err, 0, WR_E_INVALID, "\"net_limits\" needs \"network\": \"allow=...\"");
+    }
+  if (allow && (l.egress_kbps || l.connections))
+    *ret_limits = limits_json (&l);
   return 0;
 }
 

@@ -701,3 +701,27 @@ def test_dns_over_tcp(d, world):
     finally:
         d.api.delete(sid)
         d.api.delete(other)
+
+
+def test_daemon_default_limits(rootfs, world):
+    dm = net_daemon(rootfs, ["--net-default-egress-kbps", "8000",
+                             "--net-default-connections", "5"])
+    try:
+        sid = create(dm, f"allow={MIRROR}:8080")
+        own = create(dm, f"allow={MIRROR}:8080", net_limits={"connections": 0})
+        try:
+            assert inspect(dm, sid)["net"]["limits"] == {"egress_kbps": 8000, "connections": 5}
+            assert any("limit rate over 1000000" in l for l in limit_chain(dm, sid, "l"))
+            # a create's own keys win, the others come from the defaults
+            assert inspect(dm, own)["net"]["limits"] == {"egress_kbps": 8000, "connections": 0}
+            assert limit_chain(dm, own, "k") == []
+        finally:
+            dm.api.delete(sid)
+            dm.api.delete(own)
+        # nothing to limit without a link
+        none = create(dm, "none")
+        assert "net" not in inspect(dm, none)
+        dm.api.delete(none)
+    finally:
+        dm.stop()
+        shutil.rmtree(dm.root, ignore_errors=True)
