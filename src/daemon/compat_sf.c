@@ -13,7 +13,8 @@
  *
  * A call's scratch directory is wiped after it, so a stage's inputs (the
  * request's files, the source, the compiled artifacts, stdin) travel in its
- * stdin as a tar archive the stage's shell unpacks; a compile stage answers
+ * stdin as a tar archive the stage's shell unpacks, staged in-process
+ * (wrd_fncall_stage: not in the call's 1 MiB JSON body); a compile stage answers
  * with a tar of its artifacts, and a run stage with fetch_files answers with
  * a tar holding the program's stdout, stderr, status and the files. Python
  * without files takes the zygote fast path (a fork per request). */
