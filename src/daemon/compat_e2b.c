@@ -1565,7 +1565,8 @@ watch_ping (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
   watch_send (w, 0, json_pack ("{s:{}}", "keepalive"));
 }
 
-static void
+/* false: the client had left, w is gone */
+static bool
 watch_ready (struct e2b_watch *w)
 {
   w->ready = true;
@@ -1573,7 +1574,16 @@ watch_ready (struct e2b_watch *w)
     {
       reply_json (w->req, 200, json_pack ("{s:s}", "watcherId", w->id));
       w->req = NULL;
-      return;
+      return true;
+    }
+  if (evhttp_request_get_connection (w->req) == NULL)
+    {
+      /* the client left while the agent set the watch up: the reply only
+       * frees the request (evhttp detached it), and the watch goes */
+      reply_stream_error (w->req, "canceled", "the client went away");
+      w->req = NULL;
+      watch_stop (g_e2b, w);
+      return false;
     }
   stream_begin (g_e2b, w->req, watch_closed, watch_hangup, w, &w->evcon, &w->hup);
   watch_send (w, 0, json_pack ("{s:{}}", "start")); /* oneof fields at the top */
@@ -1582,6 +1592,7 @@ watch_ready (struct e2b_watch *w)
       struct timeval tv = { .tv_sec = w->ping_s };
       event_add (w->ping, &tv);
     }
+  return true;
 }
 
 static void
@@ -1589,8 +1600,11 @@ watch_on_data (void *ud, uint8_t msg_type WR_UNUSED, const uint8_t *data, size_t
 {
   struct e2b_watch *w = ud;
   json_t *j = json_loadb ((const char *)data, len, 0, NULL);
-  if (!w->ready && json_is_true (json_object_get (j, "ready")))
-    watch_ready (w);
+  if (!w->ready && json_is_true (json_object_get (j, "ready")) && !watch_ready (w))
+    {
+      json_decref (j);
+      return;
+    }
   size_t i;
   json_t *ev;
   json_array_foreach (json_object_get (j, "events"), i, ev)
