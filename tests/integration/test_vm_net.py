@@ -211,3 +211,31 @@ def test_network_none_vm_has_no_nic(rootfs, world):
     finally:
         dm.stop()
         shutil.rmtree(dm.root, ignore_errors=True)
+
+
+def test_kit_without_virtio_net_refuses_allow(rootfs, world, tmp_path):
+    """A guest kit made before VM networking has no NIC driver: allow= is
+    refused up front (no guest without an interface), and the slot's tap
+    and chains made for the create are gone again."""
+    net_kit()
+    kit = tmp_path / "oldkit"
+    kit.mkdir()
+    for f in ("vmlinuz", "initramfs.img", "release"):
+        shutil.copy(os.path.join(GUEST, f), kit / f)
+    os.environ["WARREN_GUEST_DIR"] = str(kit)
+    try:
+        dm = vm_net_daemon(rootfs)
+    finally:
+        del os.environ["WARREN_GUEST_DIR"]
+    try:
+        r = dm.api.raw("POST", "/v1/sandboxes",
+                       {"backend": "microvm", "network": f"allow={MIRROR}:8080"}, timeout=300)
+        assert r.status == 501 and "virtio_net" in r.json()["error"]["message"], r
+        table = nft_table(dm)
+        prefix = "wr" + table.split("_")[1]
+        assert prefix not in sh("ip", "-o", "link", "show", "type", "tun").stdout
+        assert "ip saddr != " not in chains(dm)  # no slot's policy chain left
+        assert not qemu_pids(dm.root)
+    finally:
+        dm.stop()
+        shutil.rmtree(dm.root, ignore_errors=True)
