@@ -198,14 +198,20 @@ filter_in (struct evbuffer *src, struct evbuffer *dst, ev_ssize_t lim,
 
 /* Is evhttp freeing the connection? (Its callbacks are gone; the filter and
  * t live on until libevent finalizes them.) */
-static bool
-conn_closing (struct conn *t)
+bool
+wr_http_filter_closing (struct bufferevent *filter)
 {
   bufferevent_data_cb rcb, wcb;
   bufferevent_event_cb ecb;
   void *cbarg;
-  bufferevent_getcb (t->bev, &rcb, &wcb, &ecb, &cbarg);
+  bufferevent_getcb (filter, &rcb, &wcb, &ecb, &cbarg);
   return ecb == NULL;
+}
+
+static bool
+conn_closing (struct conn *t)
+{
+  return wr_http_filter_closing (t->bev);
 }
 
 /* Close the connection the way a read timeout would. */
@@ -252,11 +258,11 @@ kick_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
 /* evhttp takes its bufferevent's write callback to mean "the peer has the
  * bytes" (then it may close the connection, or produce the next piece of a
  * reply). The filter would say so as soon as bytes moved to the socket's
- * buffer: it moves them silently (BEV_NEED_MORE), and sent_cb says so
- * when the socket's buffer is empty. */
-static enum bufferevent_filter_result
-filter_out (struct evbuffer *src, struct evbuffer *dst, ev_ssize_t lim,
-            enum bufferevent_flush_mode mode WR_UNUSED, void *arg WR_UNUSED)
+ * buffer: it moves them silently (BEV_NEED_MORE), and wr_http_sent_cb says
+ * so when the socket's buffer is empty. */
+enum bufferevent_filter_result
+wr_http_filter_out (struct evbuffer *src, struct evbuffer *dst, ev_ssize_t lim,
+                    enum bufferevent_flush_mode mode WR_UNUSED, void *arg WR_UNUSED)
 {
   size_t len = evbuffer_get_length (src);
   if (lim >= 0 && (size_t)lim < len)
@@ -264,13 +270,12 @@ filter_out (struct evbuffer *src, struct evbuffer *dst, ev_ssize_t lim,
   return evbuffer_remove_buffer (src, dst, len) >= 0 ? BEV_NEED_MORE : BEV_ERROR;
 }
 
-static void
-sent_cb (struct evbuffer *b, const struct evbuffer_cb_info *info, void *arg)
+void
+wr_http_sent_cb (struct evbuffer *b, const struct evbuffer_cb_info *info, void *filter)
 {
-  struct conn *t = arg;
   if (info->n_deleted && evbuffer_get_length (b) == 0
-      && evbuffer_get_length (bufferevent_get_output (t->bev)) == 0)
-    bufferevent_trigger (t->bev, EV_WRITE, 0);
+      && evbuffer_get_length (bufferevent_get_output (filter)) == 0)
+    bufferevent_trigger (filter, EV_WRITE, 0);
 }
 
 static void
@@ -326,13 +331,13 @@ bev_cb (struct event_base *base, void *arg)
     goto fail;
   /* deferred callbacks: evhttp's write callback then means "moved towards
    * the socket", never a re-entrant call from inside evhttp's own write */
-  t->bev = bufferevent_filter_new (u, filter_in, filter_out,
+  t->bev = bufferevent_filter_new (u, filter_in, wr_http_filter_out,
                                    BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS, conn_free, t);
   if (t->bev == NULL)
     goto fail;
   bufferevent_setwatermark (u, EV_WRITE, 0, SOCKET_QUEUE);
   evbuffer_add_cb (bufferevent_get_output (t->bev), out_cb, t);
-  evbuffer_add_cb (bufferevent_get_output (u), sent_cb, t);
+  evbuffer_add_cb (bufferevent_get_output (u), wr_http_sent_cb, t->bev);
   t->h = h;
   t->last_rx = wr_now_ns ();
   if (h->n_counted >= h->cfg.max_connections)

@@ -10,6 +10,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
 
@@ -91,6 +93,22 @@ int wr_http_serve_tcp (struct evhttp *http, const char *spec, const char *flag, 
 #define WR_HTTPD_IS_OPT(c) ((c) >= WR_HTTPD_OPT_MAX_CONNECTIONS && (c) <= WR_HTTPD_OPT_IDLE_TIMEOUT)
 int wr_httpd_limit_opt (int opt, const char *arg, unsigned *max_connections,
                         unsigned *header_timeout_s, unsigned *idle_timeout_s, wr_err_t *err);
+
+/* evhttp over a bufferevent filter (evhttp_set_bevcb), as the guard and the
+ * SandboxFusion listener run it. libevent 2.1's filter reports output
+ * written once it reaches the socket's buffer, and evhttp may then free a
+ * Connection: close connection with the answer unsent: wr_http_filter_out
+ * (the filter's output function) moves output silently, and
+ * wr_http_sent_cb (an evbuffer callback on the socket bufferevent's
+ * output, the filter as its argument) reports it written when the socket's
+ * buffer is empty. The filter also holds output added before writing is
+ * enabled (evhttp's order): flush it on the next loop turn unless
+ * wr_http_filter_closing (evhttp is freeing the connection). */
+enum bufferevent_filter_result wr_http_filter_out (struct evbuffer *src, struct evbuffer *dst,
+                                                   ev_ssize_t lim, enum bufferevent_flush_mode mode,
+                                                   void *arg);
+void wr_http_sent_cb (struct evbuffer *b, const struct evbuffer_cb_info *info, void *filter);
+bool wr_http_filter_closing (struct bufferevent *filter);
 
 /* "Bearer TOKEN" (value[0..len)) against token, in constant time for a
  * given length; an empty token matches nothing. */

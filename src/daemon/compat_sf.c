@@ -1431,43 +1431,13 @@ sf_filter_in (struct evbuffer *src, struct evbuffer *dst, ev_ssize_t lim WR_UNUS
     }
 }
 
-/* libevent 2.1's filter moves output to the socket only when it is added
- * while writing is enabled, and evhttp adds a reply before it enables
- * writing: flush on the next loop turn (common/httpd.c does the same). */
+/* the filter holds output added before writing is enabled (common/httpd.h) */
 static void
 sf_kick_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
 {
   struct sf_conn *t = arg;
-  bufferevent_data_cb rcb, wcb;
-  bufferevent_event_cb ecb = NULL;
-  void *cbarg;
-  bufferevent_getcb (t->bev, &rcb, &wcb, &ecb, &cbarg);
-  if (ecb) /* evhttp is not freeing the connection */
+  if (!wr_http_filter_closing (t->bev))
     bufferevent_flush (t->bev, EV_WRITE, BEV_NORMAL);
-}
-
-/* evhttp takes its bufferevent's write callback to mean "the peer has the
- * bytes" and may free the connection then (Connection: close, HTTP/1.0):
- * the filter would say so once the bytes reached the socket's buffer, and
- * they would be lost. So output moves silently (BEV_NEED_MORE) and
- * sf_sent_cb says so when the socket's buffer is empty (as httpd.c does). */
-static enum bufferevent_filter_result
-sf_filter_out (struct evbuffer *src, struct evbuffer *dst, ev_ssize_t lim,
-               enum bufferevent_flush_mode mode WR_UNUSED, void *arg WR_UNUSED)
-{
-  size_t len = evbuffer_get_length (src);
-  if (lim >= 0 && (size_t)lim < len)
-    len = (size_t)lim;
-  return evbuffer_remove_buffer (src, dst, len) >= 0 ? BEV_NEED_MORE : BEV_ERROR;
-}
-
-static void
-sf_sent_cb (struct evbuffer *b, const struct evbuffer_cb_info *info, void *arg)
-{
-  struct sf_conn *t = arg;
-  if (info->n_deleted && evbuffer_get_length (b) == 0
-      && evbuffer_get_length (bufferevent_get_output (t->bev)) == 0)
-    bufferevent_trigger (t->bev, EV_WRITE, 0);
 }
 
 static void
@@ -1495,7 +1465,7 @@ sf_bev_cb (struct event_base *base, void *arg WR_UNUSED)
     t->kick = event_new (base, -1, 0, sf_kick_cb, t);
   if (t && t->kick)
     t->bev
-        = bufferevent_filter_new (u, sf_filter_in, sf_filter_out,
+        = bufferevent_filter_new (u, sf_filter_in, wr_http_filter_out,
                                   BEV_OPT_CLOSE_ON_FREE | BEV_OPT_DEFER_CALLBACKS, sf_conn_free, t);
   if (t == NULL || t->bev == NULL)
     {
@@ -1507,7 +1477,7 @@ sf_bev_cb (struct event_base *base, void *arg WR_UNUSED)
       return NULL;
     }
   evbuffer_add_cb (bufferevent_get_output (t->bev), sf_out_cb, t);
-  evbuffer_add_cb (bufferevent_get_output (u), sf_sent_cb, t);
+  evbuffer_add_cb (bufferevent_get_output (u), wr_http_sent_cb, t->bev);
   return t->bev;
 }
 
