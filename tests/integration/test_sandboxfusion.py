@@ -16,7 +16,7 @@ from conftest import BUILD, need
 from wr import Daemon, wait_for
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandboxfusion"))
-from sfclient import SF, client, free_port, sf_daemon  # noqa: E402,F401 (fixtures)
+from sfclient import SF, client, free_port, lang_layer, sf_daemon, start  # noqa: E402,F401 (fixtures)
 
 C_ECHO = '#include <stdio.h>\nint main(void){int x; if (scanf("%d",&x)!=1) return 3; printf("%d\\n",x*2); return 0;}'
 
@@ -276,3 +276,32 @@ def test_connection_close_and_http10_get_their_answer(client):
         assert head.startswith(b"HTTP/1.") and b" 200 " in head.split(b"\r\n")[0], data[:300]
         j = json.loads(payload)
         assert j == "pong" or j["run_result"]["stdout"] == "closed\n", j
+
+
+@pytest.fixture(scope="module")
+def sf_go(rootfs):
+    """A daemon whose go runs in lang-go:bookworm (built on request: a
+    visible skip naming the command when its layer is not cached)."""
+    if not lang_layer("go"):
+        pytest.skip("lang-go:bookworm not built: warren image defaults --lang go")
+    d, c = start(rootfs, ["--compat-image", "go=lang-go:bookworm"], import_base=False)
+    try:
+        r = d.cli("image", "defaults", "--quiet", "--lang", "go", timeout=1800)
+        assert r.returncode == 0, r.stderr[-3000:]
+        yield c
+    finally:
+        d.stop()
+        shutil.rmtree(d.root, ignore_errors=True)
+
+
+def test_go_run_stage_runs_the_compiled_binary(sf_go):
+    """The compile stage's binary is what the run stage runs: no second
+    build (that build would leave Go's cache in the run's HOME)."""
+    code = ('package main\nimport ("fmt"; "os"; "path/filepath")\n'
+            'func main() { _, err := os.Stat(filepath.Join(os.Getenv("HOME"), ".cache", "go-build"))\n'
+            ' fmt.Println(os.IsNotExist(err)); b, _ := os.ReadFile("data.txt"); fmt.Print(string(b)) }\n')
+    r = sf_go.run_code(language="go", code=code, compile_timeout=120, run_timeout=60,
+                       files={"data.txt": base64.b64encode(b"in\n").decode()})
+    assert r["status"] == "Success", r
+    assert r["compile_result"]["return_code"] == 0, r
+    assert r["run_result"]["stdout"] == "true\nin\n", r
