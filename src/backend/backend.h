@@ -155,6 +155,8 @@ struct wr_runtime
   size_t stack_size;
   struct wr_netns_pool *netns_pool; /* pool.c; NULL: every create makes its own */
   struct wr_zygote *zygote;         /* zygote.c: forks sandboxes' agents */
+  int sock_dir_fd;                  /* agent sockets' tmpfs dir (runtime.c), -1: state dirs */
+  char sock_dir[40];
   char describe[1024];
 };
 

@@ -11,6 +11,8 @@
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <linux/magic.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -325,6 +327,38 @@ wr_idmap_mount (int userns_fd, const char *src_dir, const char *dst_dir, wr_err_
   return 0;
 }
 
+/* Agent sockets on a tmpfs when the daemon root is not on one: a socket
+ * bound on this host's journal-less ext4 allocates an inode, which scans
+ * for recently deleted ones (~3% of create+destroy, perf). /dev/shm is
+ * there on every host and outlives daemon restarts, as the sockets must (a
+ * restarted daemon reconnects to them). <shm>/<cgroup name> is ours when
+ * it is a real dir of our uid, 0700; a dir someone else made first (the
+ * name is predictable, /dev/shm world-writable) only costs the state dirs. */
+static void
+agent_sock_dir (struct wr_runtime *rt)
+{
+  const char *shm = getenv ("WARREN_AGENT_SOCK_TMPFS"); /* tests: another tmpfs; "" none */
+  if (shm == NULL)
+    shm = "/dev/shm";
+  struct statfs sf;
+  if (shm[0] != '/' || (statfs (rt->root, &sf) == 0 && sf.f_type == TMPFS_MAGIC)
+      || statfs (shm, &sf) < 0 || sf.f_type != TMPFS_MAGIC)
+    return;
+  int n = snprintf (rt->sock_dir, sizeof rt->sock_dir, "%s/%s", shm, rt->cg_name);
+  /* the longest id (64) must fit in sun_path after it */
+  if (n < 0 || (size_t)n >= sizeof rt->sock_dir || n + 1 + 64 >= 108)
+    return;
+  if (mkdir (rt->sock_dir, 0700) < 0 && errno != EEXIST)
+    return;
+  int fd = open (rt->sock_dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  struct stat st;
+  if (fd >= 0 && fstat (fd, &st) == 0 && S_ISDIR (st.st_mode) && st.st_uid == geteuid ()
+      && (st.st_mode & 077) == 0)
+    rt->sock_dir_fd = fd;
+  else if (fd >= 0)
+    close (fd);
+}
+
 static const char *
 layout_name (enum wr_cg_layout l)
 {
@@ -358,7 +392,7 @@ wr_runtime_new (const struct wr_runtime_config *cfg, struct wr_runtime **ret, wr
   struct wr_runtime *rt = calloc (1, sizeof *rt);
   if (rt == NULL)
     return wr_error (err, ENOMEM, WR_E_INTERNAL, "runtime");
-  rt->agent_fd = -1;
+  rt->agent_fd = rt->sock_dir_fd = -1;
   rt->cg.v2_fd = rt->cg.be_v2_fd = rt->cg.be_cpu_fd = -1;
   for (int i = 0; i < WR_V1_N; i++)
     rt->cg.v1_fd[i] = -1;
@@ -429,6 +463,7 @@ wr_runtime_new (const struct wr_runtime_config *cfg, struct wr_runtime **ret, wr
     if ((r = wr_netns_pool_new (n, &rt->netns_pool, err)) < 0)
       goto fail;
   }
+  agent_sock_dir (rt);
   /* WARREN_AGENT_ZYGOTE=0: every sandbox execs its agent (the fallback) */
   const char *zy = getenv ("WARREN_AGENT_ZYGOTE");
   bool zygote_on = !(zy && strcmp (zy, "0") == 0);
@@ -459,6 +494,11 @@ wr_runtime_free (struct wr_runtime *rt)
   if (rt == NULL)
     return;
   wr_zygote_free (rt->zygote);
+  if (rt->sock_dir_fd >= 0)
+    {
+      close (rt->sock_dir_fd);
+      rmdir (rt->sock_dir); /* kept while sockets of live sandboxes are in it */
+    }
   wr_netns_pool_free (rt->netns_pool);
   wr_cg_fini (&rt->cg);
   if (rt->agent_fd >= 0)

@@ -468,14 +468,15 @@ ppid_of (pid_t pid)
   return pp;
 }
 
-/* "fd:target " for each fd of pid, ascending, targets without their
- * [inode] or path: what kind of fd each is */
+/* "fd:target " for each of pid's fds from its setup (0-8), targets without
+ * their [inode] or path: what kind of fd each is; "high" when any is above
+ * 63 (where the zygote keeps its own) */
 static char *
 fd_list (pid_t pid)
 {
   char *out = calloc (1, 4096), path[64], t[256];
   size_t len = 0;
-  for (int fd = 0; fd < 256 && out; fd++)
+  for (int fd = 0; fd <= WR_AGENT_CGROUP_FD && out; fd++)
     {
       snprintf (path, sizeof path, "/proc/%d/fd/%d", (int)pid, fd);
       ssize_t n = readlink (path, t, sizeof t - 1);
@@ -487,7 +488,32 @@ fd_list (pid_t pid)
         strcpy (t, "/");
       len += (size_t)snprintf (out + len, 4096 - len, "%d:%s ", fd, t);
     }
+  for (int fd = 64; fd < 1024 && out; fd++)
+    {
+      snprintf (path, sizeof path, "/proc/%d/fd/%d", (int)pid, fd);
+      if (access (path, F_OK) == 0)
+        {
+          strcat (out, "high");
+          break;
+        }
+    }
   return out;
+}
+
+/* the state letter of /proc/PID/stat, 0 if gone */
+static char
+proc_state (pid_t pid)
+{
+  char path[64], buf[512];
+  snprintf (path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen (path, "re");
+  if (f == NULL)
+    return 0;
+  size_t n = fread (buf, 1, sizeof buf - 1, f);
+  fclose (f);
+  buf[n] = 0;
+  char *p = strrchr (buf, ')');
+  return p && p[1] == ' ' ? p[2] : 0;
 }
 
 static bool
@@ -542,10 +568,20 @@ test_zygote (void)
           "pid 1: seccomp filter, no_new_privs, Docker's capabilities (%s)", o.stdout_buf);
   out_free (&o);
   _cleanup_free_ char *zygote_fds = fd_list (c.pid);
+  /* the agent socket on /dev/shm (a tmpfs; the state root here is not) */
+  bool shm_tmpfs = path_exists ("/dev/shm");
+  TAP_OK (
+      !shm_tmpfs
+          || (path_exists ("/dev/shm/%s/t-zyg", cgname) && !path_exists ("%s/agent.sock", sdir)),
+      "agent socket in /dev/shm/%s/", cgname);
   TAP_EQ (wr_container_destroy (rt, &c, sdir, &err), 0, "destroy (%s)", err.msg);
+  TAP_OK (!path_exists ("/dev/shm/%s/t-zyg", cgname), "destroy removed the agent socket");
 
-  /* a dead zygote is replaced at the next create */
+  /* a dead zygote is replaced at the next create (a create racing with its
+   * death fails: the request may have reached it) */
   kill (st.pid, SIGKILL);
+  for (int i = 0; i < 5000 && proc_state (st.pid) != 'Z' && proc_state (st.pid) != 0; i++)
+    usleep (1000);
   r = spec_create ("t-zyg", &spec, sdir, sizeof sdir, &c, &err);
   TAP_EQ (r, 0, "create after the zygote was killed (%s)", r ? err.msg : "ok");
   struct wr_zygote_stats st2;
@@ -828,6 +864,7 @@ main (int argc, char **argv)
                       && !path_exists ("/sys/fs/cgroup/memory/%s", cgname);
   TAP_OK (parents_gone, "runtime_free removed the warren parents");
   TAP_OK (!path_exists ("%s/run/l", state_root), "runtime_free removed the layer mount points");
+  TAP_OK (!path_exists ("/dev/shm/%s", cgname), "runtime_free removed the agent sockets' dir");
   char cmd[400];
   snprintf (cmd, sizeof cmd, "rm -rf %s", tmp);
   system (cmd);
