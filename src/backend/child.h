@@ -125,7 +125,8 @@ struct wr_zygote;
 struct wr_zygote_stats
 {
   bool enabled;
-  pid_t pid;
+  pid_t pid;       /* the first running one's (one per child stack slot) */
+  int running;     /* zygotes running */
   uint64_t forks;  /* sandboxes' agents forked by a zygote */
   uint64_t starts; /* zygotes started (restarts included) */
 };
@@ -133,11 +134,12 @@ void wr_zygote_stats (struct wr_runtime *rt, struct wr_zygote_stats *ret);
 
 int wr_zygote_new (bool enabled, struct wr_zygote **ret);
 void wr_zygote_free (struct wr_zygote *z);
-/* One request (a wr_zygote_req and its strings, len bytes) with its fds:
+/* One request (a wr_zygote_req and its strings, len bytes) with its fds, to
+ * the zygote of child stack slot `slot` (the caller holds the slot):
  * the child's host pid and *ret_pidfd, -ENOSYS when the zygote cannot be
  * used (disabled, or it would not start: exec the agent instead), or
  * another -errno (the zygote's clone3 failed, or it did not answer). */
-long wr_zygote_spawn (struct wr_runtime *rt, const void *msg, size_t len, const int *fds, int nfds,
-                      int *ret_pidfd);
+long wr_zygote_spawn (struct wr_runtime *rt, int slot, const void *msg, size_t len, const int *fds,
+                      int nfds, int *ret_pidfd);
 
 #endif

@@ -411,7 +411,8 @@ clone_as (uid_t owner, int securebits, struct wr_clone_args *ca, struct wr_runti
  * no zygote (use clone_as). */
 static long
 zygote_clone (struct wr_runtime *rt, const struct wr_clone_args *ca, const struct wr_child_ctx *ctx,
-              uid_t owner, const char *timens, int cgroup_fd, int netns_fd, int *ret_pidfd)
+              uid_t owner, const char *timens, int cgroup_fd, int netns_fd, int slot,
+              int *ret_pidfd)
 {
   if (rt->zygote == NULL)
     return -ENOSYS;
@@ -462,7 +463,7 @@ zygote_clone (struct wr_runtime *rt, const struct wr_clone_args *ca, const struc
       memcpy (msg + len, strs[i], n);
       len += n;
     }
-  return wr_zygote_spawn (rt, msg, len, fds, nfds, ret_pidfd);
+  return wr_zygote_spawn (rt, slot, msg, len, fds, nfds, ret_pidfd);
 }
 
 bool
@@ -687,7 +688,7 @@ wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *spec
   /* the agent zygote forks the agent (it joins the pooled netns itself);
    * without one the CLONE_VM child execs it */
   long pid = zygote_clone (rt, &ca, &ctx, base, timens_len > 0 ? timens : NULL, cgs.v2_fd,
-                           pooled_netns, &pidfd);
+                           pooled_netns, slot, &pidfd);
   bool zygote_child = pid != -ENOSYS;
   if (!zygote_child)
     {

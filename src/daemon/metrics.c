@@ -104,9 +104,9 @@ wrd_metrics_text (struct wrd *d)
                "# HELP warren_agent_zygote_starts_total Agent zygotes started (restarts too).\n"
                "# TYPE warren_agent_zygote_starts_total counter\n"
                "warren_agent_zygote_starts_total %llu\n"
-               "# HELP warren_agent_zygote_up 1 while an agent zygote runs.\n"
+               "# HELP warren_agent_zygote_up Agent zygotes running (one per create slot in use).\n"
                "# TYPE warren_agent_zygote_up gauge\nwarren_agent_zygote_up %d\n",
-               (unsigned long long)zs.forks, (unsigned long long)zs.starts, zs.pid > 0);
+               (unsigned long long)zs.forks, (unsigned long long)zs.starts, zs.running);
     }
   fclose (f);
   return buf;

@@ -74,7 +74,7 @@ def test_agent_is_a_zygote_child(api, daemon):
         assert nspid[-1] == "1", nspid
         assert os.readlink(f"/proc/{pid}/ns/user") != os.readlink(f"/proc/{zpid}/ns/user")
         assert metric(api, "warren_agent_zygote_forks_total") == forks + 1
-        assert metric(api, "warren_agent_zygote_up") == 1
+        assert metric(api, "warren_agent_zygote_up") >= 1
         check_sandbox_works(api, sid)
     finally:
         assert api.delete(sid).status == 204
