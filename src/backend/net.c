@@ -45,7 +45,6 @@ struct wr_net
   unsigned char fresh[WR_NET_SLOTS]; /* chains not made yet */
   /* egress limits wanted and those in the slot's l/k chains */
   struct wr_net_limits limits[WR_NET_SLOTS], limits_on[WR_NET_SLOTS];
-  uint32_t conn_gen;                   /* the conntrack mark of the last connection count made */
   unsigned char lchains[WR_NET_SLOTS]; /* l<slot> and k<slot> made (a limit was set) */
   int self_netns;                      /* the daemon's own netns, to come back after setns */
   /* slots whose link is made in a pooled netns (wr_net_prepare), by the
@@ -754,17 +753,12 @@ limit_cmds (struct wr_net *n, unsigned slot, const struct wr_net_limits *on, cha
   if (want->connections != on->connections)
     {
       o += (size_t)snprintf (cmds + o, len - o, "flush chain inet %s k%u\n", n->table, slot);
-      /* A new ct count starts from zero: connections open before it are
-       * counted at their next packet. Each connection passes the count
-       * once, marked with the count's generation (a new one is rejected
-       * when over; an older one only joins the count). */
-      uint32_t gen = ++n->conn_gen ? n->conn_gen : ++n->conn_gen;
+      /* a new count starts from zero, and the kernel adds only unconfirmed
+       * (new) connections to it: it counts those opened after it */
       if (want->connections)
         o += (size_t)snprintf (cmds + o, len - o,
-                               "add rule inet %1$s k%2$u ct mark %3$u return\n"
-                               "add rule inet %1$s k%2$u ct count over %4$u ct state new reject\n"
-                               "add rule inet %1$s k%2$u ct mark set %3$u\n",
-                               n->table, slot, gen, want->connections);
+                               "add rule inet %s k%u ct state new ct count over %u reject\n",
+                               n->table, slot, want->connections);
     }
   return o;
 }

@@ -80,8 +80,8 @@ struct wr_net_limits
 };
 /* Record the slot's limits and apply them in one transaction, or, with
  * with_policy, leave them to the slot's next wr_net_set_policy (a create:
- * one transaction for both). Only a changed connection limit resets the
- * count of open connections (the new limit counts those opened after it). */
+ * one transaction for both). A changed connection limit counts the
+ * connections opened after the change. */
 int wr_net_set_limits (struct wr_net *n, unsigned slot, const struct wr_net_limits *l,
                        bool with_policy, wr_err_t *err);
 /* Add destinations to the slot's set (addresses a DNS answer just named). */

@@ -725,3 +725,24 @@ def test_daemon_default_limits(rootfs, world):
     finally:
         dm.stop()
         shutil.rmtree(dm.root, ignore_errors=True)
+
+
+def test_connection_limit_change_counts_new_connections(d):
+    # a changed limit is a new count: it counts the connections opened after
+    # it, and leaves open ones open (docs/network.md, "Egress limits")
+    hold = f"(sleep 600 | nc {MIRROR} 9000 >/dev/null 2>&1 &);"
+    one_more = f"timeout 10 nc -w 3 {MIRROR} 9000 </dev/null; echo rc=$?"
+    sid = create(d, f"allow={MIRROR}:9000", net_limits={"connections": 5})
+    try:
+        d.api.sh(sid, hold + hold)
+        wait_for(lambda: established(d, sid, 9000) == 2, what="two connections open")
+        r = d.api.raw("PATCH", f"/v1/sandboxes/{sid}", {"net_limits": {"connections": 2}})
+        assert r.status == 200, r
+        assert established(d, sid, 9000) == 2
+        d.api.sh(sid, hold + hold)
+        wait_for(lambda: established(d, sid, 9000) == 4, what="two more under the new count")
+        r = d.api.sh(sid, one_more)
+        assert "rc=0" not in r["stdout"] and "refused" in r["stdout"] + r["stderr"], r
+        assert established(d, sid, 9000) == 4
+    finally:
+        d.api.delete(sid)
