@@ -640,14 +640,14 @@ def worker_main(ctl):
             gc.collect()  # a failed call's frames may sit in cycles
         r1 = resource.getrusage(resource.RUSAGE_SELF)
         sys.stdin, sys.stdout, sys.stderr = saved
-        hdr = {"exit_code": code, "stdout_truncated": out.trunc, "stderr_truncated": err.trunc,
-               "duration_ms": int(dur * 1000),
-               "usage": {"cpu_user_ms": int((r1.ru_utime - r0.ru_utime) * 1000),
-                         "cpu_system_ms": int((r1.ru_stime - r0.ru_stime) * 1000),
-                         "max_rss_kb": r1.ru_maxrss}}
+        o, e = bytes(out.buf), bytes(err.buf)
         try:
-            send_result(res_fd, hdr, bytes(out.buf), bytes(err.buf))
-        except OSError:
+            write_all(res_fd, RES.pack(code & 0xFF, out.trunc | err.trunc << 1,
+                                       max(0, int(dur * 1000)),
+                                       max(0, int((r1.ru_utime - r0.ru_utime) * 1000)),
+                                       max(0, int((r1.ru_stime - r0.ru_stime) * 1000)),
+                                       max(0, r1.ru_maxrss), len(o), len(e)) + o + e)
+        except (OSError, struct.error):
             pass
         os.close(res_fd)
 
@@ -693,38 +693,42 @@ class Worker:
 
 
 worker = None
-MAX_RESULT_HDR = 1 << 16
+
+# A reuse result on the call's pipe: a fixed binary header (exit code,
+# truncation bits, duration, user and system CPU ms, max RSS kB, output
+# lengths), then stdout and stderr. Any bytes unpack to integers of these
+# types: the zygote checks the lengths, bounds the numbers and writes the
+# daemon's JSON from a template (no JSON parsed or built per call).
+RES = struct.Struct("<BB6Q")
+NUM_MAX = (1 << 53) - 1  # what JSON readers take as an integer exactly
+RESULT_JSON = ('{"exit_code":%d,"signal":0,"timed_out":false,"stdout_truncated":%s,'
+               '"stderr_truncated":%s,"duration_ms":%d,"usage":{"cpu_user_ms":%d,'
+               '"cpu_system_ms":%d,"max_rss_kb":%d},"mode":"reuse","out_len":%d,"err_len":%d}')
+_BOOL = ("false", "true")
 
 
 def read_result(fd, deadline, out_cap, err_cap):
-    """One result frame from the call's own pipe, read until the deadline.
-    None when the worker died, timed out or wrote something malformed.
-    Blocking reads, each after select() found data: they return what is there."""
+    """One result from the call's own pipe, read until the deadline: (the
+    daemon's result frame header, stdout, stderr). None when the worker
+    died, timed out or wrote something malformed. Blocking reads, each
+    after select() found data: they return what is there."""
     buf = bytearray()
-    hdr = None
-    need = 4  # then 4 + header, then 4 + header + output
+    f = None
+    need = RES.size  # then the header and the output
     while True:
         if len(buf) >= need:
-            if need == 4:
-                (n,) = HDR.unpack(buf[:4])
-                if n == 0 or n > MAX_RESULT_HDR:
+            if f is None:
+                f = RES.unpack_from(buf)
+                ol, el = f[6], f[7]
+                if ol > out_cap or el > err_cap:
                     return None
-                need = 4 + n
+                need = RES.size + ol + el
                 continue
-            if hdr is None:
-                try:
-                    hdr = json.loads(bytes(buf[4:need]))
-                except ValueError:
-                    return None
-                ol = hdr.get("out_len") if isinstance(hdr, dict) else None
-                el = hdr.get("err_len") if isinstance(hdr, dict) else None
-                if type(ol) is not int or type(el) is not int or not 0 <= ol <= out_cap \
-                        or not 0 <= el <= err_cap:
-                    return None
-                body_at = need
-                need = body_at + ol + el
-                continue
-            return hdr, bytes(buf[body_at:body_at + ol]), bytes(buf[body_at + ol:need])
+            at = RES.size
+            j = (RESULT_JSON % (f[0], _BOOL[f[1] & 1], _BOOL[f[1] >> 1 & 1],
+                                min(f[2], NUM_MAX), min(f[3], NUM_MAX), min(f[4], NUM_MAX),
+                                min(f[5], NUM_MAX), ol, el)).encode()
+            return HDR.pack(len(j)) + j, bytes(buf[at:at + ol]), bytes(buf[at + ol:need])
         left = deadline - time.monotonic()
         if left <= 0 or not select.select([fd], [], [], left)[0]:
             return None
@@ -732,23 +736,6 @@ def read_result(fd, deadline, out_cap, err_cap):
         if not b:
             return None
         buf += b
-
-
-def clean_result(h):
-    """Only the fields a result has, with their types: the frame was written
-    by the call's own process."""
-    ec = h.get("exit_code")
-    u = h.get("usage") if isinstance(h.get("usage"), dict) else {}
-
-    def num(v):
-        return v if type(v) is int and v >= 0 else 0
-
-    return {"exit_code": ec & 0xFF if type(ec) is int else 1, "signal": 0, "timed_out": False,
-            "stdout_truncated": h.get("stdout_truncated") is True,
-            "stderr_truncated": h.get("stderr_truncated") is True,
-            "duration_ms": num(h.get("duration_ms")),
-            "usage": {k: num(u.get(k)) for k in ("cpu_user_ms", "cpu_system_ms", "max_rss_kb")},
-            "mode": "reuse"}
 
 
 def call_reuse(req, raw):
@@ -814,7 +801,7 @@ def call_reuse(req, raw):
         wipe_files()
         return
     hdr, out, err = got
-    send_result(OUT, clean_result(hdr), out, err)
+    write_all(OUT, hdr + out + err)
     # best effort: only files, the worker cannot have started processes
     wipe_files()
     worker.calls += 1
