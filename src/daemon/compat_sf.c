@@ -1345,6 +1345,7 @@ head_parse (struct sf_conn *t, const char *buf, size_t n, long long *ret_len, bo
     }
   *ret_len = -1;
   *ret_chunked = false;
+  t->path[0] = '\0';
   const char *sp = memchr (buf, ' ', end),
              *sp2 = sp ? memchr (sp + 1, ' ', end - (size_t)(sp + 1 - buf)) : NULL;
   if (sp && sp2)
@@ -1410,7 +1411,7 @@ sf_filter_in (struct evbuffer *src, struct evbuffer *dst, ev_ssize_t lim WR_UNUS
       size_t end = head_parse (t, buf, n, &cl, &chunked);
       if (end == 0 && len < WR_HTTPD_HEADER_MAX)
         return BEV_NEED_MORE;
-      if (end == 0 || chunked || strchr (t->path, '\r'))
+      if (end == 0 || chunked || t->path[0] != '/' || strchr (t->path, '\r'))
         {
           t->state = SC_PASS; /* evhttp refuses or bounds it */
           continue;
