@@ -429,13 +429,15 @@ def test_allow_creates_take_prepared_links(d):
 
 
 def test_byte_counters_in_usage(d):
-    sid = create(d, f"allow={MIRROR}:8080")
+    sid = create(d, f"allow={MIRROR}:8080,{MIRROR}:8081")
     try:
         before = inspect(d, sid)
         payload = "x" * 20000
-        # egress: a POST with a 20 kB body (the mirror's answer does not matter)
-        d.api.sh(sid, f"timeout 3 wget -q -O /dev/null --post-data {payload} "
-                      f"http://{MIRROR}:8080/ ; true")
+        # egress: a POST with a 20 kB body to the upload sink, which reads it
+        # all (the mirror's http.server answers 501 and may close before)
+        r = d.api.sh(sid, f"timeout 10 wget -q -O - --post-data {payload} "
+                          f"http://{MIRROR}:8081/")
+        assert r["stdout"] == "20000", r
         code, body = fetch(d, sid, f"http://{MIRROR}:8080/")
         assert code == 0
         after = inspect(d, sid)
