@@ -732,8 +732,10 @@ zygote_serve (int ctl, int *ret_argc, char ***ret_argv)
     if (sig != SIGKILL && sig != SIGSTOP)
       signal (sig, SIG_DFL);
   signal (SIGCHLD, SIG_IGN); /* children are reaped by the kernel */
-  ssize_t n = recv (ctl, zy_filter, sizeof zy_filter, 0);
-  if (n <= 0 || n % (ssize_t)sizeof zy_filter[0])
+  /* MSG_TRUNC: the real length, so a program too long for us is refused,
+   * never loaded cut short */
+  ssize_t n = recv (ctl, zy_filter, sizeof zy_filter, MSG_TRUNC);
+  if (n <= 0 || (size_t)n > sizeof zy_filter || n % (ssize_t)sizeof zy_filter[0])
     exit (1);
   zy_filter_len = (size_t)n / sizeof zy_filter[0];
   wr_dev_template_make ();
