@@ -122,7 +122,12 @@ def test_density_flat_rates_overload_and_teardown(dense):
     statuses, t0, done = run_phase(delete, ids)
     assert all(s in (200, 204) for s in statuses), set(statuses)
     rates = bucket_rates(t0, done)
-    assert flat(rates), rates
+    # a delete is answered once its sandbox is killed and released when the
+    # kernel reports the exit, on the same loop: the first answers run ahead
+    # of their releases until those take their share, so flatness is judged
+    # from the second 10% on (a cost that grows with the number alive still
+    # shows: the last 20% against the 20% after the first)
+    assert flat(rates[1:]), rates
 
     # clean teardown: nothing listed, the reaping finished, descriptors back
     assert api.raw("GET", "/v1/sandboxes").json()["sandboxes"] == []
