@@ -47,6 +47,8 @@ struct wr_netns_pool
   struct wr_netns_pool_hooks hooks; /* zero: plain namespaces */
   struct ready_netns ready[POOL_MAX];
   uint64_t made, taken, missed;
+  struct ready_netns sysfs_ns; /* plain pool: a netns kept for its sysfs, cloned to each */
+  int shared_sysfs;            /* sysfs_ns.sysfs_fd, or -1: a sysfs per netns */
 };
 
 static void
@@ -62,7 +64,7 @@ ready_close (struct ready_netns *r)
 /* On the worker thread: a new netns with loopback up and its sysfs; back
  * home after. -errno on failure (the thread is home again either way). */
 static int
-make_one (int home_fd, struct ready_netns *ret)
+make_one (int home_fd, int shared_sysfs, struct ready_netns *ret)
 {
   ret->netns_fd = ret->sysfs_fd = -1;
   if (unshare (CLONE_NEWNET) < 0)
@@ -77,7 +79,15 @@ make_one (int home_fd, struct ready_netns *ret)
     r = -errno;
   if (s >= 0)
     close (s);
-  if (r == 0)
+  if (r == 0 && shared_sysfs >= 0)
+    {
+      /* a clone of the shared sysfs mount: no superblock of its own */
+      ret->sysfs_fd = (int)syscall (__NR_open_tree, shared_sysfs, "",
+                                    OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
+      if (ret->sysfs_fd < 0)
+        r = -errno;
+    }
+  else if (r == 0)
     {
       _cleanup_close_ int fs = (int)syscall (__NR_fsopen, "sysfs", FSOPEN_CLOEXEC);
       if (fs < 0 || syscall (__NR_fsconfig, fs, FSCONFIG_SET_FLAG, "ro", NULL, 0) < 0
@@ -111,7 +121,7 @@ make_one (int home_fd, struct ready_netns *ret)
 static int
 make_ready (struct wr_netns_pool *p, struct ready_netns *ret)
 {
-  int r = make_one (p->home_fd, ret);
+  int r = make_one (p->home_fd, p->shared_sysfs, ret);
   if (r == 0 && p->hooks.prepare && (r = p->hooks.prepare (p->hooks.arg, ret->netns_fd)) < 0)
     ready_close (ret);
   return r;
@@ -184,6 +194,26 @@ wr_netns_pool_new_hooked (unsigned target, const struct wr_netns_pool_hooks *hoo
     }
   pthread_mutex_init (&p->lock, NULL);
   pthread_cond_init (&p->cond, NULL);
+  p->shared_sysfs = -1;
+  p->sysfs_ns.netns_fd = p->sysfs_ns.sysfs_fd = -1;
+  /* A sysfs superblock per netns costs each create a walk of every sysfs
+   * superblock alive (sget_fc) and each memory cgroup made after it a
+   * shrinker slot (docs/performance.md, "Density"). Without a link to show
+   * (a plain pool: `none`), every netns gets a clone of one sysfs of a netns
+   * kept for it: the same tree, `lo` only. A kernel that cannot clone a
+   * detached mount leaves a sysfs per netns. */
+  if (p->hooks.prepare == NULL && make_one (p->home_fd, -1, &p->sysfs_ns) == 0)
+    {
+      int probe = (int)syscall (__NR_open_tree, p->sysfs_ns.sysfs_fd, "",
+                                OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
+      if (probe >= 0)
+        {
+          close (probe);
+          p->shared_sysfs = p->sysfs_ns.sysfs_fd;
+        }
+      else
+        ready_close (&p->sysfs_ns);
+    }
   /* Filled now, on the caller's thread: the daemon starts with the pool it
    * keeps (its descriptor count at rest includes them), and the first
    * creates find one. A failure here leaves creates to CLONE_NEWNET. */
@@ -212,6 +242,7 @@ wr_netns_pool_free (struct wr_netns_pool *p)
     pthread_join (p->worker, NULL);
   for (unsigned i = 0; i < p->n; i++)
     drop (p, &p->ready[i]);
+  ready_close (&p->sysfs_ns);
   close (p->home_fd);
   pthread_mutex_destroy (&p->lock);
   pthread_cond_destroy (&p->cond);

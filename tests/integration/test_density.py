@@ -187,3 +187,28 @@ def test_listener_out_of_descriptors_rests_not_spins(rootfs):
             s.close()
         d.stop()
         shutil.rmtree(d.root, ignore_errors=True)
+
+
+def test_network_none_sandboxes_share_one_sysfs(rootfs):
+    """A sysfs superblock per sandbox made every create walk all of them
+    (sget_fc) and every memory cgroup made after it carry a shrinker slot
+    for it (docs/performance.md, "Density"): `none` sandboxes get clones of
+    one read-only sysfs of a netns the pool keeps for it, `lo` only."""
+    d = start_daemon(rootfs)
+    try:
+        ids = [d.api.create(memory_mb=64) for _ in range(3)]
+        devs = set()
+        for sid in ids:
+            r = d.api.sh(sid, "stat -c %d /sys; ls /sys/class/net; touch /sys/x 2>/dev/null || echo ro;"
+                              " grep ' /sys ' /proc/self/mountinfo")
+            assert r["exit_code"] == 0, r
+            dev, nets, ro, mnt = r["stdout"].split("\n", 3)
+            assert nets == "lo" and ro == "ro", r
+            assert " ro," in mnt and "sysfs" in mnt, mnt
+            devs.add(dev)
+        assert len(devs) == 1, devs  # one superblock: the same device in each
+        for sid in ids:
+            d.api.delete(sid)
+    finally:
+        d.stop()
+        shutil.rmtree(d.root, ignore_errors=True)
