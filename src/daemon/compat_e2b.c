@@ -944,9 +944,9 @@ process_start (struct e2b *s, struct sandbox *sb, struct evhttp_request *req, js
   p->pid = ++s->next_pid;
   snprintf (p->sbid, sizeof p->sbid, "%s", sb->id);
   p->conn = sb->conn;
-  p->config
-      = json_pack ("{s:s,s:O,s:o,s:s}", "cmd", cmd, "args", args ? args : json_array (), "envs",
-                   json_is_object (envs) ? json_copy (envs) : json_object (), "cwd", dir);
+  p->config = json_pack ("{s:s,s:o,s:o,s:s}", "cmd", cmd, "args",
+                         args ? json_incref (args) : json_array (), "envs",
+                         json_is_object (envs) ? json_copy (envs) : json_object (), "cwd", dir);
   const char *tag = json_string_value (json_object_get (msg, "tag"));
   p->tag = tag ? strdup (tag) : NULL;
   p->pty = json_is_object (pty);
