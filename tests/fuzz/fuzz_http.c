@@ -119,6 +119,45 @@ LLVMFuzzerInitialize (int *argc, char ***argv)
   return 0;
 }
 
+/* Connect fd (non-blocking) to sa. A loopback connect usually completes
+ * inside the call, but when the kernel defers the handshake to ksoftirqd
+ * (a loaded machine) it waits, and libFuzzer's SIGALRM (its -timeout
+ * check, every second) interrupted a blocking connect with EINTR: CI
+ * aborted here once in ~200K runs. So the connect never blocks: TCP's
+ * EINPROGRESS is waited for with poll, a full unix backlog (EAGAIN) is
+ * drained by turning the daemon's loop, which is what accepts. */
+static void
+connect_nb (int fd, const struct sockaddr *sa, socklen_t len)
+{
+  fcntl (fd, F_SETFL, O_NONBLOCK);
+  for (int tries = 0; tries < 10000; tries++)
+    {
+      if (connect (fd, sa, len) == 0 || errno == EISCONN)
+        return;
+      if (errno == EAGAIN || errno == EINTR)
+        {
+          event_base_loop (d.base, EVLOOP_NONBLOCK); /* let the listener accept */
+          continue;
+        }
+      if (errno == EINPROGRESS || errno == EALREADY)
+        {
+          struct pollfd p = { .fd = fd, .events = POLLOUT };
+          int e = 0;
+          socklen_t el = sizeof e;
+          if (poll (&p, 1, 100) < 0 && errno != EINTR)
+            break;
+          if (p.revents == 0)
+            continue; /* not yet: connect again reports EALREADY or EISCONN */
+          if (getsockopt (fd, SOL_SOCKET, SO_ERROR, &e, &el) == 0 && e == 0)
+            return;
+          errno = e;
+        }
+      break;
+    }
+  fprintf (stderr, "fuzz_http: connect: %m\n");
+  abort ();
+}
+
 /* A connected, non-blocking socket to one of the listeners. */
 static int
 connect_to (bool tcp)
@@ -136,22 +175,25 @@ connect_to (bool tcp)
       static uint32_t next_src;
       struct sockaddr_in src = { .sin_family = AF_INET };
       src.sin_addr.s_addr = htonl (0x7f000000u | (1 + next_src++ % 0xfffffdu));
-      if (fd < 0 || bind (fd, (struct sockaddr *)&src, sizeof src) < 0
-          || connect (fd, (struct sockaddr *)&sa, sizeof sa) < 0)
-        abort ();
+      if (fd < 0 || bind (fd, (struct sockaddr *)&src, sizeof src) < 0)
+        {
+          fprintf (stderr, "fuzz_http: socket/bind: %m\n");
+          abort ();
+        }
       /* the client closes first: no TIME_WAIT left on the fuzzer's ports */
       struct linger lg = { 1, 0 };
       setsockopt (fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+      connect_nb (fd, (struct sockaddr *)&sa, sizeof sa);
     }
   else
     {
       struct sockaddr_un sa = { .sun_family = AF_UNIX };
       snprintf (sa.sun_path, sizeof sa.sun_path, "%s", sock_path);
       fd = socket (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      if (fd < 0 || connect (fd, (struct sockaddr *)&sa, sizeof sa) < 0)
+      if (fd < 0)
         abort ();
+      connect_nb (fd, (struct sockaddr *)&sa, sizeof sa);
     }
-  fcntl (fd, F_SETFL, O_NONBLOCK);
   return fd;
 }
 
