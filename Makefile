@@ -145,7 +145,7 @@ $(B)/tests/%: $(B)/obj/tests/unit/%.o $(B)/lib/libwarren-core.a $(B)/lib/libwarr
 $(B)/tests/test_client: | $(B)/lib/libwarren.so $(B)/bin/warren $(B)/bin/warrend
 
 test: all
-	./tests/run --build $(B)
+	./tests/run --build $(B) $(TEST_ARGS)
 
 # ---- fuzzing (docs/fuzzing.md) ----
 # libFuzzer targets tests/fuzz/fuzz_NAME.c, built with clang into build-fuzz/ (or
