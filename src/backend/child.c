@@ -50,7 +50,6 @@ static const struct
  * host's nodes. Read by the CLONE_VM child: set before the first clone,
  * never changed after. */
 static int dev_template_fd = -1;
-static char dev_template_path[32]; /* "/proc/self/fd/N/" */
 
 void
 wr_dev_template_make (void)
@@ -72,40 +71,63 @@ wr_dev_template_make (void)
         || fchmodat (m, dev_nodes[i].name, 0666, 0) < 0)
       return;
   dev_template_fd = TAKE_FD (m);
-  snprintf (dev_template_path, sizeof dev_template_path, "/proc/self/fd/%d/", dev_template_fd);
 }
 
-/* Mount device node `name` of the template (or the host's) on dst. A plain
- * bind of the node's path through our copy of the template fd first: the
- * kernel lets a bind copy from a detached mount, and no detached tree of our
- * own is made. The open_tree clone (older kernels refuse that bind) is an
- * anonymous mount namespace per node, and closing its fd waits for an
- * expedited RCU grace period: 12 per sandbox were ~4% of the daemon's
- * create+destroy time (perf). */
+/* "/proc/self/fd/N" into path (at least 32 bytes); returns its length. */
+static size_t
+fd_path (char *path, int fd)
+{
+  char digits[12];
+  int n = 0;
+  do
+    digits[n++] = (char)('0' + fd % 10);
+  while ((fd /= 10) > 0 && n < 11);
+  memcpy (path, "/proc/self/fd/", 14);
+  size_t off = 14;
+  while (n > 0)
+    path[off++] = digits[--n];
+  path[off] = 0;
+  return off;
+}
+
+/* Bind `name` under the detached mount `fd` on dst; a bind makes no
+ * superblock. A plain bind of the path through our fd first: the kernel
+ * lets a bind copy from a detached mount, and no detached tree of our own is
+ * made. The open_tree clone (older kernels refuse that bind) is an anonymous
+ * mount namespace per call, and closing its fd waits for an expedited RCU
+ * grace period: 12 per sandbox were ~4% of the daemon's create+destroy time
+ * (perf). -EINVAL when the kernel refuses both. */
+static long
+c_bind_at (int fd, const char *name, const char *dst)
+{
+  char src[64];
+  size_t lp = fd_path (src, fd), ln = strlen (name);
+  if (lp + 1 + ln < sizeof src)
+    {
+      src[lp] = '/';
+      memcpy (src + lp + 1, name, ln + 1);
+      long r = wr_raw5 (__NR_mount, src, dst, NULL, MS_BIND, NULL);
+      if (r != -EINVAL)
+        return r;
+    }
+  long t = wr_raw3 (__NR_open_tree, fd, name, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+  if (t < 0)
+    return t;
+  long r = wr_raw5 (__NR_move_mount, t, "", AT_FDCWD, dst, MOVE_MOUNT_F_EMPTY_PATH);
+  wr_raw1 (__NR_close, t);
+  return r;
+}
+
+/* Mount device node `name` of the template (or, where the kernel refuses to
+ * copy from it, the host's) on dst. */
 static long
 c_dev_node (const char *name, const char *dst)
 {
   if (dev_template_fd >= 0)
     {
-      char src[64];
-      size_t lp = strlen (dev_template_path), ln = strlen (name);
-      if (lp + ln < sizeof src)
-        {
-          memcpy (src, dev_template_path, lp);
-          memcpy (src + lp, name, ln + 1);
-          long r = wr_raw5 (__NR_mount, src, dst, NULL, MS_BIND, NULL);
-          if (r != -EINVAL)
-            return r;
-        }
-      long t = wr_raw3 (__NR_open_tree, dev_template_fd, name, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
-      if (t >= 0)
-        {
-          long r = wr_raw5 (__NR_move_mount, t, "", AT_FDCWD, dst, MOVE_MOUNT_F_EMPTY_PATH);
-          wr_raw1 (__NR_close, t);
-          return r;
-        }
-      if (t != -EINVAL)
-        return t;
+      long r = c_bind_at (dev_template_fd, name, dst);
+      if (r != -EINVAL)
+        return r;
     }
   char src[32] = "/dev/";
   size_t len = strlen (name);
@@ -113,6 +135,24 @@ c_dev_node (const char *name, const char *dst)
     return -ENAMETOOLONG;
   memcpy (src + 5, name, len + 1);
   return wr_raw5 (__NR_mount, src, dst, NULL, MS_BIND, NULL);
+}
+
+/* A directory of the upper tmpfs (a sibling of the upper and work dirs,
+ * outside what pack, fork and diff read) bound on dst with exactly the
+ * flags `attr` (nosuid, nodev, noexec as asked; the bind comes with the
+ * tmpfs mount's nosuid,nodev). Where /dev and /dev/shm were tmpfs
+ * superblocks of their own: each superblock costs every memory cgroup made
+ * after it a shrinker slot, and every memory cgroup going offline a walk of
+ * its list_lrus (docs/performance.md "Density"). */
+static long
+c_bind_upper_dir (int tm, const char *name, const char *dst, uint64_t attr)
+{
+  long r = c_bind_at (tm, name, dst);
+  if (r < 0)
+    return r;
+  uint64_t all = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC;
+  struct mount_attr a = { .attr_set = attr, .attr_clr = all & ~attr };
+  return wr_raw5 (__NR_mount_setattr, AT_FDCWD, dst, 0, &a, sizeof a);
 }
 
 const char *const wr_child_step_names[WR_ST_N] = {
@@ -174,15 +214,8 @@ c_mount (const char *src, const char *dst, const char *fs, unsigned long fl, con
 static long
 set_layer_fd_path (long fsfd, const char *key, int fd)
 {
-  char path[32] = "/proc/self/fd/", digits[12];
-  int n = 0;
-  do
-    digits[n++] = (char)('0' + fd % 10);
-  while ((fd /= 10) > 0 && n < 11);
-  size_t off = 14;
-  while (n > 0)
-    path[off++] = digits[--n];
-  path[off] = 0;
+  char path[32];
+  fd_path (path, fd);
   return wr_raw5 (__NR_fsconfig, fsfd, FSCONFIG_SET_STRING, key, path, 0);
 }
 
@@ -297,9 +330,12 @@ wr_child_setup (const struct wr_child_ctx *c)
         return child_fail (err_fd, WR_ST_PROC, r);
     }
 
+  /* /dev and /dev/shm: directories of the upper tmpfs, under its size cap */
+  TRY (WR_ST_DEV, wr_raw3 (__NR_mkdirat, tm, WR_CHILD_DEV_DIR, 0755));
+  TRY (WR_ST_DEV, wr_raw3 (__NR_mkdirat, tm, WR_CHILD_SHM_DIR, 01777));
   TRY (WR_ST_DEV, c_mkdir ("dev", 0755));
   TRY (WR_ST_DEV,
-       c_mount ("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=64k,nr_inodes=64"));
+       c_bind_upper_dir ((int)tm, WR_CHILD_DEV_DIR, "dev", MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC));
   {
     char path[32] = "dev/";
     for (size_t i = 0; i < WR_ARRAY_SIZE (dev_nodes); i++)
@@ -315,8 +351,8 @@ wr_child_setup (const struct wr_child_ctx *c)
                            "newinstance,ptmxmode=0666,mode=0620"));
   TRY (WR_ST_DEV, wr_raw3 (__NR_symlinkat, "pts/ptmx", AT_FDCWD, "dev/ptmx"));
   TRY (WR_ST_DEV, wr_raw3 (__NR_mkdirat, AT_FDCWD, "dev/shm", 01777));
-  TRY (WR_ST_DEV, c_mount ("shm", "dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                           "mode=1777,size=65536k"));
+  TRY (WR_ST_DEV, c_bind_upper_dir ((int)tm, WR_CHILD_SHM_DIR, "dev/shm",
+                                    MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC));
   TRY (WR_ST_DEV, wr_raw3 (__NR_symlinkat, "/proc/self/fd", AT_FDCWD, "dev/fd"));
   TRY (WR_ST_DEV, wr_raw3 (__NR_symlinkat, "/proc/self/fd/0", AT_FDCWD, "dev/stdin"));
   TRY (WR_ST_DEV, wr_raw3 (__NR_symlinkat, "/proc/self/fd/1", AT_FDCWD, "dev/stdout"));

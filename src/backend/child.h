@@ -71,6 +71,12 @@ struct wr_child_err
 /* The fd the error pipe ends up at in the child (closed once the agent runs). */
 #define WR_CHILD_ERR_FD 6
 
+/* The sandbox's upper tmpfs (one superblock, size-capped): the overlay's
+ * upper and work dirs "u" and "w", and beside them the dirs bound on /dev
+ * and /dev/shm, outside the upper dir that pack, fork and diff read. */
+#define WR_CHILD_DEV_DIR "d"
+#define WR_CHILD_SHM_DIR "s"
+
 /* Everything from the parent's release to seccomp. 0: ready to be the agent
  * (fds 3, 4, 7, 8 arranged, WR_CHILD_ERR_FD still open); else the step's
  * failure was reported on the error pipe and the child should exit with it. */

@@ -212,3 +212,80 @@ def test_network_none_sandboxes_share_one_sysfs(rootfs):
     finally:
         d.stop()
         shutil.rmtree(d.root, ignore_errors=True)
+
+
+def own_mounts(api, sid, other):
+    """{mount point: (major:minor, root)} of sandbox sid's mounts whose
+    superblock no other sandbox (other) shares: its own superblocks."""
+    def mounts(s):
+        r = api.sh(s, "cat /proc/self/mountinfo")
+        assert r["exit_code"] == 0, r
+        return {f[4]: (f[2], f[3]) for f in (l.split() for l in r["stdout"].splitlines())}
+    mine, theirs = mounts(sid), mounts(other)
+    shared = {dev for dev, _ in theirs.values()}
+    return {mp: v for mp, v in mine.items() if v[0] not in shared}
+
+
+def test_sandbox_superblocks_dev_and_shm_on_upper_tmpfs(rootfs):
+    """Every superblock costs each memory cgroup made after it a shrinker
+    slot and each memory cgroup going offline a walk of its list_lrus
+    (docs/performance.md, "Density"). A sandbox's own: the overlay root,
+    its upper tmpfs, proc, devpts and the IPC namespace's mqueue (5); /dev
+    and /dev/shm are directories of the upper tmpfs bound there, not tmpfs
+    superblocks of their own (7 before). The upper tmpfs is detached and
+    mqueue internal, so mountinfo shows 4 of them (5 before)."""
+    d = start_daemon(rootfs)
+    try:
+        a, b = d.api.create(memory_mb=64), d.api.create(memory_mb=64)
+        own = own_mounts(d.api, a, b)
+        assert set(own) == {"/", "/proc", "/proc/sys", "/dev", "/dev/pts", "/dev/shm"}, own
+        assert len({dev for dev, _ in own.values()}) == 4, own
+        assert own["/dev"][0] == own["/dev/shm"][0], own
+        assert (own["/dev"][1], own["/dev/shm"][1]) == ("/d", "/s"), own
+        r = d.api.sh(a, "stat -c '%a %u' /dev /dev/shm; grep -E ' /dev(/shm)? ' /proc/self/mountinfo")
+        assert r["exit_code"] == 0, r
+        modes, lines = r["stdout"].split("\n", 2)[:2], r["stdout"].splitlines()[2:]
+        assert modes == ["755 0", "1777 0"], r
+        opts = {l.split()[4]: set(l.split()[5].split(",")) for l in lines}
+        assert {"nosuid", "noexec"} <= opts["/dev"] and "nodev" not in opts["/dev"], opts
+        assert {"nosuid", "nodev", "noexec"} <= opts["/dev/shm"], opts
+        for sid in (a, b):
+            d.api.delete(sid)
+    finally:
+        d.stop()
+        shutil.rmtree(d.root, ignore_errors=True)
+
+
+def test_dev_and_shm_full_is_enospc_at_the_sandbox_cap(rootfs):
+    """/dev and /dev/shm share the sandbox's upper tmpfs and its size cap
+    (disk_mb): filling either is ENOSPC there, the rest of the sandbox sees
+    the same full disk, and another sandbox is unaffected. Neither lives
+    outside the pack/fork upper dir's tree: a pack does not carry them."""
+    d = start_daemon(rootfs)
+    try:
+        a = d.api.create(memory_mb=256, disk_mb=16)
+        b = d.api.create(memory_mb=64, disk_mb=16)
+        for path in ("/dev/big", "/dev/shm/big"):
+            r = d.api.sh(a, f"cat /dev/zero > {path}; echo rc=$?; du -k {path} | cut -f1;"
+                            " cat /dev/zero > /tmp/more; du -k /tmp/more | cut -f1", timeout_s=120)
+            assert r["exit_code"] == 0, r
+            rc, kib, more = r["stdout"].split()
+            assert rc == "rc=1" and "No space left" in r["stderr"], r
+            assert 8 * 1024 <= int(kib) <= 16 * 1024, r  # the sandbox's own 16 MiB cap
+            assert int(more) < 1024, r  # the same filesystem: the root is full too
+            r = d.api.sh(b, "echo x > /dev/shm/f && echo x > /dev/f && echo x > /tmp/f && echo ok")
+            assert r["stdout"] == "ok\n", r
+            r = d.api.sh(a, f"rm {path} /tmp/more && echo x > /tmp/more && echo ok")
+            assert r["stdout"] == "ok\n", r
+        r = d.api.sh(a, "echo s > /dev/shm/keep; echo d > /dev/keep; echo u > /keep; echo ok")
+        assert r["stdout"] == "ok\n", r
+        r = d.api.raw("POST", f"/v1/sandboxes/{a}/fork", {"count": 1})
+        assert r.status == 201, r
+        kid = r.json()["sandboxes"][0]["id"]
+        r = d.api.sh(kid, "cat /keep; ls -A /dev/shm; ls /dev/keep 2>/dev/null; echo x > /dev/null && echo ok")
+        assert r["stdout"] == "u\nok\n", r  # the upper dir only: /dev and /dev/shm are not in it
+        for sid in (a, b, kid):
+            d.api.delete(sid)
+    finally:
+        d.stop()
+        shutil.rmtree(d.root, ignore_errors=True)
