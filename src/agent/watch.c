@@ -117,15 +117,9 @@ add_dir (struct fwatch *w, int dfd, const char *rel, wr_err_t *err)
   if (w->n_dirs == WATCH_MAX_DIRS)
     return wr_error (err, ENOSPC, WR_E_EXHAUSTED, "more than %d directories to watch",
                      WATCH_MAX_DIRS);
-  if (w->n_dirs == w->cap_dirs)
-    {
-      size_t cap = w->cap_dirs ? w->cap_dirs * 2 : 8;
-      struct wdir *nd = realloc (w->dirs, cap * sizeof *nd);
-      if (nd == NULL)
-        return wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
-      w->dirs = nd;
-      w->cap_dirs = cap;
-    }
+  int r = wr_grow (&w->dirs, &w->cap_dirs, w->n_dirs + 1, sizeof *w->dirs, 8);
+  if (r < 0)
+    return wr_error (err, -r, WR_E_INTERNAL, "out of memory");
   /* inotify takes a path: name the directory as "." from inside it, so
    * the kernel resolves nothing outside the fd we already hold */
   int wd = -1, e = 0;

@@ -1,6 +1,7 @@
 #include "util.h"
 
 #include <fcntl.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -202,4 +203,29 @@ wr_id_valid (const char *s, size_t n)
     if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '-'))
       return false;
   return true;
+}
+
+int
+wr_grow (void *arrp, size_t *cap, size_t need, size_t elem, size_t first)
+{
+  if (need <= *cap)
+    return 0;
+  if (elem == 0)
+    return -EINVAL;
+  if (need > SIZE_MAX / elem)
+    return -EOVERFLOW;
+  size_t n = *cap == 0 ? first : *cap <= SIZE_MAX / 2 ? *cap * 2 : SIZE_MAX;
+  if (n < need)
+    n = need;
+  if (n > SIZE_MAX / elem)
+    n = need; /* doubling would overflow: exactly what was asked */
+  /* the pointer is read and written as bytes: arrp may point to any object
+   * pointer type, never a void * itself */
+  void *old, *nv;
+  memcpy (&old, arrp, sizeof old);
+  if ((nv = realloc (old, n * elem)) == NULL)
+    return -ENOMEM;
+  memcpy (arrp, &nv, sizeof nv);
+  *cap = n;
+  return 0;
 }

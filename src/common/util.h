@@ -96,6 +96,13 @@ int wr_mkdir_p (const char *path, mode_t mode);
 int wr_rm_rf_at (int dirfd, const char *path);
 /* Random lowercase hex string of n chars (n+1 bytes in buf). */
 int wr_random_hex (char *buf, size_t n);
+/* Make room for need elements of elem bytes in a malloc'd array: arrp is the
+ * address of the array pointer (any object pointer type, NULL when empty),
+ * *cap its capacity in elements. Grows to first when empty, else by
+ * doubling (or straight to need when that is more). 0 when it fits;
+ * -EOVERFLOW when need * elem does not fit a size_t, -ENOMEM; on failure the
+ * old array and *cap stay as they were. */
+int wr_grow (void *arrp, size_t *cap, size_t need, size_t elem, size_t first);
 
 /* Sandbox ids are [a-z0-9-]{1,WR_ID_MAX}: the one rule, checked by the
  * daemon's routes, by libwarren (warren_id_valid) and, mirrored, by the

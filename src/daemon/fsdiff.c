@@ -155,15 +155,9 @@ names_add (struct names *p, const char *s, wr_err_t *err)
 {
   if (p->n >= FSD_MAX_CHANGES * 4)
     return wr_error (err, E2BIG, WR_E_TOO_LARGE, "more than %d changed paths", FSD_MAX_CHANGES * 4);
-  if (p->n == p->cap)
-    {
-      size_t cap = p->cap ? p->cap * 2 : 256;
-      char **nv = realloc (p->v, cap * sizeof *nv);
-      if (nv == NULL)
-        return wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
-      p->v = nv;
-      p->cap = cap;
-    }
+  int r = wr_grow (&p->v, &p->cap, p->n + 1, sizeof *p->v, 256);
+  if (r < 0)
+    return wr_error (err, -r, WR_E_INTERNAL, "out of memory");
   if ((p->v[p->n] = strdup (s)) == NULL)
     return wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
   p->n++;
@@ -357,15 +351,9 @@ changes_add (struct fsd_changes *c, const char *path, enum fsd_kind kind, const 
       c->truncated = true;
       return 0;
     }
-  if (c->n == c->cap)
-    {
-      size_t cap = c->cap ? c->cap * 2 : 64;
-      struct fsd_change *nv = realloc (c->v, cap * sizeof *nv);
-      if (nv == NULL)
-        return wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
-      c->v = nv;
-      c->cap = cap;
-    }
+  int r = wr_grow (&c->v, &c->cap, c->n + 1, sizeof *c->v, 64);
+  if (r < 0)
+    return wr_error (err, -r, WR_E_INTERNAL, "out of memory");
   struct fsd_change *x = &c->v[c->n];
   memset (x, 0, sizeof *x);
   if ((x->path = strdup (path)) == NULL)

@@ -301,15 +301,9 @@ copy_dir (struct copy *c, int sfd, int dfd, const char *rel, int depth, wr_err_t
                   }
               if (linked)
                 continue;
-              if (c->n_links == c->cap_links)
-                {
-                  size_t cap = c->cap_links ? c->cap_links * 2 : 16;
-                  struct hardlink *nv = realloc (c->links, cap * sizeof *nv);
-                  if (nv == NULL)
-                    return wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
-                  c->links = nv;
-                  c->cap_links = cap;
-                }
+              int r = wr_grow (&c->links, &c->cap_links, c->n_links + 1, sizeof *c->links, 16);
+              if (r < 0)
+                return wr_error (err, -r, WR_E_INTERNAL, "out of memory");
               c->links[c->n_links] = (struct hardlink){ st.st_dev, st.st_ino, strdup (sub) };
               if (c->links[c->n_links].rel == NULL)
                 return wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
