@@ -202,6 +202,16 @@ envelope_add (struct evbuffer *b, uint8_t flags, json_t *j)
   free (text);
 }
 
+/* One envelope as the next chunk of a streaming reply (takes j). */
+static void
+envelope_send (struct evhttp_request *req, uint8_t flags, json_t *j)
+{
+  struct evbuffer *b = evbuffer_new ();
+  envelope_add (b, flags, j);
+  evhttp_send_reply_chunk (req, b);
+  evbuffer_free (b);
+}
+
 /* A streaming call that fails before its first message: one end-of-stream
  * envelope with the error, status 200 (the Connect streaming rule). */
 static void
@@ -703,10 +713,7 @@ sub_detach (struct e2b_sub *sub)
 static void
 sub_send (struct e2b_sub *sub, uint8_t flags, json_t *j)
 {
-  struct evbuffer *b = evbuffer_new ();
-  envelope_add (b, flags, j);
-  evhttp_send_reply_chunk (sub->req, b);
-  evbuffer_free (b);
+  envelope_send (sub->req, flags, j);
 }
 
 static void
@@ -1550,10 +1557,7 @@ watch_event_type (const char *t)
 static void
 watch_send (struct e2b_watch *w, uint8_t flags, json_t *j)
 {
-  struct evbuffer *b = evbuffer_new ();
-  envelope_add (b, flags, j);
-  evhttp_send_reply_chunk (w->req, b);
-  evbuffer_free (b);
+  envelope_send (w->req, flags, j);
 }
 
 /* A watch may be quiet for long: keepalive messages keep proxies (and the
