@@ -9,14 +9,16 @@ import random
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 
 import pytest
 
-from conftest import start_daemon
+from conftest import need, start_daemon
 from wr import wait_for
 
+PY_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "mk-python-rootfs.sh")
 N = int(os.environ.get("WARREN_DENSITY_N", "1000"))
 CONCURRENCY = 16
 BUCKETS = 10
@@ -255,6 +257,49 @@ def test_sandbox_superblocks_dev_and_shm_on_upper_tmpfs(rootfs):
         d.stop()
         shutil.rmtree(d.root, ignore_errors=True)
 
+
+PTY_SHM = """
+import multiprocessing as mp, os, pty
+from multiprocessing import shared_memory
+m, s = pty.openpty()
+os.write(m, b"hi\\n")
+print(os.ttyname(s), os.read(s, 3))
+sm = shared_memory.SharedMemory(create=True, size=4096, name="wr-test")
+sm.buf[0] = 7
+print(sorted(os.listdir("/dev/shm")))
+sm.close(); sm.unlink()
+v = mp.Value("i", 0)
+def add(v):
+    with v.get_lock():
+        v.value += 1
+ps = [mp.Process(target=add, args=(v,)) for _ in range(4)]
+[p.start() for p in ps]; [p.join() for p in ps]
+print(v.value, open("/dev/urandom", "rb").read(4).__len__(), open("/dev/zero", "rb").read(2))
+"""
+
+
+def test_python_pty_and_posix_shm_on_the_bound_dev(rootfs):
+    """Ptys (devpts) and POSIX shared memory and semaphores (/dev/shm, a
+    directory of the upper tmpfs) work from Python in a sandbox."""
+    need(os.path.exists("/usr/bin/python3"), "a host /usr/bin/python3 to build the Python image")
+    root = tempfile.mkdtemp(prefix="wr-py-", dir="/var/tmp")
+    d = None
+    try:
+        subprocess.run(["sh", PY_SCRIPT, os.path.join(root, "root")], check=True, capture_output=True)
+        d = start_daemon(rootfs)
+        r = d.api.raw("POST", "/v1/images/import", {"name": "python:latest", "path": os.path.join(root, "root")},
+                      timeout=300)
+        assert r.status == 201, r
+        sid = d.api.create(image="python:latest", memory_mb=256)
+        r = d.api.exec(sid, cmd=["python3", "-c", PTY_SHM], timeout_s=120)
+        assert r["exit_code"] == 0, r
+        assert r["stdout"].splitlines() == ["/dev/pts/0 b'hi\\n'", "['wr-test']", "4 4 b'\\x00\\x00'"], r
+        d.api.delete(sid)
+    finally:
+        if d is not None:
+            d.stop()
+            shutil.rmtree(d.root, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
 
 def test_dev_and_shm_full_is_enospc_at_the_sandbox_cap(rootfs):
     """/dev and /dev/shm share the sandbox's upper tmpfs and its size cap
