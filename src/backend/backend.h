@@ -63,6 +63,9 @@ struct wr_cg_limits
  * ("warren-<hash of root>"), so daemons on one host never share a parent. */
 int wr_cg_init (struct wr_cgroups *cg, const char *name, wr_err_t *err);
 void wr_cg_fini (struct wr_cgroups *cg);
+/* Set the host's cgroup2 root flag favordynmods (src/backend/cgdyn.c): 1 set now,
+ * 0 already on, -1 with err. where names the mount (or says none). */
+int wr_cg_favor_dynmods (char where[256], wr_err_t *err);
 /* Create (or reuse) the sandbox cgroups and apply limits. */
 int wr_cg_create (struct wr_cgroups *cg, const char *id, const struct wr_cg_limits *lim,
                   struct wr_cg_sandbox *ret, wr_err_t *err);
