@@ -139,7 +139,7 @@ c_dev_node (const char *name, const char *dst)
 
 /* A directory of the upper tmpfs (a sibling of the upper and work dirs,
  * outside what pack, fork and diff read) bound on dst with exactly the
- * flags `attr` (nosuid, nodev, noexec as asked; the bind comes with the
+ * flags `attr` (ro, nosuid, nodev, noexec as asked; the bind comes with the
  * tmpfs mount's nosuid,nodev). Where /dev and /dev/shm were tmpfs
  * superblocks of their own: each superblock costs every memory cgroup made
  * after it a shrinker slot, and every memory cgroup going offline a walk of
@@ -150,7 +150,7 @@ c_bind_upper_dir (int tm, const char *name, const char *dst, uint64_t attr)
   long r = c_bind_at (tm, name, dst);
   if (r < 0)
     return r;
-  uint64_t all = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC;
+  uint64_t all = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC;
   struct mount_attr a = { .attr_set = attr, .attr_clr = all & ~attr };
   return wr_raw5 (__NR_mount_setattr, AT_FDCWD, dst, 0, &a, sizeof a);
 }
@@ -375,9 +375,10 @@ wr_child_setup (const struct wr_child_ctx *c)
       /* the host's cgroup trees came with the bind (every sandbox's groups
        * and stats): cover them, as a fresh sysfs has nothing there either.
        * The bind must be recursive: its submounts are locked to us. */
-      long r
-          = c_mount ("none", "sys/fs/cgroup", "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                     "size=4k,nr_inodes=1,mode=555");
+      TRY (WR_ST_SYS, wr_raw3 (__NR_mkdirat, tm, WR_CHILD_EMPTY_DIR, 0555));
+      long r = c_bind_upper_dir ((int)tm, WR_CHILD_EMPTY_DIR, "sys/fs/cgroup",
+                                 MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV
+                                     | MOUNT_ATTR_NOEXEC);
       if (r < 0 && r != -ENOENT)
         return child_fail (err_fd, WR_ST_SYS, r);
     }

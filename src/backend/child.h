@@ -73,9 +73,11 @@ struct wr_child_err
 
 /* The sandbox's upper tmpfs (one superblock, size-capped): the overlay's
  * upper and work dirs "u" and "w", and beside them the dirs bound on /dev
- * and /dev/shm, outside the upper dir that pack, fork and diff read. */
+ * and /dev/shm, and with network host the empty one bound read-only over
+ * /sys/fs/cgroup: outside the upper dir that pack, fork and diff read. */
 #define WR_CHILD_DEV_DIR "d"
 #define WR_CHILD_SHM_DIR "s"
+#define WR_CHILD_EMPTY_DIR "c"
 
 /* Everything from the parent's release to seccomp. 0: ready to be the agent
  * (fds 3, 4, 7, 8 arranged, WR_CHILD_ERR_FD still open); else the step's

@@ -236,7 +236,7 @@ def test_sandbox_superblocks_dev_and_shm_on_upper_tmpfs(rootfs):
     and /dev/shm are directories of the upper tmpfs bound there, not tmpfs
     superblocks of their own (7 before). The upper tmpfs is detached and
     mqueue internal, so mountinfo shows 4 of them (5 before)."""
-    d = start_daemon(rootfs)
+    d = start_daemon(rootfs, ["--allow-host-network"])
     try:
         a, b = d.api.create(memory_mb=64), d.api.create(memory_mb=64)
         own = own_mounts(d.api, a, b)
@@ -251,6 +251,15 @@ def test_sandbox_superblocks_dev_and_shm_on_upper_tmpfs(rootfs):
         opts = {l.split()[4]: set(l.split()[5].split(",")) for l in lines}
         assert {"nosuid", "noexec"} <= opts["/dev"] and "nodev" not in opts["/dev"], opts
         assert {"nosuid", "nodev", "noexec"} <= opts["/dev/shm"], opts
+        # network host: the cover over the host's cgroup trees is an empty
+        # read-only directory of the same tmpfs, not a tmpfs of its own
+        h = d.api.create(memory_mb=64, network="host")
+        r = d.api.sh(h, "stat -c %d /dev /sys/fs/cgroup; ls -A /sys/fs/cgroup;"
+                        " mkdir /sys/fs/cgroup/x 2>/dev/null || echo ro")
+        assert r["exit_code"] == 0, r
+        dev, cg, ro = r["stdout"].split()
+        assert dev == cg and ro == "ro", r
+        d.api.delete(h)
         for sid in (a, b):
             d.api.delete(sid)
     finally:
