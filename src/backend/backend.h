@@ -41,6 +41,7 @@ struct wr_cgroups
    * QoS"): in the v1 cpu hierarchy, or the whole v2 tree when cpu is there */
   int be_v2_fd, be_cpu_fd; /* -1 if unused */
   char be_v2_path[256], be_cpu_path[256];
+  struct wr_cg_pool *pool; /* released v1 groups for reuse (cgroup.c); NULL: none */
   /* What sandbox cgroups must be created for a layout (for destroy + stats). */
 };
 

@@ -82,6 +82,192 @@ open_parent (const char *mnt, const char *name, char path[256], wr_err_t *err)
 
 static int set_qos (int dfd, bool v2, bool best_effort, wr_err_t *err);
 
+/* The pool (docs/containers.md, "Pooled v1 cgroups"): a released
+ * sandbox's v1 groups are renamed to pool_<n> in the same parent (v1
+ * allows a rename within one parent; v2 allows none) and the next create
+ * renames them to its id instead of a mkdir. A new memory cgroup costs a
+ * shrinker slot per memcg-aware shrinker and one going offline walks every
+ * list_lru on the host under cgroup_mutex (docs/performance.md,
+ * "Density"): in steady state neither happens. A slot is one released
+ * sandbox: the controllers whose pool_<n> dir exists (mask). The name
+ * cannot be a sandbox id (wr_id_valid: no '_'). */
+#define POOL_CAP_DEFAULT 1024
+
+static int read_procs (int dfd, pid_t *pids, int max);
+static uint64_t read_key (int dfd, const char *name, const char *key);
+static void pause_us (long us);
+
+struct wr_cg_pool
+{
+  pthread_mutex_t lock;
+  unsigned cap, n, next;
+  unsigned reserved; /* slots being filled by a pool_put */
+  struct pool_slot
+  {
+    unsigned num, mask;
+  } * slot;
+};
+
+static unsigned
+pool_cap (void)
+{
+  const char *e = getenv ("WARREN_CGROUP_POOL");
+  if (e == NULL || *e == '\0')
+    return POOL_CAP_DEFAULT;
+  char *end;
+  unsigned long v = strtoul (e, &end, 10);
+  return *end == '\0' && v <= 1u << 20 ? (unsigned)v : POOL_CAP_DEFAULT;
+}
+
+/* pool_<n> dirs in the v1 parents: none of ours yet at init (a crashed
+ * daemon's, or a previous run's that did not drain), all of ours at fini.
+ * Removed: they hold no task, and a leftover of unknown history is not
+ * worth its reuse. */
+static void
+pool_rmdir_all (struct wr_cgroups *cg)
+{
+  for (int i = 0; i < WR_V1_N; i++)
+    {
+      if (cg->v1_fd[i] < 0)
+        continue;
+      int d = openat (cg->v1_fd[i], ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      _cleanup_closedir_ DIR *dir = d >= 0 ? fdopendir (d) : NULL;
+      if (dir == NULL)
+        {
+          if (d >= 0)
+            close (d);
+          continue;
+        }
+      struct dirent *de;
+      while ((de = readdir (dir)) != NULL)
+        if (de->d_type == DT_DIR && strncmp (de->d_name, "pool_", 5) == 0)
+          unlinkat (cg->v1_fd[i], de->d_name, AT_REMOVEDIR);
+    }
+}
+
+static void
+pool_init (struct wr_cgroups *cg)
+{
+  if (cg->layout == WR_CG_V2)
+    return; /* cgroup2 refuses rename: no pool (docs/containers.md) */
+  pool_rmdir_all (cg);
+  unsigned cap = pool_cap ();
+  if (cap == 0)
+    return;
+  struct wr_cg_pool *p = calloc (1, sizeof *p);
+  if (p == NULL || (p->slot = calloc (cap, sizeof *p->slot)) == NULL)
+    {
+      free (p);
+      return; /* no pool: mkdir/rmdir as without one */
+    }
+  pthread_mutex_init (&p->lock, NULL);
+  p->cap = cap;
+  cg->pool = p;
+}
+
+static void
+pool_fini (struct wr_cgroups *cg)
+{
+  if (cg->pool == NULL)
+    return;
+  pool_rmdir_all (cg);
+  pthread_mutex_destroy (&cg->pool->lock);
+  free (cg->pool->slot);
+  free (cg->pool);
+  cg->pool = NULL;
+}
+
+/* Take a pooled slot: its dirs renamed to id; returns the mask of the
+ * controllers that got one (0: pool empty, mkdir them all). A best-effort
+ * sandbox's cpu group lives in another parent: the pooled one goes. */
+static unsigned
+pool_take (struct wr_cgroups *cg, const char *id, bool be_cpu)
+{
+  struct wr_cg_pool *p = cg->pool;
+  if (p == NULL)
+    return 0;
+  pthread_mutex_lock (&p->lock);
+  struct pool_slot sl = { 0, 0 };
+  if (p->n > 0)
+    sl = p->slot[--p->n];
+  pthread_mutex_unlock (&p->lock);
+  unsigned got = 0;
+  char name[32];
+  snprintf (name, sizeof name, "pool_%u", sl.num);
+  for (int i = 0; i < WR_V1_N; i++)
+    {
+      if (!(sl.mask & (1u << i)))
+        continue;
+      if (i == WR_V1_CPU && be_cpu)
+        unlinkat (cg->v1_fd[i], name, AT_REMOVEDIR);
+      /* ENOENT: another process's init removed it (pool_rmdir_all) */
+      else if (renameat (cg->v1_fd[i], name, cg->v1_fd[i], id) == 0)
+        got |= 1u << i;
+    }
+  return got;
+}
+
+/* Pool a released sandbox's v1 groups, when the pool has room and the
+ * groups are fit for another tenant: no task left (a stuck release is
+ * never pooled), no child group, no OOM kill counted (memory.oom_control's
+ * oom_kill cannot be reset, and the next tenant's stats must start at 0:
+ * such a rare group is removed instead). The callers rmdir what is left. */
+static void
+pool_put (struct wr_cgroups *cg, const char *id)
+{
+  struct wr_cg_pool *p = cg->pool;
+  if (p == NULL)
+    return;
+  int mfd = cg->v1_fd[WR_V1_MEMORY];
+  _cleanup_close_ int m = mfd >= 0 ? openat (mfd, id, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+  if (m < 0)
+    return;
+  /* the last exiting task can take a moment to leave (as rmdir's EBUSY) */
+  pid_t pid;
+  for (long delay = 50, waited = 0;; delay *= 2)
+    {
+      int n = read_procs (m, &pid, 1);
+      if (n == 0)
+        break;
+      if (n < 0 || waited > 2000000)
+        return;
+      pause_us (delay);
+      waited += delay;
+    }
+  struct stat st;
+  if (fstat (m, &st) < 0 || st.st_nlink > 2 || read_key (m, "memory.oom_control", "oom_kill") > 0)
+    return;
+  for (int i = 0; i < WR_V1_N; i++)
+    if (i != WR_V1_MEMORY && cg->v1_fd[i] >= 0)
+      {
+        _cleanup_close_ int c = openat (cg->v1_fd[i], id, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (c >= 0 && (read_procs (c, &pid, 1) != 0 || fstat (c, &st) < 0 || st.st_nlink > 2))
+          return;
+      }
+  pthread_mutex_lock (&p->lock);
+  bool room = p->n + p->reserved < p->cap;
+  unsigned num = p->next++;
+  p->reserved += room;
+  pthread_mutex_unlock (&p->lock);
+  if (!room)
+    return;
+  struct pool_slot sl = { num, 0 };
+  char name[32];
+  snprintf (name, sizeof name, "pool_%u", num);
+  for (int i = 0; i < WR_V1_N; i++)
+    if (cg->v1_fd[i] >= 0 && renameat (cg->v1_fd[i], id, cg->v1_fd[i], name) == 0)
+      sl.mask |= 1u << i;
+  pthread_mutex_lock (&p->lock);
+  p->reserved--;
+  if (sl.mask & (1u << WR_V1_MEMORY))
+    p->slot[p->n++] = sl;
+  pthread_mutex_unlock (&p->lock);
+  if (!(sl.mask & (1u << WR_V1_MEMORY)))
+    for (int i = 0; i < WR_V1_N; i++)
+      if (sl.mask & (1u << i))
+        unlinkat (cg->v1_fd[i], name, AT_REMOVEDIR);
+}
+
 /* CPU QoS (docs/performance.md, "CPU QoS"): best-effort sandboxes' cpu
  * groups go under NAME.best-effort, a sibling of the parent made an idle
  * entity (cpu.idle 1; cpu.weight 1 / cpu.shares 2 without it). Under the
@@ -185,12 +371,14 @@ wr_cg_init (struct wr_cgroups *cg, const char *name, wr_err_t *err)
         return r;
       cg->be_cpu_fd = r;
     }
+  pool_init (cg);
   return 0;
 }
 
 void
 wr_cg_fini (struct wr_cgroups *cg)
 {
+  pool_fini (cg);
   /* Remove the empty `warren` parents; fails harmlessly while sandboxes live. */
   int *be_fd[] = { &cg->be_v2_fd, &cg->be_cpu_fd };
   const char *be_path[] = { cg->be_v2_path, cg->be_cpu_path };
@@ -284,6 +472,32 @@ v1_swappiness (int m, bool paused, wr_err_t *err)
   return knob (m, "memory.swappiness", paused ? "100" : memsw ? "60" : "0", err);
 }
 
+/* A pooled group's counters start again at 0 for its next tenant: the
+ * peaks and fail counts (written 0: reset), CPU time, a freezer left
+ * frozen. memory.oom_control's oom_kill cannot be reset: pool_put never
+ * pools a group that has one. Limits are all rewritten by the caller.
+ * Best effort: a counter file this kernel lacks is skipped. */
+static void
+reset_counters (struct wr_cg_sandbox *s, unsigned reused)
+{
+  static const char *const mem[] = {
+    "memory.max_usage_in_bytes",          "memory.failcnt",
+    "memory.memsw.max_usage_in_bytes",    "memory.memsw.failcnt",
+    "memory.kmem.max_usage_in_bytes",     "memory.kmem.failcnt",
+    "memory.kmem.tcp.max_usage_in_bytes", "memory.kmem.tcp.failcnt",
+  };
+  for (size_t i = 0; i < WR_ARRAY_SIZE (mem); i++)
+    wr_write_file_at (s->v1_fd[WR_V1_MEMORY], mem[i], "0");
+  /* cpuacct: its own hierarchy or co-mounted with cpu */
+  if (reused & (1u << WR_V1_CPUACCT))
+    wr_write_file_at (s->v1_fd[WR_V1_CPUACCT], "cpuacct.usage", "0");
+  if ((reused & (1u << WR_V1_CPU))
+      && faccessat (s->v1_fd[WR_V1_CPU], "cpuacct.usage", F_OK, 0) == 0)
+    wr_write_file_at (s->v1_fd[WR_V1_CPU], "cpuacct.usage", "0");
+  if (reused & (1u << WR_V1_FREEZER))
+    wr_write_file_at (s->v1_fd[WR_V1_FREEZER], "freezer.state", "THAWED");
+}
+
 int
 wr_cg_create (struct wr_cgroups *cg, const char *id, const struct wr_cg_limits *lim,
               struct wr_cg_sandbox *s, wr_err_t *err)
@@ -294,6 +508,8 @@ wr_cg_create (struct wr_cgroups *cg, const char *id, const struct wr_cg_limits *
   for (int i = 0; i < WR_V1_N; i++)
     s->v1_fd[i] = -1;
   bool be_v2 = lim->best_effort && cg->be_v2_fd >= 0;
+  /* the v1 groups a released sandbox left, renamed to id (pool_take) */
+  unsigned reused = cg->v2_limits ? 0 : pool_take (cg, id, lim->best_effort && cg->be_cpu_fd >= 0);
   if (cg->v2_fd >= 0)
     {
       r = mk_open (be_v2 ? cg->be_v2_fd : cg->v2_fd, id, true);
@@ -342,18 +558,27 @@ wr_cg_create (struct wr_cgroups *cg, const char *id, const struct wr_cg_limits *
         goto fail;
       return 0;
     }
-  if (lim->memory_bytes)
+  int m = s->v1_fd[WR_V1_MEMORY];
+  bool was_pooled = reused & (1u << WR_V1_MEMORY);
+  if (was_pooled)
+    reset_counters (s, reused);
+  if (lim->memory_bytes || was_pooled)
     {
       snprintf (buf, sizeof buf, "%" PRIu64, lim->memory_bytes);
-      int m = s->v1_fd[WR_V1_MEMORY];
+      if (lim->memory_bytes == 0)
+        snprintf (buf, sizeof buf, "-1");
+      /* memsw exists only with swap accounting; limit == mem limit means no
+       * swap. The kernel keeps memsw >= memory at every write: a pooled
+       * group's old memsw limit is lifted first. */
+      bool memsw = faccessat (m, "memory.memsw.limit_in_bytes", F_OK, 0) == 0;
+      if (memsw && was_pooled && (r = knob (m, "memory.memsw.limit_in_bytes", "-1", err)) < 0)
+        goto fail;
       if ((r = knob (m, "memory.limit_in_bytes", buf, err)) < 0)
         goto fail;
-      /* memsw exists only with swap accounting; limit == mem limit means no swap */
-      if (faccessat (m, "memory.memsw.limit_in_bytes", F_OK, 0) == 0
-          && (r = knob (m, "memory.memsw.limit_in_bytes", buf, err)) < 0)
+      if (memsw && (r = knob (m, "memory.memsw.limit_in_bytes", buf, err)) < 0)
         goto fail;
     }
-  if ((r = v1_swappiness (s->v1_fd[WR_V1_MEMORY], false, err)) < 0)
+  if ((r = v1_swappiness (m, false, err)) < 0)
     goto fail;
   snprintf (buf, sizeof buf, "%" PRIu64, pids);
   if ((r = knob (s->v1_fd[WR_V1_PIDS], "pids.max", buf, err)) < 0)
@@ -740,6 +965,7 @@ wr_cg_remove (struct wr_cgroups *cg, const char *id, wr_err_t *err)
   for (int i = 0; i < WR_V1_N; i++)
     fds[3 + i] = cg->v1_fd[i], paths[3 + i] = cg->v1_path[i];
   int ret = 0;
+  pool_put (cg, id); /* what it pooled is gone from under id: ENOENT below */
   for (size_t i = 0; i < WR_ARRAY_SIZE (fds); i++)
     {
       if (fds[i] < 0)
