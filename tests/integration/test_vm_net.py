@@ -1,8 +1,8 @@
 """Network policy for microvm and vm sandboxes (issue 12, docs/network.md,
 "VMs").
 
-The outside world is test_network.py's (`world`): a network namespace with
-a mirror, a forbidden site and a DNS server at 198.18.<n>.2-4; nothing here
+The outside world is nethost.py's (`world`), as for test_network.py: a
+network namespace with a mirror, a forbidden site and a DNS server at 198.18.<n>.2-4; nothing here
 touches an outside address. Under TCG a boot takes tens of seconds, so one
 microvm carries most checks (policy, DNS, live PATCH, counters, the proxy,
 a daemon crash and re-adoption, cleanup) and one q35 VM the basics."""
@@ -11,11 +11,11 @@ import shutil
 import socket
 import subprocess
 
-from conftest import need, start_daemon
+from conftest import need
 from wr import wait_for
-from test_network import (DNS, FORBIDDEN, HOST_IP, MIRROR, can_reach, create, fetch, inspect,
-                          links, nft_table, patch, prefixed_links, sh, table_exists,
-                          world)  # noqa: F401 (world: the fixture)
+from nethost import (FORBIDDEN, HOST_IP, MIRROR, can_reach, create, fetch, host_listener, inspect,
+                     links, net_daemon, nft_table, patch, prefixed_links, restart, sh,
+                     table_exists, world)  # noqa: F401 (world: the fixture)
 from test_vm import GUEST, REPO, guest_kit, kernel_release, qemu_pids
 
 BOOT_S = 240  # the first exec waits for the guest's boot under TCG
@@ -31,21 +31,9 @@ def net_kit():
         need(r.returncode == 0, "guest kit not buildable: " + r.stderr.decode()[-300:])
 
 
-def start(dm):
-    os.environ["WARREN_DNS_UPSTREAM"] = DNS
-    try:
-        return dm.start()
-    finally:
-        del os.environ["WARREN_DNS_UPSTREAM"]
-
-
 def vm_net_daemon(rootfs, extra=()):
     net_kit()
-    os.environ["WARREN_DNS_UPSTREAM"] = DNS
-    try:
-        return start_daemon(rootfs, extra)
-    finally:
-        del os.environ["WARREN_DNS_UPSTREAM"]
+    return net_daemon(rootfs, extra)
 
 
 def create_vm(dm, backend, network, **kw):
@@ -67,14 +55,7 @@ def chains(dm):
 
 def test_microvm_policy_dns_patch_proxy_crash(rootfs, world):
     # a daemon listener on the test link: the guest must not reach it
-    s = socket.socket()
-    s.bind((HOST_IP, 0))
-    port = s.getsockname()[1]
-    s.close()
-    tok = os.path.join(str(world), "vm-token")
-    with open(tok, "w") as f:
-        f.write("vm-net-test-token-0123456789abcdef\n")
-    os.chmod(tok, 0o600)
+    port, tok = host_listener(world, "vm-token")
     dm = vm_net_daemon(rootfs, ["--listen", f"tcp:{HOST_IP}:{port}", "--token-file", tok])
     table = None
     try:
@@ -154,7 +135,7 @@ def test_microvm_policy_dns_patch_proxy_crash(rootfs, world):
         assert len(qemu) == 1
         dm.kill9()
         assert ifn in links(dm) and f"chain e{slot} " in chains(dm)
-        start(dm)
+        restart(dm)
         assert inspect(dm, sid)["state"] == "running"
         assert inspect(dm, sid)["net"]["interface"] == ifn
         assert fetch(dm, sid, f"http://{MIRROR}:8080/", timeout=30)[0] == 0
