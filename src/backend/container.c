@@ -833,13 +833,10 @@ wr_container_destroy (struct wr_runtime *rt, struct wr_container *c, const char 
 }
 
 int
-wr_container_adopt (struct wr_runtime *rt, const char *id, pid_t pid, uint64_t start_time,
-                    const char *state_dir, struct wr_container *ret, wr_err_t *err)
+wr_container_agent_connect (struct wr_runtime *rt, const char *id, const char *state_dir, int dirfd,
+                            wr_err_t *err)
 {
-  _cleanup_close_ int pidfd = -1, dirfd = -1;
-  int r = wr_adopt_open ("sandbox", id, pid, start_time, state_dir, &pidfd, &dirfd, err);
-  if (r < 0)
-    return r;
+  _cleanup_close_ int own_dirfd = -1;
   struct sockaddr_un sa;
   socklen_t salen;
   _cleanup_close_ int fd = -1;
@@ -847,9 +844,12 @@ wr_container_adopt (struct wr_runtime *rt, const char *id, pid_t pid, uint64_t s
    * daemon without the tmpfs dir) */
   for (int where = rt->sock_dir_fd >= 0 ? 0 : 1; where < 2; where++)
     {
-      if ((where == 0 ? sock_addr (rt, id, state_dir, dirfd, &sa, &salen)
-                      : agent_addr (state_dir, dirfd, &sa, &salen))
-          < 0)
+      int r = where == 0 ? sock_addr (rt, id, state_dir, dirfd, &sa, &salen)
+                         : agent_addr (state_dir, dirfd, &sa, &salen);
+      if (r == -ENAMETOOLONG && where == 1 && dirfd < 0
+          && (own_dirfd = open (state_dir, O_PATH | O_DIRECTORY | O_CLOEXEC)) >= 0)
+        r = agent_addr (state_dir, dirfd = own_dirfd, &sa, &salen);
+      if (r < 0)
         return wr_error (err, ENAMETOOLONG, WR_E_INVALID, "state dir path too long");
       if (fd >= 0)
         close (TAKE_FD (fd));
@@ -857,10 +857,24 @@ wr_container_adopt (struct wr_runtime *rt, const char *id, pid_t pid, uint64_t s
       if (fd < 0)
         return wr_sys_error (err, "socket");
       if (connect (fd, (struct sockaddr *)&sa, salen) == 0 || errno == EINPROGRESS)
-        break;
+        return TAKE_FD (fd);
       if (where == 1 || (errno != ENOENT && errno != ECONNREFUSED))
         return wr_error (err, errno, WR_E_UNAVAILABLE, "connect %s", sa.sun_path);
     }
+  return wr_error (err, ENOENT, WR_E_UNAVAILABLE, "no agent socket");
+}
+
+int
+wr_container_adopt (struct wr_runtime *rt, const char *id, pid_t pid, uint64_t start_time,
+                    const char *state_dir, struct wr_container *ret, wr_err_t *err)
+{
+  _cleanup_close_ int pidfd = -1, dirfd = -1;
+  int r = wr_adopt_open ("sandbox", id, pid, start_time, state_dir, &pidfd, &dirfd, err);
+  if (r < 0)
+    return r;
+  _cleanup_close_ int fd = wr_container_agent_connect (rt, id, state_dir, dirfd, err);
+  if (fd < 0)
+    return fd;
   uid_t base;
   if ((r = wr_uid_block_adopt (rt, id, pid, &base, err)) < 0)
     return r;

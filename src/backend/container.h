@@ -128,6 +128,11 @@ int wr_container_create (struct wr_runtime *rt, const struct wr_container_spec *
 int wr_container_destroy (struct wr_runtime *rt, struct wr_container *c, const char *state_dir,
                           wr_err_t *err);
 
+/* A new connection to a running sandbox's agent, by its socket's path
+ * (dirfd: its state dir, or -1); the agent takes it in place of the one it
+ * had. Returns the fd. */
+int wr_container_agent_connect (struct wr_runtime *rt, const char *id, const char *state_dir,
+                                int dirfd, wr_err_t *err);
 /* Re-attach to a sandbox that survived a daemon restart: checks pid+start_time,
  * reconnects to state_dir/agent.sock. Fails (and the caller destroys) otherwise. */
 int wr_container_adopt (struct wr_runtime *rt, const char *id, pid_t pid, uint64_t start_time,

@@ -8,26 +8,92 @@
 #include "common/proto.h"
 #include "common/util.h"
 
+#include <errno.h>
+#include <unistd.h>
+
 struct pending
 {
   uint32_t stream;
   struct agent_ops ops;
   void *ud;
   size_t data, max_data; /* bytes delivered to on_data so far, and allowed */
+  /* agent_cancel'ed: its callbacks are gone, but the agent still runs it
+   * until its EXIT/RESULT/ERROR, and a shed connection would orphan it
+   * (close its stdin): the connection is not idle until then */
+  bool cancelled;
   struct pending *next;
 };
 
 struct agent_conn
 {
-  struct bufferevent *bev;
+  struct bufferevent *bev; /* NULL while shed */
   agent_lost_cb lost;
   void *ud;
   uint32_t next_stream;
   bool ready;
   bool dead;
-  unsigned holds;          /* agent_conn_hold */
-  struct pending *pending; /* few concurrent requests per sandbox: a list is enough */
+  bool shed;                    /* closed while idle; reopened by reconnect on the next request */
+  unsigned holds;               /* agent_conn_hold */
+  struct pending *pending;      /* few concurrent requests per sandbox: a list is enough */
+  agent_reconnect_cb reconnect; /* NULL: never shed */
+  agent_probe_cb probe;
+  /* in the open list (most recently used first) or, while shed, the shed list */
+  struct agent_conn *prev, *next;
 };
+
+/* The node's agent connections (docs/operations.md, "Limits"): the open
+ * ones in LRU order, the shed ones for the death sweep, the budget. */
+#define SWEEP_S 2               /* a shed agent's death is noticed within this */
+#define SWEEP_THOROUGH_EVERY 64 /* one shed agent in this many is probed thoroughly a sweep */
+static struct
+{
+  struct event_base *base;
+  struct agent_conn *open_head, *open_tail, *shed_head;
+  size_t n_open, n_shed;
+  unsigned budget; /* open connections kept; 0: no limit */
+  unsigned depth;  /* inside a connection's callbacks: shedding waits for the loop */
+  unsigned sweep_round;
+  uint64_t sheds, reconnects;
+  struct event *enforce_ev, *sweep_ev;
+} g;
+
+static void
+list_unlink (struct agent_conn *c)
+{
+  struct agent_conn **head = c->shed ? &g.shed_head : &g.open_head;
+  if (c->prev)
+    c->prev->next = c->next;
+  else if (*head == c)
+    *head = c->next;
+  else
+    return; /* in no list */
+  if (c->next)
+    c->next->prev = c->prev;
+  else if (!c->shed)
+    g.open_tail = c->prev;
+  if (c->shed)
+    g.n_shed--;
+  else
+    g.n_open--;
+  c->prev = c->next = NULL;
+}
+
+static void
+list_push (struct agent_conn *c)
+{
+  struct agent_conn **head = c->shed ? &g.shed_head : &g.open_head;
+  c->prev = NULL;
+  c->next = *head;
+  if (*head)
+    (*head)->prev = c;
+  else if (!c->shed)
+    g.open_tail = c;
+  *head = c;
+  if (c->shed)
+    g.n_shed++;
+  else
+    g.n_open++;
+}
 
 static struct pending *
 find_pending (struct agent_conn *c, uint32_t stream, struct pending ***ret_link)
@@ -59,7 +125,7 @@ fail_all (struct agent_conn *c, const char *msg)
   while ((p = c->pending) != NULL)
     {
       c->pending = p->next;
-      if (p->ops.on_error)
+      if (!p->cancelled && p->ops.on_error)
         p->ops.on_error (p->ud, "gone", msg);
       free (p);
     }
@@ -70,8 +136,10 @@ conn_lost (struct agent_conn *c, const char *msg)
 {
   if (c->dead)
     return;
+  list_unlink (c);
   c->dead = true;
-  bufferevent_disable (c->bev, EV_READ | EV_WRITE);
+  if (c->bev)
+    bufferevent_disable (c->bev, EV_READ | EV_WRITE);
   fail_all (c, msg);
   if (c->lost)
     c->lost (c->ud);
@@ -94,7 +162,14 @@ dispatch (struct agent_conn *c, const struct wr_frame *f)
     }
   struct pending *p = find_pending (c, f->stream, NULL);
   if (p == NULL)
-    return; /* cancelled request: drop */
+    return; /* unknown stream: drop */
+  if (p->cancelled)
+    {
+      /* its frames are dropped; its end makes the connection idle again */
+      if (f->type == WR_MSG_EXIT || f->type == WR_MSG_RESULT || f->type == WR_MSG_ERROR)
+        free (unlink_pending (c, f->stream));
+      return;
+    }
   switch (f->type)
     {
     case WR_MSG_STDOUT:
@@ -145,11 +220,23 @@ dispatch (struct agent_conn *c, const struct wr_frame *f)
   free (p);
 }
 
+static void read_frames (struct agent_conn *c, struct evbuffer *in);
+static void enforce_soon (void);
+
 static void
 read_cb (struct bufferevent *bev, void *arg)
 {
   struct agent_conn *c = arg;
-  struct evbuffer *in = bufferevent_get_input (bev);
+  g.depth++;
+  read_frames (c, bufferevent_get_input (bev));
+  g.depth--;
+  if (g.budget && g.n_open > g.budget)
+    enforce_soon (); /* a request may have ended: its connection may go now */
+}
+
+static void
+read_frames (struct agent_conn *c, struct evbuffer *in)
+{
   for (;;)
     {
       uint8_t hdr[WR_FRAME_HDR];
@@ -183,8 +270,23 @@ static void
 event_cb (struct bufferevent *bev, short what, void *arg)
 {
   struct agent_conn *c = arg;
+  g.depth++;
   if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR))
     conn_lost (c, "the sandbox agent is gone");
+  g.depth--;
+}
+
+static int
+conn_attach (struct agent_conn *c, int fd)
+{
+  c->bev = bufferevent_socket_new (g.base, fd, BEV_OPT_CLOSE_ON_FREE);
+  if (c->bev == NULL)
+    return -ENOMEM;
+  /* read_cb consumes every whole frame, so at most one frame waits here */
+  bufferevent_setwatermark (c->bev, EV_READ, 0, WR_FRAME_HDR + WR_FRAME_MAX);
+  bufferevent_setcb (c->bev, read_cb, NULL, event_cb, c);
+  bufferevent_enable (c->bev, c->holds ? EV_WRITE : EV_READ | EV_WRITE);
+  return 0;
 }
 
 struct agent_conn *
@@ -193,8 +295,8 @@ agent_conn_new (struct event_base *base, int fd, agent_lost_cb lost, void *ud)
   struct agent_conn *c = calloc (1, sizeof *c);
   if (c == NULL)
     return NULL;
-  c->bev = bufferevent_socket_new (base, fd, BEV_OPT_CLOSE_ON_FREE);
-  if (c->bev == NULL)
+  g.base = base;
+  if (conn_attach (c, fd) < 0)
     {
       free (c);
       return NULL;
@@ -202,10 +304,7 @@ agent_conn_new (struct event_base *base, int fd, agent_lost_cb lost, void *ud)
   c->lost = lost;
   c->ud = ud;
   c->next_stream = 1;
-  /* read_cb consumes every whole frame, so at most one frame waits here */
-  bufferevent_setwatermark (c->bev, EV_READ, 0, WR_FRAME_HDR + WR_FRAME_MAX);
-  bufferevent_setcb (c->bev, read_cb, NULL, event_cb, c);
-  bufferevent_enable (c->bev, EV_READ | EV_WRITE);
+  list_push (c);
   return c;
 }
 
@@ -214,11 +313,173 @@ agent_conn_free (struct agent_conn *c)
 {
   if (c == NULL)
     return;
+  list_unlink (c);
   c->lost = NULL;
   c->dead = true;
   fail_all (c, "the sandbox was destroyed");
-  bufferevent_free (c->bev);
+  if (c->bev)
+    bufferevent_free (c->bev);
   free (c);
+}
+
+/* ---- shedding idle connections (docs/operations.md, "Limits") ---- */
+
+static bool
+conn_idle (struct agent_conn *c)
+{
+  return c->reconnect && !c->dead && !c->shed && c->pending == NULL && c->holds == 0
+         && evbuffer_get_length (bufferevent_get_output (c->bev)) == 0;
+}
+
+static void
+conn_shed (struct agent_conn *c)
+{
+  list_unlink (c);
+  bufferevent_free (c->bev); /* closes the socket: the agent forgets this connection */
+  c->bev = NULL;
+  c->ready = false;
+  c->shed = true;
+  list_push (c);
+  g.sheds++;
+}
+
+/* Close idle connections, least recently used first, until the open ones
+ * fit the budget again (or none left is idle). */
+static void
+enforce (void)
+{
+  for (struct agent_conn *c = g.open_tail, *prev; c && g.n_open > g.budget; c = prev)
+    {
+      prev = c->prev;
+      if (conn_idle (c))
+        conn_shed (c);
+    }
+}
+
+static void
+enforce_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg WR_UNUSED)
+{
+  if (g.budget)
+    enforce ();
+}
+
+/* From the loop, never under a caller's feet: inside a connection's
+ * callbacks that very connection may look idle (its request just ended),
+ * and a connection reopened for a request has not sent it yet. */
+static void
+enforce_soon (void)
+{
+  if (g.enforce_ev == NULL && (g.enforce_ev = event_new (g.base, -1, 0, enforce_cb, NULL)) == NULL)
+    return;
+  event_active (g.enforce_ev, EV_TIMEOUT, 0);
+}
+
+/* A shed connection has no socket whose EOF tells of its agent's death:
+ * every SWEEP_S the owner's probe looks at each shed agent (a cheap one,
+ * and a thorough one for a rotating share). See docs/operations.md for
+ * why a sweep rather than a per-sandbox descriptor or an event. */
+static void
+sweep_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg WR_UNUSED)
+{
+  unsigned i = g.sweep_round++;
+  for (struct agent_conn *c = g.shed_head, *next; c; c = next, i++)
+    {
+      next = c->next;
+      if (c->probe && c->probe (c->ud, i % SWEEP_THOROUGH_EVERY == 0) == 0)
+        conn_lost (c, "the sandbox agent is gone");
+    }
+}
+
+static void
+sweep_arm (void)
+{
+  if (g.sweep_ev)
+    return;
+  g.sweep_ev = event_new (g.base, -1, EV_PERSIST, sweep_cb, NULL);
+  struct timeval tv = { SWEEP_S, 0 };
+  if (g.sweep_ev)
+    event_add (g.sweep_ev, &tv);
+}
+
+void
+agent_conn_reconnectable (struct agent_conn *c, agent_reconnect_cb reconnect, agent_probe_cb probe)
+{
+  if (c == NULL)
+    return;
+  c->reconnect = reconnect;
+  c->probe = probe;
+  sweep_arm ();
+  /* now when we can: a restarted daemon adopts every sandbox before its
+   * loop runs, and must not hold a socket for each meanwhile */
+  if (g.budget && g.n_open > g.budget)
+    {
+      if (g.depth == 0)
+        enforce ();
+      else
+        enforce_soon ();
+    }
+}
+
+/* The next request on a shed connection opens it again: a new socket to
+ * the agent's listener, which replaces the connection it had (it has none). */
+static int
+conn_reopen (struct agent_conn *c)
+{
+  if (c->dead)
+    return -EPIPE;
+  if (!c->shed)
+    return 0;
+  int fd = c->reconnect (c->ud);
+  if (fd < 0)
+    {
+      /* refused: gone, unless the probe finds the agent alive (a full
+       * backlog of a frozen agent), then only this request fails */
+      if (c->probe == NULL || c->probe (c->ud, true) == 0)
+        conn_lost (c, "the sandbox agent is gone");
+      return fd;
+    }
+  list_unlink (c);
+  c->shed = false;
+  if (conn_attach (c, fd) < 0)
+    {
+      close (fd);
+      c->shed = true;
+      list_push (c);
+      return -ENOMEM;
+    }
+  list_push (c);
+  g.reconnects++;
+  if (g.budget && g.n_open > g.budget)
+    enforce_soon ();
+  return 0;
+}
+
+/* most recently used first */
+static void
+conn_touch (struct agent_conn *c)
+{
+  if (c->prev == NULL)
+    return;
+  list_unlink (c);
+  list_push (c);
+}
+
+void
+agent_conns_set_budget (unsigned budget)
+{
+  g.budget = budget;
+  if (budget && g.base && g.n_open > budget && g.depth == 0)
+    enforce ();
+}
+
+void
+agent_conns_stats (struct agent_conns_stats *ret)
+{
+  ret->budget = g.budget;
+  ret->open = g.n_open;
+  ret->shed = g.n_shed;
+  ret->sheds = g.sheds;
+  ret->reconnects = g.reconnects;
 }
 
 bool
@@ -236,8 +497,9 @@ agent_conn_ready (struct agent_conn *c)
 int
 agent_send (struct agent_conn *c, uint32_t stream, uint8_t type, const void *data, size_t len)
 {
-  if (c->dead)
-    return -EPIPE;
+  int r = conn_reopen (c);
+  if (r < 0)
+    return r;
   struct evbuffer *out = bufferevent_get_output (c->bev);
   const uint8_t *p = data;
   do
@@ -282,8 +544,9 @@ uint32_t
 agent_request (struct agent_conn *c, uint8_t type, json_t *body, const struct agent_ops *ops,
                void *ud)
 {
-  if (c == NULL || c->dead)
+  if (c == NULL || conn_reopen (c) < 0)
     return 0;
+  conn_touch (c);
   _cleanup_free_ char *text = json_dumps (body, JSON_COMPACT);
   if (text == NULL)
     return 0;
@@ -317,9 +580,12 @@ agent_set_data_limit (struct agent_conn *c, uint32_t stream, size_t max)
 void
 agent_cancel (struct agent_conn *c, uint32_t stream)
 {
-  if (c == NULL)
+  struct pending *p = c ? find_pending (c, stream, NULL) : NULL;
+  if (p == NULL)
     return;
-  free (unlink_pending (c, stream));
+  p->cancelled = true;
+  memset (&p->ops, 0, sizeof p->ops);
+  p->max_data = SIZE_MAX;
 }
 
 void
@@ -327,14 +593,14 @@ agent_conn_hold (struct agent_conn *c, bool hold)
 {
   if (c == NULL)
     return;
-  if (hold && c->holds++ == 0)
+  if (hold && c->holds++ == 0 && c->bev)
     bufferevent_disable (c->bev, EV_READ);
-  else if (!hold && c->holds && --c->holds == 0 && !c->dead)
+  else if (!hold && c->holds && --c->holds == 0 && !c->dead && c->bev)
     bufferevent_enable (c->bev, EV_READ);
 }
 
 size_t
 agent_outq (struct agent_conn *c)
 {
-  return evbuffer_get_length (bufferevent_get_output (c->bev));
+  return c->bev ? evbuffer_get_length (bufferevent_get_output (c->bev)) : 0;
 }

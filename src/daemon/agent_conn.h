@@ -1,7 +1,13 @@
 /* Daemon side of the agent protocol (src/common/proto.h): one connection per
  * sandbox on the daemon's event loop, many concurrent requests multiplexed
  * by stream id. Backends hand over a connected fd; this code is the same for
- * containers, fncall zygotes and VMs. */
+ * containers, fncall zygotes and VMs.
+ *
+ * A connection its owner can reopen (agent_conn_reconnectable) is closed
+ * ("shed") while idle once more are open than the node's budget
+ * (agent_conns_set_budget), least recently used first, and reopened by the
+ * next request: an idle sandbox then holds no daemon descriptor. Its
+ * agent's death is found by the owner's probe, every few seconds. */
 #ifndef WRD_AGENT_CONN_H
 #define WRD_AGENT_CONN_H
 
@@ -33,9 +39,29 @@ struct agent_ops
  * the protocol (bad frame, malformed reply, more data than asked for). */
 typedef void (*agent_lost_cb) (void *ud);
 
+/* Open a new socket to the agent (its fd, or < 0). */
+typedef int (*agent_reconnect_cb) (void *ud);
+/* Is the agent still alive: 1 yes (or unknown), 0 no. A thorough probe
+ * may cost a /proc read, a cheap one only syscalls without descriptors. */
+typedef int (*agent_probe_cb) (void *ud, bool thorough);
+
 struct agent_conn *agent_conn_new (struct event_base *base, int fd, agent_lost_cb lost, void *ud);
 /* Fails every pending request with "gone" (without calling lost) and frees. */
 void agent_conn_free (struct agent_conn *c);
+/* The connection may be shed while idle (no request in flight, cancelled
+ * ones included until their end, no hold, nothing queued). */
+void agent_conn_reconnectable (struct agent_conn *c, agent_reconnect_cb reconnect,
+                               agent_probe_cb probe);
+/* Open connections kept before idle ones are shed; 0: no limit. */
+void agent_conns_set_budget (unsigned budget);
+struct agent_conns_stats
+{
+  unsigned budget;
+  size_t open, shed;
+  uint64_t sheds, reconnects;
+};
+void agent_conns_stats (struct agent_conns_stats *ret);
+/* Alive, shed or not (a shed connection is reopened by the next request). */
 bool agent_conn_alive (struct agent_conn *c);
 bool agent_conn_ready (struct agent_conn *c); /* HELLO received */
 
@@ -51,7 +77,8 @@ int agent_send (struct agent_conn *c, uint32_t stream, uint8_t type, const void 
  * request: an EXEC's stdout_cap + stderr_cap, a FILE read's max_bytes, else
  * WRD_AGENT_DATA_MAX. */
 void agent_set_data_limit (struct agent_conn *c, uint32_t stream, size_t max);
-/* Forget a request: its callbacks are never called again. */
+/* Forget a request: its callbacks are never called again (the
+ * connection stays busy until the agent ends the request). */
 void agent_cancel (struct agent_conn *c, uint32_t stream);
 /* Stop (hold) or resume reading from the agent, counted: a request whose
  * client is slower than the agent holds the connection until the client

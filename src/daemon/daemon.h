@@ -179,9 +179,11 @@ int wrd_db_each (struct wrd *d, wrd_db_row_cb cb, void *ud, wr_err_t *err);
 int wrd_db_pool_put (struct wrd *d, const char *image, unsigned size, wr_err_t *err);
 
 /* limits.c: raise RLIMIT_NOFILE (and fs.nr_open) and kernel.pid_max at
- * start; budget the sandboxes the node can hold and log every number;
- * admit a create (0) or refuse it with the reason (429 or 503) */
-void wrd_limits_raise (void);
+ * start, and budget the open agent connections (--agent-conns: 0 derives
+ * it from the descriptors, < 0 never sheds); budget the sandboxes the node
+ * can hold and log every number; admit a create (0) or refuse it with the
+ * reason (429 or 503) */
+void wrd_limits_raise (long long agent_conns);
 void wrd_limits_budget (struct wrd *d, unsigned configured);
 int wrd_limits_admit (struct wrd *d, size_t client_held, wr_err_t *err);
 

@@ -17,9 +17,9 @@
 #include "common/util.h"
 
 /* What one idle container sandbox takes of each limit (measured, see
- * docs/performance.md "Density"): the daemon keeps its agent socket (the
- * pidfd is dropped while idle, and held again only while its exit is
- * reaped, when the agent socket is closed); its agent
+ * docs/performance.md "Density"): no daemon descriptor once its agent
+ * socket is shed (agent_conn.h; the pidfd is dropped while idle, and held
+ * again only while its exit is reaped), one otherwise; its agent
  * is one process, an exec adds more; one memory cgroup; one namespace of
  * each kind; about 0.7 MiB of kernel memory. */
 #define FDS_PER_SANDBOX 1
@@ -79,8 +79,52 @@ memcg_in_use (void)
   return n;
 }
 
+/* open agent connections kept (--agent-conns); 0: every one, as before */
+static unsigned agent_conns;
+static bool agent_conns_never_shed;
+
+static long long
+nofile_now (void)
+{
+  struct rlimit rl = { 0, 0 };
+  getrlimit (RLIMIT_NOFILE, &rl);
+  return rl.rlim_cur == RLIM_INFINITY ? WANT_NOFILE : (long long)rl.rlim_cur;
+}
+
+/* Descriptors are budgeted by what is held: agent connections in use, up
+ * to the budget, and the reserve. By default the budget is what the
+ * reserve leaves, so a node below its descriptor limit keeps every
+ * connection, and one near it sheds idle ones (least recently used). */
+static void
+agent_conns_budget (long long configured)
+{
+  const char *env = getenv ("WARREN_AGENT_CONNS"); /* the flag's environment spelling */
+  char *end;
+  long long v;
+  if (configured == 0 && env && *env && (v = strtoll (env, &end, 10), *end == '\0') && v >= -1)
+    configured = v;
+  long long fit = nofile_now () - FD_RESERVE;
+  if (fit < 16)
+    fit = 16;
+  if (configured < 0)
+    {
+      agent_conns_never_shed = true;
+      agent_conns = 0;
+    }
+  else if (configured == 0 || configured > fit)
+    {
+      if (configured > fit)
+        wrd_log (WRD_LOG_WARN, "--agent-conns %lld: only %lld fit beside the reserve", configured,
+                 fit);
+      agent_conns = (unsigned)fit;
+    }
+  else
+    agent_conns = (unsigned)configured;
+  agent_conns_set_budget (agent_conns);
+}
+
 void
-wrd_limits_raise (void)
+wrd_limits_raise (long long agent_conns_configured)
 {
   /* Descriptors: the hard limit may sit below what many sandboxes need
    * (a unit's LimitNOFILE=20000 stopped one node near 10,000); root may
@@ -110,6 +154,7 @@ wrd_limits_raise (void)
   long long pid_max = read_ll ("/proc/sys/kernel/pid_max");
   if (pid_max > 0 && pid_max < WANT_PID_MAX)
     write_ll ("/proc/sys/kernel/pid_max", WANT_PID_MAX);
+  agent_conns_budget (agent_conns_configured);
 }
 
 struct limit
@@ -121,9 +166,7 @@ struct limit
 void
 wrd_limits_budget (struct wrd *d, unsigned configured)
 {
-  struct rlimit rl = { 0, 0 };
-  getrlimit (RLIMIT_NOFILE, &rl);
-  long long nofile = rl.rlim_cur == RLIM_INFINITY ? WANT_NOFILE : (long long)rl.rlim_cur;
+  long long nofile = nofile_now ();
   long long pid_max = read_ll ("/proc/sys/kernel/pid_max");
   long long threads_max = read_ll ("/proc/sys/kernel/threads-max");
   long long pids = pid_max > 0 && threads_max > 0 && threads_max < pid_max ? threads_max : pid_max;
@@ -141,7 +184,9 @@ wrd_limits_budget (struct wrd *d, unsigned configured)
   d->mem_reserve_kb = reserve_kb;
   unsigned uid_blocks = d->rt ? d->rt->uid_blocks : 0u;
   struct limit lims[] = {
-    { "descriptors", (nofile - FD_RESERVE) / FDS_PER_SANDBOX },
+    /* with shedding, idle sandboxes hold none: descriptors bound the
+     * connections in use, not the sandboxes */
+    { "descriptors", agent_conns_never_shed ? (nofile - FD_RESERVE) / FDS_PER_SANDBOX : -1 },
     { "pids", pids > 0 ? (pids - 4096) / PIDS_PER_SANDBOX : -1 },
     { "memory cgroup ids", memcg >= 0 ? MEMCG_ID_MAX - memcg - 1024 : -1 },
     { "user namespaces", userns > 0 ? userns - 1024 : -1 },
@@ -186,6 +231,16 @@ wrd_limits_budget (struct wrd *d, unsigned configured)
            pid_max, threads_max, memcg, MEMCG_ID_MAX, userns, netns, mntns, pidns, uid_blocks,
            avail_kb >> 10, reserve_kb >> 10, read_ll ("/proc/sys/kernel/keys/maxkeys"),
            read_ll ("/proc/sys/fs/inotify/max_user_instances"));
+  if (agent_conns_never_shed)
+    wrd_log (WRD_LOG_INFO,
+             "descriptors: every agent connection kept open (--agent-conns -1): one per "
+             "sandbox, %d kept free",
+             FD_RESERVE);
+  else
+    wrd_log (WRD_LOG_INFO,
+             "descriptors: up to %u agent connections kept open (--agent-conns), %d kept free; "
+             "idle sandboxes beyond them hold none",
+             agent_conns, FD_RESERVE);
   if (configured)
     wrd_log (WRD_LOG_INFO, "capacity: %u sandboxes (limited by %s), --max-sandboxes %u",
              d->kernel_max_sandboxes, by, configured);

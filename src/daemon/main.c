@@ -34,7 +34,7 @@ usage (FILE *f)
       "               [--fncall-queue N] [--fncall-max-calls N] [--fncall-idle S]\n"
       "               [--fncall-zygote PATH] [--fncall-preload MOD,...]\n"
       "               [--max-connections N] [--http-header-timeout S] [--http-idle-timeout S]\n"
-      "               [--max-sandboxes N]\n"
+      "               [--max-sandboxes N] [--agent-conns N]\n"
       "               [--allow-host-paths] [--allow-host-network] [--version]\n"
       "               [--log-level error|warning|info|debug]\n"
       "               [--listen-compat tcp:ADDR:PORT [--compat-token-file F]]\n"
@@ -131,6 +131,7 @@ main (int argc, char **argv)
     { "log-retention", required_argument, NULL, 2100 }, /* trajectory log */
     { "listen-e2b", required_argument, NULL, 2300 },    /* E2B API */
     { "max-sandboxes", required_argument, NULL, 2400 }, /* limits.c */
+    { "agent-conns", required_argument, NULL, 2401 },   /* limits.c */
     /* pause that frees memory (docs/containers.md, "Pause") */
     { "zram-size", required_argument, NULL, 2500 },
     { "zram-priority", required_argument, NULL, 2501 },
@@ -151,6 +152,7 @@ main (int argc, char **argv)
   double traj_retention = WRD_TRAJ_DEFAULT_RETENTION_S;
   char *traj_end = NULL;
   unsigned max_sandboxes = 0;                      /* limits.c */
+  long long agent_conns = 0;                       /* limits.c: 0 derived, < 0 never shed */
   unsigned long long zram_mb = 0, zram_prio = 100; /* pause */
   struct wrd_zram zram = { .dev = -1 };
   int c;
@@ -258,6 +260,18 @@ main (int argc, char **argv)
               return 2;
             }
           max_sandboxes = (unsigned)v;
+          break;
+        }
+      case 2401: /* limits.c */
+        {
+          char *end;
+          long long v = strtoll (optarg, &end, 10);
+          if (*optarg == '\0' || *end || v < -1 || v > 10000000)
+            {
+              wrd_log (WRD_LOG_ERROR, "--agent-conns wants -1, 0 or a number up to 10000000");
+              return 2;
+            }
+          agent_conns = v;
           break;
         }
       case 2002:
@@ -389,7 +403,7 @@ main (int argc, char **argv)
     }
   /* Many sandboxes and many client connections: raise the fd limit and
    * pid_max (budgeted below, once the runtime and the registry are up). */
-  wrd_limits_raise ();
+  wrd_limits_raise (agent_conns);
   signal (SIGPIPE, SIG_IGN);
   /* A private mount namespace: layer mounts stay out of the host's table and
    * every clone copies a short mount list. */

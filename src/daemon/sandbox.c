@@ -15,8 +15,10 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include <sys/wait.h>
 
 #include "common/util.h"
+#include "backend/backend.h"
 #include "backend/vm.h"
 #include "daemon/backends.h"
 #include "daemon/fork.h"
@@ -421,6 +423,53 @@ agent_lost (void *ud)
     wrd_log (WRD_LOG_ERROR, "%s\n", err.msg);
 }
 
+/* A container's agent connection may be shed while idle (agent_conn.h):
+ * its listener is found again by path, its death by pid and start time. */
+static int
+agent_reconnect (void *ud)
+{
+  struct sandbox *sb = ud;
+  char sdir[1200];
+  state_dir (sb->d, sb->id, sdir, sizeof sdir);
+  wr_err_t err;
+  int fd = wr_container_agent_connect (sb->d->rt, sb->id, sdir, -1, &err);
+  if (fd < 0)
+    wrd_log (WRD_LOG_INFO, "reconnect %s: %s\n", sb->id, err.msg);
+  return fd;
+}
+
+/* No descriptor per sandbox: the daemon's own child (no zygote) stays a
+ * zombie until reaped at destroy, so waitid(WNOWAIT) sees its exit; any
+ * other (a zygote's, or adopted after a restart) is reaped by its parent
+ * and kill(0) sees it gone. Thorough: the start time rules out a reused pid. */
+static int
+agent_probe (void *ud, bool thorough)
+{
+  struct sandbox *sb = ud;
+  pid_t pid = sb->c.pid;
+  if (pid <= 0)
+    return 1;
+  siginfo_t si = { 0 };
+  if (waitid (P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT | __WALL) == 0)
+    {
+      if (si.si_pid == pid)
+        return 0;
+    }
+  else if (errno == ECHILD && kill (pid, 0) < 0 && errno == ESRCH)
+    return 0;
+  uint64_t st;
+  if (thorough && sb->c.start_time && wr_read_start_time (pid, &st) == 0 && st != sb->c.start_time)
+    return 0;
+  return 1;
+}
+
+static void
+agent_conn_setup (struct sandbox *sb)
+{
+  if (sb->conn && strcmp (sb->ops->name, "container") == 0)
+    agent_conn_reconnectable (sb->conn, agent_reconnect, agent_probe);
+}
+
 /* The image's layers, then each extra image's (docs/images.md), at most
  * WR_MAX_LAYERS in all: dirs has room for that many. */
 static int
@@ -665,7 +714,8 @@ build_finish (struct build *b, struct sandbox **ret, wr_err_t *err)
     goto fail_destroy;
   table_insert (d, sb);
   if (strcmp (sb->ops->name, "container") == 0)
-    wr_container_drop_pidfd (&sb->c); /* idle: one daemon descriptor, the agent socket */
+    wr_container_drop_pidfd (&sb->c); /* idle: no daemon descriptor once its socket is shed */
+  agent_conn_setup (sb);
   build_free (b);
   *ret = sb;
   return 0;
@@ -1753,6 +1803,7 @@ recover_row (struct wrd *d, json_t *row, void *ud WR_UNUSED)
         wrd_log (WRD_LOG_WARN, "recover %s: network: %s\n", id, err.msg);
       if (strcmp (sb->ops->name, "container") == 0)
         wr_container_drop_pidfd (&sb->c);
+      agent_conn_setup (sb);
       arm_ttl (sb);
       wrd_sandbox_touch (sb); /* idle-pause counts from the restart */
       wrd_log (WRD_LOG_INFO, "re-adopted sandbox %s (pid %d)\n", id, (int)pid);
