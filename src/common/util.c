@@ -229,3 +229,15 @@ wr_grow (void *arrp, size_t *cap, size_t need, size_t elem, size_t first)
   *cap = n;
   return 0;
 }
+
+DIR *
+wr_opendir_dup (int dfd)
+{
+  int dup = fcntl (dfd, F_DUPFD_CLOEXEC, 3);
+  if (dup < 0)
+    return NULL;
+  DIR *d = fdopendir (dup);
+  if (d == NULL)
+    wr_closep (&dup); /* keeps errno */
+  return d;
+}

@@ -103,6 +103,10 @@ int wr_random_hex (char *buf, size_t n);
  * -EOVERFLOW when need * elem does not fit a size_t, -ENOMEM; on failure the
  * old array and *cap stay as they were. */
 int wr_grow (void *arrp, size_t *cap, size_t need, size_t elem, size_t first);
+/* A directory stream on a close-on-exec duplicate of dfd: dfd stays the
+ * caller's (the duplicate shares its offset). NULL with errno set, and
+ * nothing left open, on failure. */
+DIR *wr_opendir_dup (int dfd);
 
 /* Sandbox ids are [a-z0-9-]{1,WR_ID_MAX}: the one rule, checked by the
  * daemon's routes, by libwarren (warren_id_valid) and, mirrored, by the

@@ -219,15 +219,9 @@ walk_layer (int dfd, const char *rel, int depth, const struct fsd_state *a,
 {
   if (depth > MAX_DEPTH)
     return wr_error (err, 0, WR_E_INVALID, "%s: directories nested too deep", rel);
-  int dup = fcntl (dfd, F_DUPFD_CLOEXEC, 3);
-  if (dup < 0)
-    return wr_sys_error (err, "dup");
-  _cleanup_closedir_ DIR *dir = fdopendir (dup);
+  _cleanup_closedir_ DIR *dir = wr_opendir_dup (dfd);
   if (dir == NULL)
-    {
-      close (dup);
-      return wr_sys_error (err, "opendir %s", rel);
-    }
+    return wr_sys_error (err, "opendir %s", rel);
   if (is_opaque (dfd))
     {
       /* it hides what lay below: everything either side had here */

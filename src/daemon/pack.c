@@ -238,15 +238,9 @@ copy_dir (struct copy *c, int sfd, int dfd, const char *rel, int depth, wr_err_t
 {
   if (depth > MAX_DEPTH)
     return wr_error (err, 0, WR_E_INVALID, "%s: directories nested too deep", rel);
-  int dup = fcntl (sfd, F_DUPFD_CLOEXEC, 3);
-  if (dup < 0)
-    return wr_sys_error (err, "dup");
-  _cleanup_closedir_ DIR *dir = fdopendir (dup);
+  _cleanup_closedir_ DIR *dir = wr_opendir_dup (sfd);
   if (dir == NULL)
-    {
-      close (dup);
-      return wr_sys_error (err, "opendir %s", rel);
-    }
+    return wr_sys_error (err, "opendir %s", rel);
   struct dirent *de;
   while ((errno = 0, de = readdir (dir)) != NULL)
     {

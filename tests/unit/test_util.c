@@ -1,8 +1,12 @@
-/* Unit tests for wr_grow (src/common/util.c): the one grow-by-doubling
- * helper behind the daemon's and the agent's growing arrays. */
+/* Unit tests for src/common/util.c's shared helpers: wr_grow (the one
+ * grow-by-doubling behind the daemon's and the agent's growing arrays) and
+ * wr_opendir_dup (a directory stream that leaves the caller's fd alone). */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common/util.h"
 #include "tap.h"
@@ -90,10 +94,71 @@ test_failure (void)
   free (v);
 }
 
+static int
+count_fds (void)
+{
+  int n = 0;
+  DIR *d = opendir ("/proc/self/fd");
+  if (d == NULL)
+    return -1;
+  while (readdir (d) != NULL)
+    n++;
+  closedir (d);
+  return n;
+}
+
+static void
+test_opendir_dup (void)
+{
+  char tmp[] = "/tmp/wr-test-util-XXXXXX";
+  if (!TAP_OK (mkdtemp (tmp) != NULL, "a temporary directory"))
+    return;
+  int dfd = open (tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  for (int i = 0; i < 3; i++)
+    {
+      char name[8];
+      snprintf (name, sizeof name, "f%d", i);
+      close (openat (dfd, name, O_WRONLY | O_CREAT | O_CLOEXEC, 0600));
+    }
+  int fds = count_fds ();
+  DIR *d = wr_opendir_dup (dfd);
+  int entries = 0;
+  struct dirent *de;
+  while (d && (de = readdir (d)) != NULL)
+    entries += de->d_name[0] == 'f';
+  TAP_OK (d != NULL && TAP_C_EQ (entries, 3) && TAP_C_NE (dirfd (d), dfd)
+              && TAP_C_GE (fcntl (dirfd (d), F_GETFD), FD_CLOEXEC),
+          "reads the directory through a close-on-exec duplicate");
+  if (d)
+    closedir (d);
+  struct stat st;
+  TAP_OK (TAP_C_EQ (fstat (dfd, &st), 0) && S_ISDIR (st.st_mode) && TAP_C_EQ (count_fds (), fds),
+          "closing the stream leaves the caller's fd open, nothing else");
+
+  int file = openat (dfd, "f0", O_RDONLY | O_CLOEXEC);
+  errno = 0;
+  TAP_OK (wr_opendir_dup (file) == NULL && TAP_C_EQ (errno, ENOTDIR)
+              && TAP_C_EQ (count_fds (), fds + 1),
+          "a file: NULL, ENOTDIR, the duplicate closed");
+  close (file);
+  errno = 0;
+  TAP_OK (wr_opendir_dup (-1) == NULL && TAP_C_EQ (errno, EBADF), "a bad fd: NULL, EBADF");
+
+  for (int i = 0; i < 3; i++)
+    {
+      char name[8];
+      snprintf (name, sizeof name, "f%d", i);
+      unlinkat (dfd, name, 0);
+    }
+  close (dfd);
+  TAP_EQ (rmdir (tmp), 0, "the temporary directory removed");
+}
+
 int
 main (void)
 {
   test_growth ();
   test_failure ();
+  test_opendir_dup ();
   return TAP_DONE ();
 }
