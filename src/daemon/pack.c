@@ -197,6 +197,23 @@ apply_meta (const struct copy *c, int dfd, const struct stat *st, const char *re
   return 0;
 }
 
+/* What a copied directory or file keeps of its source: xattrs, owner
+ * (mapped back), mode, then times (last: the steps before change them). */
+static int
+copy_attrs (const struct copy *c, int sfd, int dfd, const struct stat *st, const char *rel,
+            wr_err_t *err)
+{
+  int r = copy_xattrs (sfd, dfd, rel, err);
+  if (r == 0)
+    r = apply_meta (c, dfd, st, rel, err);
+  if (r < 0)
+    return r;
+  const struct timespec ts[2] = { st->st_atim, st->st_mtim };
+  if (futimens (dfd, ts) < 0)
+    return wr_sys_error (err, "times of %s", rel);
+  return 0;
+}
+
 static int
 copy_data (int sfd, int dfd, const char *rel, wr_err_t *err)
 {
@@ -271,15 +288,10 @@ copy_dir (struct copy *c, int sfd, int dfd, const char *rel, int depth, wr_err_t
           if (s2 < 0 || d2 < 0)
             return wr_sys_error (err, "open %s", sub);
           int r = copy_dir (c, s2, d2, sub, depth + 1, err);
-          if (r < 0)
-            return r;
-          r = copy_xattrs (s2, d2, sub, err);
           if (r == 0)
-            r = apply_meta (c, d2, &st, sub, err);
+            r = copy_attrs (c, s2, d2, &st, sub, err);
           if (r < 0)
             return r;
-          if (futimens (d2, ts) < 0)
-            return wr_sys_error (err, "times of %s", sub);
         }
       else if (S_ISREG (st.st_mode))
         {
@@ -310,13 +322,9 @@ copy_dir (struct copy *c, int sfd, int dfd, const char *rel, int depth, wr_err_t
             return wr_sys_error (err, "open %s", sub);
           int r = copy_data (s2, d2, sub, err);
           if (r == 0)
-            r = copy_xattrs (s2, d2, sub, err);
-          if (r == 0)
-            r = apply_meta (c, d2, &st, sub, err);
+            r = copy_attrs (c, s2, d2, &st, sub, err);
           if (r < 0)
             return r;
-          if (futimens (d2, ts) < 0)
-            return wr_sys_error (err, "times of %s", sub);
           c->st->files++;
         }
       else if (S_ISLNK (st.st_mode))
