@@ -381,6 +381,10 @@ enforce_soon (void)
 static void
 sweep_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg WR_UNUSED)
 {
+  /* and whatever became idle without a frame to read (a hold released, a
+   * queue drained) goes now */
+  if (g.budget && g.n_open > g.budget)
+    enforce ();
   unsigned i = g.sweep_round++;
   for (struct agent_conn *c = g.shed_head, *next; c; c = next, i++)
     {

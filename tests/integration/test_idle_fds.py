@@ -117,3 +117,9 @@ def test_restart_recovers_shed_sandboxes(shedding):
         assert d.api.sh(sid, "cat /tmp/id")["stdout"] == f"{sid}\n"
     wait_for(lambda: few(pid, fds0), timeout=DEADLINE, what="idle connections shed after restart")
     assert all(state(d.api, sid) == "running" for sid in ids)
+    # an adopted agent is no child of this daemon: its death is still seen
+    victim = ids[0]
+    os.kill(d.api.raw("GET", f"/v1/sandboxes/{victim}").json()["pid"], 9)
+    wait_for(lambda: state(d.api, victim) == "dead", timeout=DEADLINE,
+             what="an adopted shed sandbox's death noticed")
+    assert state(d.api, ids[1]) == "running"
