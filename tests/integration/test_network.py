@@ -395,16 +395,26 @@ def established(d, sid, port):
                if l.split()[2].endswith(f":{port:04X}") and l.split()[3] == "01")
 
 
+def hold(d, sid, n, total):
+    """n more connections to the mirror's port 9000, held open in the
+    background: total open in all"""
+    d.api.sh(sid, f"(sleep 600 | nc {MIRROR} 9000 >/dev/null 2>&1 &);" * n)
+    wait_for(lambda: established(d, sid, 9000) == total, what=f"{total} connections open")
+
+
+def assert_one_more_refused(d, sid):
+    """one more connection to the mirror's port 9000 is refused, at once and
+    visibly"""
+    r = d.api.sh(sid, f"timeout 10 nc -w 3 {MIRROR} 9000 </dev/null; echo rc=$?")
+    assert "rc=0" not in r["stdout"] and "refused" in r["stdout"] + r["stderr"], r
+
+
 def test_connection_limit(d):
-    hold = f"(sleep 600 | nc {MIRROR} 9000 >/dev/null 2>&1 &);"
-    one_more = f"timeout 10 nc -w 3 {MIRROR} 9000 </dev/null; echo rc=$?"
     sid = create(d, f"allow={MIRROR}:9000", net_limits={"connections": 2})
     try:
-        d.api.sh(sid, hold + hold)
-        wait_for(lambda: established(d, sid, 9000) == 2, what="two connections open")
-        # the third is refused, at once and visibly, and the two stay open
-        r = d.api.sh(sid, one_more)
-        assert "rc=0" not in r["stdout"] and "refused" in r["stdout"] + r["stderr"], r
+        hold(d, sid, 2, 2)
+        # the third is refused, and the two stay open
+        assert_one_more_refused(d, sid)
         assert established(d, sid, 9000) == 2
         # a PATCH raises the limit (with none open: connections open at a
         # change are counted from their next packet, docs/network.md)
@@ -412,16 +422,13 @@ def test_connection_limit(d):
         wait_for(lambda: established(d, sid, 9000) == 0, what="connections closed")
         r = d.cli("net", sid, "--net-conns", "3", "--json")
         assert r.returncode == 0 and json.loads(r.stdout)["net"]["limits"]["connections"] == 3, r
-        d.api.sh(sid, hold + hold + hold)
-        wait_for(lambda: established(d, sid, 9000) == 3, what="three connections open")
-        r = d.api.sh(sid, one_more)
-        assert "rc=0" not in r["stdout"] and "refused" in r["stdout"] + r["stderr"], r
+        hold(d, sid, 3, 3)
+        assert_one_more_refused(d, sid)
         # unlimited again
         assert d.api.raw("PATCH", f"/v1/sandboxes/{sid}",
                          {"net_limits": {"connections": 0}}).status == 200
         assert limit_chain(d, sid, "k") == []
-        d.api.sh(sid, hold)
-        wait_for(lambda: established(d, sid, 9000) == 4, what="a fourth connection")
+        hold(d, sid, 1, 4)
     finally:
         d.api.delete(sid)
 
@@ -507,19 +514,14 @@ def test_daemon_default_limits(rootfs, world):
 def test_connection_limit_change_counts_new_connections(d):
     # a changed limit is a new count: it counts the connections opened after
     # it, and leaves open ones open (docs/network.md, "Egress limits")
-    hold = f"(sleep 600 | nc {MIRROR} 9000 >/dev/null 2>&1 &);"
-    one_more = f"timeout 10 nc -w 3 {MIRROR} 9000 </dev/null; echo rc=$?"
     sid = create(d, f"allow={MIRROR}:9000", net_limits={"connections": 5})
     try:
-        d.api.sh(sid, hold + hold)
-        wait_for(lambda: established(d, sid, 9000) == 2, what="two connections open")
+        hold(d, sid, 2, 2)
         r = d.api.raw("PATCH", f"/v1/sandboxes/{sid}", {"net_limits": {"connections": 2}})
         assert r.status == 200, r
         assert established(d, sid, 9000) == 2
-        d.api.sh(sid, hold + hold)
-        wait_for(lambda: established(d, sid, 9000) == 4, what="two more under the new count")
-        r = d.api.sh(sid, one_more)
-        assert "rc=0" not in r["stdout"] and "refused" in r["stdout"] + r["stderr"], r
+        hold(d, sid, 2, 4)  # two more under the new count
+        assert_one_more_refused(d, sid)
         assert established(d, sid, 9000) == 4
     finally:
         d.api.delete(sid)
