@@ -93,6 +93,20 @@ wrd_metrics_text (struct wrd *d)
     fprintf (f, "warren_pool_ready{image=\"%s\"} %u\nwarren_pool_target{image=\"%s\"} %u\n",
              p->image, p->ready, p->image, p->target);
   wrd_net_metrics (d, f);
+  struct agent_conns_stats as;
+  agent_conns_stats (&as);
+  fprintf (f,
+           "# HELP warren_agent_conns_open Agent connections open (docs/operations.md, Limits).\n"
+           "# TYPE warren_agent_conns_open gauge\nwarren_agent_conns_open %zu\n"
+           "# HELP warren_agent_conns_shed Idle agent connections closed, reopened on demand.\n"
+           "# TYPE warren_agent_conns_shed gauge\nwarren_agent_conns_shed %zu\n"
+           "# HELP warren_agent_conns_budget Agent connections kept open (--agent-conns).\n"
+           "# TYPE warren_agent_conns_budget gauge\nwarren_agent_conns_budget %u\n"
+           "# TYPE warren_agent_conn_sheds_total counter\nwarren_agent_conn_sheds_total %llu\n"
+           "# TYPE warren_agent_conn_reconnects_total counter\n"
+           "warren_agent_conn_reconnects_total %llu\n",
+           as.open, as.shed, as.budget, (unsigned long long)as.sheds,
+           (unsigned long long)as.reconnects);
   if (d->rt)
     {
       struct wr_zygote_stats zs;

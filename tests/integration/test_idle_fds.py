@@ -41,6 +41,15 @@ def shedding(rootfs):
     shutil.rmtree(d.root, ignore_errors=True)
 
 
+def metrics(api):
+    out = {}
+    for line in api.raw("GET", "/metrics").body.decode().splitlines():
+        if line.startswith("warren_agent_conn"):
+            k, v = line.split()
+            out[k] = float(v)
+    return out
+
+
 def create_n(api, pid, n):
     """n sandboxes, and the daemon's descriptors once the first one is up
     (its zygote, cgroup dirs and network pool are opened by the first)"""
@@ -72,6 +81,10 @@ def test_idle_sandboxes_hold_no_descriptor(shedding):
         g = api.raw("GET", f"/v1/sandboxes/{sid}/files?path=/tmp/f")
         assert g.status == 200 and g.body == f"file {i}".encode(), g
     wait_for(lambda: few(pid, fds0), timeout=DEADLINE, what="shed again after the requests")
+    m = metrics(api)
+    assert m["warren_agent_conns_budget"] == CONNS, m
+    assert m["warren_agent_conns_open"] <= CONNS and m["warren_agent_conns_shed"] >= N - CONNS, m
+    assert m["warren_agent_conn_reconnects_total"] >= N, m
     assert all(state(api, sid) == "running" for sid in ids)
     # pause and resume a shed one; a request wakes nothing it should not
     sid = ids[0]
