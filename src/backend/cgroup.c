@@ -109,7 +109,6 @@ struct wr_cg_pool
 {
   pthread_mutex_t lock;
   unsigned cap, n, next;
-  unsigned reserved; /* slots being filled by a pool_put */
   struct pool_slot
   {
     unsigned num, mask;
@@ -253,28 +252,26 @@ pool_put (struct wr_cgroups *cg, const char *id)
         if (c >= 0 && (read_procs (c, &pid, 1) != 0 || fstat (c, &st) < 0 || st.st_nlink > 2))
           return;
       }
+  /* renamed under the lock: a create that finds the group gone from under
+   * its old id (the daemon's release is asynchronous) finds it in the pool
+   * (a few renames, microseconds, against the ms of a memcg offline) */
   pthread_mutex_lock (&p->lock);
-  bool room = p->n + p->reserved < p->cap;
-  unsigned num = p->next++;
-  p->reserved += room;
+  if (p->n < p->cap)
+    {
+      struct pool_slot sl = { p->next++, 0 };
+      char name[32];
+      snprintf (name, sizeof name, "pool_%u", sl.num);
+      for (int i = 0; i < WR_V1_N; i++)
+        if (cg->v1_fd[i] >= 0 && renameat (cg->v1_fd[i], id, cg->v1_fd[i], name) == 0)
+          sl.mask |= 1u << i;
+      if (sl.mask & (1u << WR_V1_MEMORY))
+        p->slot[p->n++] = sl;
+      else /* no memory group to reuse: not worth a slot */
+        for (int i = 0; i < WR_V1_N; i++)
+          if (sl.mask & (1u << i))
+            unlinkat (cg->v1_fd[i], name, AT_REMOVEDIR);
+    }
   pthread_mutex_unlock (&p->lock);
-  if (!room)
-    return;
-  struct pool_slot sl = { num, 0 };
-  char name[32];
-  snprintf (name, sizeof name, "pool_%u", num);
-  for (int i = 0; i < WR_V1_N; i++)
-    if (cg->v1_fd[i] >= 0 && renameat (cg->v1_fd[i], id, cg->v1_fd[i], name) == 0)
-      sl.mask |= 1u << i;
-  pthread_mutex_lock (&p->lock);
-  p->reserved--;
-  if (sl.mask & (1u << WR_V1_MEMORY))
-    p->slot[p->n++] = sl;
-  pthread_mutex_unlock (&p->lock);
-  if (!(sl.mask & (1u << WR_V1_MEMORY)))
-    for (int i = 0; i < WR_V1_N; i++)
-      if (sl.mask & (1u << i))
-        unlinkat (cg->v1_fd[i], name, AT_REMOVEDIR);
 }
 
 /* CPU QoS (docs/performance.md, "CPU QoS"): best-effort sandboxes' cpu
