@@ -335,7 +335,13 @@ static void
 conn_shed (struct agent_conn *c)
 {
   list_unlink (c);
-  bufferevent_free (c->bev); /* closes the socket: the agent forgets this connection */
+  /* closed now, not when libevent's finalizers run the loop: a restarted
+   * daemon sheds while adopting, before its loop runs */
+  evutil_socket_t fd = bufferevent_getfd (c->bev);
+  bufferevent_setfd (c->bev, -1);
+  if (fd >= 0)
+    close (fd); /* the agent forgets this connection */
+  bufferevent_free (c->bev);
   c->bev = NULL;
   c->ready = false;
   c->shed = true;

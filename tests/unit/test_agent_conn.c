@@ -295,6 +295,113 @@ test_garbage (void)
   rig_stop (&g);
 }
 
+/* Shedding (docs/operations.md "Limits"): with a budget of one open
+ * connection, the least recently used idle one is closed and reopened by
+ * the next request; a cancelled request keeps its connection open until
+ * the agent ends it; a shed agent's death is found by the probe. The test
+ * plays the agents on the other ends of socketpairs. */
+struct shed_agent
+{
+  int peer;   /* the agent's end of the current connection */
+  bool alive; /* what the probe answers */
+  bool lost;
+  unsigned reconnects;
+};
+
+static int
+shed_reconnect (void *ud)
+{
+  struct shed_agent *a = ud;
+  int sv[2];
+  if (socketpair (AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) < 0)
+    return -1;
+  if (a->peer >= 0)
+    close (a->peer);
+  a->peer = sv[1];
+  a->reconnects++;
+  return sv[0];
+}
+
+static int
+shed_probe (void *ud, bool thorough)
+{
+  (void)thorough;
+  return ((struct shed_agent *)ud)->alive;
+}
+
+static void
+shed_lost (void *ud)
+{
+  ((struct shed_agent *)ud)->lost = true;
+}
+
+/* the connection's agent end saw EOF: the daemon closed it */
+static bool
+peer_closed (int fd)
+{
+  char buf[4096];
+  ssize_t n;
+  while ((n = read (fd, buf, sizeof buf)) > 0)
+    ;
+  return n == 0;
+}
+
+static void
+test_shedding (void)
+{
+  struct event_base *base = event_base_new ();
+  struct shed_agent a[2] = { { .peer = -1, .alive = true }, { .peer = -1, .alive = true } };
+  struct agent_conn *c[2];
+  agent_conns_set_budget (1);
+  for (int i = 0; i < 2; i++)
+    {
+      int fd = shed_reconnect (&a[i]);
+      a[i].reconnects = 0;
+      c[i] = agent_conn_new (base, fd, shed_lost, &a[i]);
+      agent_conn_reconnectable (c[i], shed_reconnect, shed_probe);
+    }
+  struct agent_conns_stats st;
+  agent_conns_stats (&st);
+  TAP_OK (st.open == 1 && st.shed == 1, "over the budget the older idle connection is shed");
+  TAP_OK (peer_closed (a[0].peer) && agent_conn_alive (c[0]), "its socket is closed, it lives");
+
+  /* a request reopens it; its end lets the other (now older) one go */
+  struct req r = { 0 };
+  json_t *body = json_pack ("{s:[s]}", "cmd", "true");
+  uint32_t sid = agent_request (c[0], WR_MSG_EXEC, body, &ops, &r);
+  TAP_OK (sid > 0 && a[0].reconnects == 1, "the next request reconnects");
+  wr_frame_write (a[0].peer, sid, WR_MSG_EXIT, "{\"exit_code\":0}", 15);
+  bool never = false;
+  run_until (base, &r.done, &never);
+  event_base_loop (base, EVLOOP_NONBLOCK); /* the deferred shedding */
+  TAP_OK (r.done && peer_closed (a[1].peer), "answered; the least recently used went");
+
+  /* a cancelled request still runs in the agent: not idle until its end */
+  struct req r1 = { 0 };
+  uint32_t sid1 = agent_request (c[1], WR_MSG_EXEC, body, &ops, &r1);
+  agent_cancel (c[1], sid1);
+  event_base_loop (base, EVLOOP_NONBLOCK);
+  agent_conns_stats (&st);
+  TAP_OK (sid1 > 0 && peer_closed (a[0].peer) && !peer_closed (a[1].peer),
+          "a cancelled request keeps its connection; the idle one goes");
+  wr_frame_write (a[1].peer, sid1, WR_MSG_EXIT, "{\"exit_code\":0}", 15);
+  event_base_loop (base, EVLOOP_NONBLOCK);
+  TAP_OK (!r1.done && !r1.failed, "its end calls nothing");
+  json_decref (body);
+
+  /* the shed agent dies: the sweep finds it without a socket */
+  a[0].alive = false;
+  run_until (base, &a[0].lost, &never);
+  TAP_OK (a[0].lost && !agent_conn_alive (c[0]) && !a[1].lost, "a shed agent's death is found");
+  for (int i = 0; i < 2; i++)
+    {
+      agent_conn_free (c[i]);
+      close (a[i].peer);
+    }
+  agent_conns_set_budget (0);
+  /* the base stays: the sweep's timer was armed on it */
+}
+
 int
 main (void)
 {
@@ -303,5 +410,6 @@ main (void)
   test_output_over_limit ();
   test_output_default_limit ();
   test_garbage ();
+  test_shedding ();
   return TAP_DONE ();
 }
