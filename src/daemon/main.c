@@ -20,8 +20,9 @@
 #include "daemon/fncall.h"
 #include "daemon/log.h"
 #include "daemon/trajlog.h"
-#include "daemon/cluster.h" /* cluster mode */
-#include "daemon/zram.h"    /* pause */
+#include "daemon/cluster.h"  /* cluster mode */
+#include "daemon/zram.h"     /* pause */
+#include "backend/backend.h" /* wr_cg_favor_dynmods */
 
 static void
 usage (FILE *f)
@@ -43,7 +44,7 @@ usage (FILE *f)
       "               [--registry-insecure HOST:PORT]... [--registry-trust-erofs HOST[:PORT]]...\n"
       "               [--compat-image [LANG=]REF]... [--log-retention S]\n"
       "               [--zram-size MB [--zram-priority N]] [--idle-pause S]\n"
-      "               [--no-agent-zygote]\n"
+      "               [--no-agent-zygote] [--no-cgroup-favordynmods]\n"
       "               [--net-default-egress-kbps KBPS]\n"
       "               [--net-default-connections N]\n" WRD_CLUSTER_USAGE
       "Runs the Warren node daemon in the foreground; all state lives under DIR.\n"
@@ -138,6 +139,8 @@ main (int argc, char **argv)
     { "idle-pause", required_argument, NULL, 2502 },
     /* exec each sandbox's agent (docs/containers.md, "Agent zygote") */
     { "no-agent-zygote", no_argument, NULL, 2600 },
+    /* leave the host's cgroup2 root flags alone (docs/containers.md, "Task migrations") */
+    { "no-cgroup-favordynmods", no_argument, NULL, 2601 },
     /* default egress limits of allow= sandboxes (docs/network.md) */
     { "net-default-egress-kbps", required_argument, NULL, 2700 },
     { "net-default-connections", required_argument, NULL, 2701 },
@@ -148,6 +151,7 @@ main (int argc, char **argv)
   struct wrd_fncall_config fcfg = { 0 };
   struct wrd_compat_sf_config sfcfg = { 0 }; /* SandboxFusion API */
   const char *e2b_listen = NULL;             /* E2B API */
+  bool favor_dynmods = true;                 /* --no-cgroup-favordynmods */
   /* trajectory log */
   double traj_retention = WRD_TRAJ_DEFAULT_RETENTION_S;
   char *traj_end = NULL;
@@ -226,6 +230,9 @@ main (int argc, char **argv)
         }
       case 2600: /* the runtime reads it (src/backend/runtime.c) */
         setenv ("WARREN_AGENT_ZYGOTE", "0", 1);
+        break;
+      case 2601:
+        favor_dynmods = false;
         break;
       case 2700: /* default egress limits (netsvc.c) */
       case 2701:
@@ -404,6 +411,24 @@ main (int argc, char **argv)
   /* Many sandboxes and many client connections: raise the fd limit and
    * pid_max (budgeted below, once the runtime and the registry are up). */
   wrd_limits_raise (agent_conns);
+  /* task migrations (every create's v1 attach, a first exec's cgroup join)
+   * must not wait for an RCU grace period: src/backend/cgdyn.c */
+  if (favor_dynmods)
+    {
+      char where[256];
+      wr_err_t ferr;
+      int f = wr_cg_favor_dynmods (where, &ferr);
+      if (f < 0)
+        wrd_log (WRD_LOG_WARN, "cgroup: favordynmods not set (%s): task migrations wait for RCU",
+                 ferr.msg);
+      else
+        wrd_log (WRD_LOG_INFO,
+                 "cgroup: favordynmods %s on %s (task migrations do not wait for an RCU grace "
+                 "period; a host-wide flag the kernel may not let be cleared)",
+                 f ? "set" : "already on", where);
+    }
+  else
+    wrd_log (WRD_LOG_INFO, "cgroup: favordynmods left as it is (--no-cgroup-favordynmods)");
   signal (SIGPIPE, SIG_IGN);
   /* A private mount namespace: layer mounts stay out of the host's table and
    * every clone copies a short mount list. */
