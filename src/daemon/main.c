@@ -423,9 +423,9 @@ main (int argc, char **argv)
                  ferr.msg);
       else
         wrd_log (WRD_LOG_INFO,
-                 "cgroup: favordynmods %s on %s (task migrations do not wait for an RCU grace "
+                 "cgroup: favordynmods %s %s (task migrations do not wait for an RCU grace "
                  "period; a host-wide flag the kernel may not let be cleared)",
-                 f ? "set" : "already on", where);
+                 f ? "set on" : "already set on", where);
     }
   else
     wrd_log (WRD_LOG_INFO, "cgroup: favordynmods left as it is (--no-cgroup-favordynmods)");
