@@ -15,6 +15,7 @@
 #include "internal.h"
 
 #include <fcntl.h>
+#include <inttypes.h>
 #include <sched.h>
 #include <seccomp.h>
 #include <signal.h>
@@ -213,8 +214,10 @@ recv_fd (int sock, char *c, int *ret_fd)
   return n;
 }
 
-/* The helper: namespaces, ids, then the extractor and mkfs.erofs. Runs in a
- * fork of a threaded process: it only execs or _exits. */
+/* The helper: namespaces, ids, then the extractor and mkfs.erofs. It is the
+ * daemon's own binary run afresh (unpack_entry): the fork of a threaded
+ * process only shuffles descriptors and execs, since another thread may
+ * have held an allocator or library lock at the fork. */
 static void __attribute__ ((noreturn)) helper (unsigned flags, const struct wr_extract_limits *lim)
 {
   char c;
@@ -282,6 +285,26 @@ static void __attribute__ ((noreturn)) helper (unsigned flags, const struct wr_e
     _exit (4);
   close (FD_ROOT);
   run_mkfs ();
+}
+
+#define HELPER_ENV "WARREN_UNPACK_HELPER"
+
+/* Before main, in every binary that can start the helper: if this process
+ * is one, be it. The variable is only ever set in the helper's otherwise
+ * empty environment; without the descriptors it expects it fails at once. */
+__attribute__ ((constructor)) static void
+unpack_entry (void)
+{
+  const char *v = getenv (HELPER_ENV);
+  if (v == NULL)
+    return;
+  unsigned flags;
+  struct wr_extract_limits lim = { 0 };
+  if (sscanf (v, "%u,%" SCNu64 ",%" SCNu64 ",%" SCNu32 ",%" SCNu64, &flags, &lim.max_bytes,
+              &lim.max_entries, &lim.max_ratio, &lim.ratio_grace)
+      != 5)
+    _exit (2);
+  helper (flags, &lim);
 }
 
 static void
@@ -462,6 +485,10 @@ confined (int src, int root_dfd, int tree_dfd, int out_fd, unsigned flags,
       r = wr_sys_error (err, "unpack helper pipes");
       goto out;
     }
+  char env[192];
+  snprintf (env, sizeof env, HELPER_ENV "=%u,%" PRIu64 ",%" PRIu64 ",%" PRIu32 ",%" PRIu64, flags,
+            lim->max_bytes, lim->max_entries, lim->max_ratio, lim->ratio_grace);
+  char *const hargv[] = { (char *)"warren-unpack", NULL }, *const henv[] = { env, NULL };
   pid_t pid = fork ();
   if (pid < 0)
     {
@@ -479,7 +506,9 @@ confined (int src, int root_dfd, int tree_dfd, int out_fd, unsigned flags,
         if (tmp[i] >= 0 ? dup2 (tmp[i], 3 + i) < 0 : (close (3 + i), 0))
           _exit (2);
       close_range (3 + FD_COUNT, ~0u, 0);
-      helper (flags, lim);
+      prctl (PR_SET_PDEATHSIG, SIGKILL);
+      execve ("/proc/self/exe", hargv, henv);
+      _exit (5);
     }
   close (in[1]);
   close (reply[1]);
