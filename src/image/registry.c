@@ -1453,16 +1453,74 @@ fetcher_term (int sig)
     kill (fetcher_child, SIGKILL);
 }
 
-/* The forked fetcher: fd 3 is its socket, everything else of the daemon's
- * is closed. Returns only in the parent. */
-static pid_t
-fetcher_spawn (struct fetcher *f, int sock, const char *workdir, const char *jaildir, uid_t uid)
+/* The fetcher runs as this binary exec'd afresh, never as a bare fork of
+ * the threaded daemon: curl, the resolver and OpenSSL take locks another
+ * thread may have held at the fork. The daemon sends what it knows on the
+ * socket first (struct fetch_boot, then the strings). */
+#define FETCHER_ENV "WARREN_REGISTRY_FETCHER"
+
+struct fetch_boot
 {
+  struct fetcher f; /* its pointers are rebuilt on the other side */
+  uid_t uid;
+  uint32_t len[4]; /* workdir, jaildir, push config, push manifest (+1 each) */
+};
+
+static int
+boot_send (int sock, const struct fetcher *f, uid_t uid, const char *workdir,
+           const char *jaildir)
+{
+  struct fetch_boot b;
+  memset (&b, 0, sizeof b);
+  b.f = *f;
+  b.f.r.auth = b.f.mirror.auth = NULL;
+  b.f.push_config = b.f.push_manifest = NULL;
+  memset (&b.f.auth.lock, 0, sizeof b.f.auth.lock);
+  memset (&b.f.mirror_auth.lock, 0, sizeof b.f.mirror_auth.lock);
+  b.uid = uid;
+  const char *str[4] = { workdir, jaildir, f->push ? f->push_config : "",
+                         f->push ? f->push_manifest : "" };
+  for (int i = 0; i < 4; i++)
+    b.len[i] = (uint32_t)strlen (str[i] ? str[i] : "") + 1;
+  int e = send_all (sock, &b, sizeof b);
+  for (int i = 0; e == 0 && i < 4; i++)
+    e = send_all (sock, str[i] ? str[i] : "", b.len[i]);
+  return e;
+}
+
+static char *
+boot_string (int fd, uint32_t len)
+{
+  char *s = len > 0 && len <= (64u << 20) ? malloc (len) : NULL;
+  if (s == NULL || wr_read_all (fd, s, len) != (ssize_t)len || s[len - 1] != '\0')
+    _exit (2);
+  return s;
+}
+
+/* In the exec'd fetcher: fd 3 is its socket, 4... the layers it pushes;
+ * 0-2 are /dev/null. */
+static void __attribute__ ((noreturn)) fetcher_run (void)
+{
+  static struct fetch_boot b;
+  if (wr_read_all (3, &b, sizeof b) != (ssize_t)sizeof b)
+    _exit (2);
+  struct fetcher *f = &b.f;
+  char *workdir = boot_string (3, b.len[0]), *jaildir = boot_string (3, b.len[1]);
+  char *cfg = boot_string (3, b.len[2]), *man = boot_string (3, b.len[3]);
+  if (f->n_push > WR_MAX_LAYERS)
+    _exit (2);
+  f->push_config = cfg;
+  f->push_manifest = man;
+  f->r.auth = &f->auth;
+  f->mirror.auth = &f->mirror_auth;
+  pthread_mutex_init (&f->auth.lock, NULL);
+  pthread_mutex_init (&f->mirror_auth.lock, NULL);
+  curl_global_init (CURL_GLOBAL_DEFAULT);
   /* the resolver's files (resolv.conf may be a link into /run) */
   char resolv[PATH_MAX];
   bool linked = realpath ("/etc/resolv.conf", resolv) != NULL;
-  struct wr_jail j = { .uid = uid,
-                       .gid = uid,
+  struct wr_jail j = { .uid = b.uid,
+                       .gid = b.uid,
                        .root = jaildir,
                        .state_dir = workdir,
                        .ro = { "/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf",
@@ -1475,24 +1533,6 @@ fetcher_spawn (struct fetcher *f, int sock, const char *workdir, const char *jai
     j.ro[j.n_ro++] = "/etc/ssl";
   if (f->r.ca_file[0])
     j.ro[j.n_ro++] = f->r.ca_file;
-  pid_t pid = fork ();
-  if (pid != 0)
-    return pid;
-  prctl (PR_SET_PDEATHSIG, SIGKILL);
-  int devnull = open ("/dev/null", O_RDWR);
-  if (devnull < 0 || dup2 (devnull, 0) < 0 || dup2 (devnull, 1) < 0 || dup2 (devnull, 2) < 0
-      || dup2 (sock, 3) < 0)
-    _exit (2);
-  /* push: the layer files at 4, 5, ... (moved out of the way first) */
-  for (size_t i = 0; f->push && i < f->n_push; i++)
-    if ((f->push_fds[i] = fcntl (f->push_fds[i], F_DUPFD, 4 + WR_MAX_LAYERS)) < 0)
-      _exit (2);
-  for (size_t i = 0; f->push && i < f->n_push; i++)
-    if (dup2 (f->push_fds[i], 4 + (int)i) < 0)
-      _exit (2);
-    else
-      f->push_fds[i] = 4 + (int)i;
-  close_range (4 + (f->push ? (unsigned)f->n_push : 0), ~0u, 0);
   if (unshare (CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS) < 0)
     _exit (2);
   /* PID 1 of its own pid namespace: its /proc shows nothing else */
@@ -1526,6 +1566,74 @@ fetcher_spawn (struct fetcher *f, int sock, const char *workdir, const char *jai
     if (errno != EINTR)
       _exit (2);
   _exit (WIFSIGNALED (status) ? 100 + WTERMSIG (status) : WEXITSTATUS (status));
+}
+
+/* Before main: be the fetcher if this process was started as one (the
+ * variable is set only in its otherwise empty environment). */
+__attribute__ ((constructor)) static void
+fetcher_entry (void)
+{
+  if (getenv (FETCHER_ENV) != NULL)
+    fetcher_run ();
+}
+
+/* Start the fetcher: fd 3 its socket (sock, the child's end; peer is the
+ * daemon's end, where its boot data goes), everything else of the daemon's
+ * closed. Returns the pid, or -1 with errno. */
+static pid_t
+fetcher_spawn (struct fetcher *f, int sock, int peer, const char *workdir, const char *jaildir,
+               uid_t uid)
+{
+  char *const argv[] = { (char *)"warren-fetcher", NULL };
+  /* what curl and OpenSSL read from the environment passes through */
+  static const char *const pass[]
+      = { "http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY",
+          "no_proxy",   "NO_PROXY",   "SSL_CERT_FILE", "SSL_CERT_DIR", "CURL_CA_BUNDLE" };
+  char *envp[WR_ARRAY_SIZE (pass) + 2];
+  size_t ne = 0;
+  envp[ne++] = (char *)FETCHER_ENV "=1";
+  for (size_t i = 0; i < WR_ARRAY_SIZE (pass); i++)
+    {
+      char **e;
+      size_t l = strlen (pass[i]);
+      for (e = environ; e && *e; e++)
+        if (strncmp (*e, pass[i], l) == 0 && (*e)[l] == '=')
+          break;
+      if (e && *e)
+        envp[ne++] = *e;
+    }
+  envp[ne] = NULL;
+  int pushfds[WR_MAX_LAYERS];
+  size_t n_push = f->push ? f->n_push : 0;
+  memcpy (pushfds, f->push_fds, sizeof pushfds);
+  pid_t pid = fork ();
+  if (pid < 0)
+    return -1;
+  if (pid == 0)
+    {
+      prctl (PR_SET_PDEATHSIG, SIGKILL);
+      int devnull = open ("/dev/null", O_RDWR | O_CLOEXEC);
+      if (devnull < 0 || dup2 (devnull, 0) < 0 || dup2 (devnull, 1) < 0
+          || dup2 (devnull, 2) < 0 || dup2 (sock, 3) < 0)
+        _exit (2);
+      /* push: the layer files at 4, 5, ... (moved out of the way first) */
+      for (size_t i = 0; i < n_push; i++)
+        if ((pushfds[i] = fcntl (pushfds[i], F_DUPFD, 4 + WR_MAX_LAYERS)) < 0)
+          _exit (2);
+      for (size_t i = 0; i < n_push; i++)
+        if (dup2 (pushfds[i], 4 + (int)i) < 0)
+          _exit (2);
+      close_range (4 + (unsigned)n_push, ~0u, 0);
+      execve ("/proc/self/exe", argv, envp);
+      _exit (5);
+    }
+  struct fetcher sent = *f;
+  for (size_t i = 0; i < n_push; i++)
+    sent.push_fds[i] = 4 + (int)i;
+  /* a fetcher that died before reading fails the conversation that
+   * follows, with its exit status */
+  (void)boot_send (peer, &sent, uid, workdir, jaildir);
+  return pid;
 }
 
 /* daemon: read the fetcher's config file, check it is the config the
@@ -2031,7 +2139,7 @@ run_start (struct wr_store *s, struct pull_run *run, int wfd, const char *workdi
   else if ((e = wr_store_tmpdir (s, "pulljail", jaildir, jsize, err)) == 0)
     {
       run->sock = sp[0];
-      run->pid = fetcher_spawn (&run->f, sp[1], workdir, jaildir, uid);
+      run->pid = fetcher_spawn (&run->f, sp[1], sp[0], workdir, jaildir, uid);
       close (sp[1]);
       if (run->pid < 0)
         e = wr_sys_error (err, "fork the registry fetcher");
