@@ -199,7 +199,14 @@ fuzz: fuzz-build
 	    tail -n 60 $(FB)/$$t.log; echo "fuzz: $$t FAILED (log $(FB)/$$t.log)"; failed="$$failed $$t"; \
 	  fi; \
 	done; \
-	if [ -n "$$failed" ]; then echo "fuzz: failed:$$failed (inputs in $(FB)/artifacts/)"; exit 1; fi
+	if [ -n "$$failed" ]; then \
+	  for t in $$failed; do \
+	    echo "fuzz: $$t: why (the first report lines, then each input base64'd to replay)"; \
+	    grep -E -m 12 'ERROR|SUMMARY|deadly|Timeout|timeout|out-of-memory|leak|^    #[0-9]' $(FB)/$$t.log; \
+	    for a in $(FB)/artifacts/$$t-*; do [ -f "$$a" ] || continue; \
+	      echo "fuzz: input $$a:"; head -c 4096 "$$a" | base64 -w 0; echo; done; \
+	  done; \
+	  echo "fuzz: failed:$$failed (inputs in $(FB)/artifacts/)"; exit 1; fi
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
