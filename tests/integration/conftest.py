@@ -33,7 +33,7 @@ def need(cond, reason):
 @pytest.fixture(scope="session")
 def rootfs():
     need(os.geteuid() == 0, "container tests need root")
-    d = tempfile.mkdtemp(prefix="wr-rootfs-", dir="/var/tmp")
+    d = tempfile.mkdtemp(prefix="wr-rootfs-", dir=os.environ.get("TMPDIR", "/var/tmp"))
     busybox_rootfs(os.path.join(d, "rootfs"))
     yield os.path.join(d, "rootfs")
     shutil.rmtree(d, ignore_errors=True)

@@ -74,7 +74,7 @@ class Http:
 
 class Etcd:
     def __init__(self, n=3):
-        self.dir = tempfile.mkdtemp(prefix="wr-etcd-", dir="/var/tmp")
+        self.dir = tempfile.mkdtemp(prefix="wr-etcd-", dir=os.environ.get("TMPDIR", "/var/tmp"))
         self.members = []
         for i in range(n):
             self.members.append({"name": f"e{i}", "client": free_port(), "peer": free_port()})
@@ -193,7 +193,7 @@ class Gateway:
 @pytest.fixture(scope="module")
 def cluster(rootfs):
     need(os.path.exists(ETCD), "etcd is not installed (Debian package etcd-server, scripts/setup.sh)")
-    tokdir = tempfile.mkdtemp(prefix="wr-cl-", dir="/var/tmp")
+    tokdir = tempfile.mkdtemp(prefix="wr-cl-", dir=os.environ.get("TMPDIR", "/var/tmp"))
     for name, tok in (("admin", ADMIN), ("node", NODE_TOKEN)):
         with open(os.path.join(tokdir, name), "w") as f:
             f.write(tok + "\n")

@@ -51,7 +51,7 @@ def ccluster(rootfs):
     need(os.path.exists(ETCD), "etcd is not installed (Debian package etcd-server, scripts/setup.sh)")
     need(os.geteuid() == 0, "container tests need root")
     tarball = debian_tarball()
-    tokdir = tempfile.mkdtemp(prefix="wr-clc-", dir="/var/tmp")
+    tokdir = tempfile.mkdtemp(prefix="wr-clc-", dir=os.environ.get("TMPDIR", "/var/tmp"))
     for name, tok in (("admin", "admin-token-0123456789abcdef"),
                       ("node", "node-token-0123456789abcdef")):
         with open(os.path.join(tokdir, name), "w") as f:

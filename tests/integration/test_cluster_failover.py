@@ -119,7 +119,7 @@ class EtcdProxy:
 @pytest.fixture(scope="module")
 def fc(rootfs):
     need(os.path.exists(ETCD), "etcd is not installed (Debian package etcd-server, scripts/setup.sh)")
-    tokdir = tempfile.mkdtemp(prefix="wr-fo-", dir="/var/tmp")
+    tokdir = tempfile.mkdtemp(prefix="wr-fo-", dir=os.environ.get("TMPDIR", "/var/tmp"))
     for name, tok in (("admin", ADMIN), ("node", NODE_TOKEN)):
         with open(os.path.join(tokdir, name), "w") as f:
             f.write(tok + "\n")
@@ -233,7 +233,7 @@ def test_gateway_kill9_clients_fail_over_and_create_once(fc):
     all_ready(fc)
     g1 = fc["gws"][0]
     dying = Gateway(fc["etcd"].urls, fc["tokdir"])
-    tmp = tempfile.mkdtemp(prefix="wr-fo-loop-", dir="/var/tmp")
+    tmp = tempfile.mkdtemp(prefix="wr-fo-loop-", dir=os.environ.get("TMPDIR", "/var/tmp"))
     killed_flag = os.path.join(tmp, "killed")
     killed = threading.Event()
     env = dict(os.environ, WARREN_HOST=hosts(dying, g1), WARREN_TOKEN=ADMIN)

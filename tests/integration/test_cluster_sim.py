@@ -55,7 +55,7 @@ class Sim:
 def simcluster():
     need(os.path.exists(ETCD), "etcd is not installed (Debian package etcd-server, scripts/setup.sh)")
     need(os.path.exists(sim_bin()), "warren-sim is not built")
-    tokdir = tempfile.mkdtemp(prefix="wr-sim-", dir="/var/tmp")
+    tokdir = tempfile.mkdtemp(prefix="wr-sim-", dir=os.environ.get("TMPDIR", "/var/tmp"))
     for name, tok in (("admin", ADMIN), ("node", NODE_TOKEN)):
         with open(os.path.join(tokdir, name), "w") as f:
             f.write(tok + "\n")

@@ -291,7 +291,7 @@ def test_python_pty_and_posix_shm_on_the_bound_dev(rootfs):
     """Ptys (devpts) and POSIX shared memory and semaphores (/dev/shm, a
     directory of the upper tmpfs) work from Python in a sandbox."""
     need(os.path.exists("/usr/bin/python3"), "a host /usr/bin/python3 to build the Python image")
-    root = tempfile.mkdtemp(prefix="wr-py-", dir="/var/tmp")
+    root = tempfile.mkdtemp(prefix="wr-py-", dir=os.environ.get("TMPDIR", "/var/tmp"))
     d = None
     try:
         subprocess.run(["sh", PY_SCRIPT, os.path.join(root, "root")], check=True, capture_output=True)

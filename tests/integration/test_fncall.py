@@ -20,7 +20,7 @@ PY_SCRIPT = os.path.join(HERE, "..", "..", "scripts", "mk-python-rootfs.sh")
 def pyroot():
     need(os.geteuid() == 0, "container tests need root")
     need(os.path.exists("/usr/bin/python3"), "a host /usr/bin/python3 to build the Python image")
-    d = tempfile.mkdtemp(prefix="wr-py-", dir="/var/tmp")
+    d = tempfile.mkdtemp(prefix="wr-py-", dir=os.environ.get("TMPDIR", "/var/tmp"))
     subprocess.run(["sh", PY_SCRIPT, os.path.join(d, "root")], check=True, capture_output=True)
     yield os.path.join(d, "root")
     shutil.rmtree(d, ignore_errors=True)

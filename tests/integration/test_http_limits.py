@@ -34,7 +34,7 @@ os.environ.setdefault("ASAN_OPTIONS", "quarantine_size_mb=0:thread_local_quarant
 
 
 def tcp_daemon(*extra, rootfs=None):
-    tokdir = tempfile.mkdtemp(prefix="wr-tok-", dir="/var/tmp")
+    tokdir = tempfile.mkdtemp(prefix="wr-tok-", dir=os.environ.get("TMPDIR", "/var/tmp"))
     tok = os.path.join(tokdir, "token")
     with open(tok, "w") as f:
         f.write(TOKEN + "\n")
@@ -272,7 +272,7 @@ def test_connection_limit_503(fast):
 
 
 def test_host_paths_refused_over_tcp(tcp):
-    secret = tempfile.mkdtemp(prefix="wr-secret-", dir="/var/tmp")
+    secret = tempfile.mkdtemp(prefix="wr-secret-", dir=os.environ.get("TMPDIR", "/var/tmp"))
     try:
         with open(os.path.join(secret, "key"), "w") as f:
             f.write("host secret\n")

@@ -35,7 +35,7 @@ def can_build_base():
 
 @pytest.fixture(scope="module")
 def d(rootfs):
-    tokdir = tempfile.mkdtemp(prefix="wr-tok-", dir="/var/tmp")
+    tokdir = tempfile.mkdtemp(prefix="wr-tok-", dir=os.environ.get("TMPDIR", "/var/tmp"))
     tok = os.path.join(tokdir, "token")
     with open(tok, "w") as f:
         f.write(TOKEN + "\n")

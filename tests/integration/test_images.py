@@ -141,7 +141,7 @@ def imp(api, name, path, **kw):
 
 @pytest.fixture(scope="module")
 def work():
-    d = tempfile.mkdtemp(prefix="wr-img-", dir="/var/tmp")
+    d = tempfile.mkdtemp(prefix="wr-img-", dir=os.environ.get("TMPDIR", "/var/tmp"))
     yield d
     shutil.rmtree(d, ignore_errors=True)
 
@@ -468,7 +468,7 @@ def test_kill9_during_import_recovers(rootfs, work):
 
 def test_disk_full_import(rootfs, work):
     need(os.geteuid() == 0, "root")
-    mnt = tempfile.mkdtemp(prefix="wr-full-", dir="/var/tmp")
+    mnt = tempfile.mkdtemp(prefix="wr-full-", dir=os.environ.get("TMPDIR", "/var/tmp"))
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", mnt], check=True)
     try:
         os.makedirs(os.path.join(mnt, "root"))

@@ -26,7 +26,7 @@ def run(cmd, **kw):
 
 @pytest.fixture
 def tmp():
-    d = tempfile.mkdtemp(prefix="wr-install-", dir="/var/tmp")
+    d = tempfile.mkdtemp(prefix="wr-install-", dir=os.environ.get("TMPDIR", "/var/tmp"))
     yield d
     shutil.rmtree(d, ignore_errors=True)
 

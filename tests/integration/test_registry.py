@@ -92,7 +92,7 @@ def creds_file(d, name, host, user, password):
 
 @pytest.fixture(scope="module")
 def work():
-    d = tempfile.mkdtemp(prefix="wr-reg-", dir="/var/tmp")
+    d = tempfile.mkdtemp(prefix="wr-reg-", dir=os.environ.get("TMPDIR", "/var/tmp"))
     yield d
     shutil.rmtree(d, ignore_errors=True)
 

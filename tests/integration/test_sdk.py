@@ -275,7 +275,7 @@ def test_client_deadline_and_connect_error(client, sb):
 
 def test_tcp_bearer_token(rootfs):
     tok = "sdk-test-token-0123456789"
-    d = tempfile.mkdtemp(prefix="wr-sdk-tcp-", dir="/var/tmp")
+    d = tempfile.mkdtemp(prefix="wr-sdk-tcp-", dir=os.environ.get("TMPDIR", "/var/tmp"))
     tf = os.path.join(d, "token")
     with open(tf, "w") as f:
         f.write(tok)

@@ -26,7 +26,7 @@ PYDIR = os.path.join(os.path.dirname(__file__), "..", "..", "python")
 
 
 def tcp_daemon(env, rootfs=None):
-    tokdir = tempfile.mkdtemp(prefix="wr-tok-", dir="/var/tmp")
+    tokdir = tempfile.mkdtemp(prefix="wr-tok-", dir=os.environ.get("TMPDIR", "/var/tmp"))
     tok = os.path.join(tokdir, "token")
     with open(tok, "w") as f:
         f.write(TOKEN + "\n")
@@ -131,7 +131,7 @@ def tcp(rootfs):
 
 @pytest.fixture
 def ctxdir():
-    p = tempfile.mkdtemp(prefix="wr-upctx-", dir="/var/tmp")
+    p = tempfile.mkdtemp(prefix="wr-upctx-", dir=os.environ.get("TMPDIR", "/var/tmp"))
     yield p
     shutil.rmtree(p, ignore_errors=True)
 

@@ -18,7 +18,7 @@ LIMITS = {"microvm": 21, "vm": 27}
 @pytest.fixture(scope="module")
 def vmd(rootfs):
     d = vm_daemon(rootfs)
-    work = tempfile.mkdtemp(prefix="wr-vml-", dir="/var/tmp")
+    work = tempfile.mkdtemp(prefix="wr-vml-", dir=os.environ.get("TMPDIR", "/var/tmp"))
     d.work = work
     yield d
     d.stop()

@@ -97,7 +97,7 @@ class Daemon:
 
     def __init__(self, build, root=None, extra_args=()):
         self.build = build
-        self.root = root or tempfile.mkdtemp(prefix="wr-it-", dir="/var/tmp")
+        self.root = root or tempfile.mkdtemp(prefix="wr-it-", dir=os.environ.get("TMPDIR", "/var/tmp"))
         self.sock = os.path.join(self.root, "warrend.sock")
         self.extra = list(extra_args)
         self.proc = None

@@ -26,6 +26,8 @@
  *   return TAP_DONE ();                    prints the plan; 1 if anything failed
  *   tap_read_all (fd, buf, size)           read a pipe to EOF (captured output)
  *   tap_soft_fail_to (&failures)           a helper thread's failures are counted, no TAP lines
+ *   tap_mkdtemp (buf, size, "prefix")      mkdtemp under $TMPDIR (tests/run's per-run
+ *                                          directory, removed after the run) or /tmp
  *
  * Every assertion evaluates each operand once and is worth 1 on success, 0
  * on failure: `if (!TAP_EQ_INT (...)) return;`. Integers compare as intmax_t
@@ -357,6 +359,18 @@ tap_read_all (int fd, char *buf, size_t size)
   TAP_ASSERT_ (TAP_C_EQ_MEM (got, got_len, want, want_len), __VA_ARGS__)
 #define TAP_EQ(got, want, ...) TAP_ASSERT_ (TAP_C_EQ (got, want), __VA_ARGS__)
 #define TAP_NE(got, want, ...) TAP_ASSERT_ (TAP_C_NE (got, want), __VA_ARGS__)
+
+/* A new directory $TMPDIR/PREFIX-XXXXXX (or under /tmp) in buf; NULL on error. */
+static inline char *
+tap_mkdtemp (char *buf, size_t size, const char *prefix)
+{
+  const char *t = getenv ("TMPDIR");
+  if (t == NULL || t[0] != '/')
+    t = "/tmp";
+  if ((size_t)snprintf (buf, size, "%s/%s-XXXXXX", t, prefix) >= size)
+    return NULL;
+  return mkdtemp (buf);
+}
 
 #define TAP_SKIP(reason, ...) tap_skip_ ((reason), __VA_ARGS__)
 #define TAP_DIAG(...) tap_diag_ (__VA_ARGS__)

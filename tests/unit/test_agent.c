@@ -397,8 +397,8 @@ test_exec_basic (struct agent *a)
           "command not found: 127 (%s)", r.exit ? jstr (r.exit, "error") : "");
   result_free (&r);
 
-  char nx[] = "/tmp/wr-agent-nx-XXXXXX", tool[PATH_MAX], req[PATH_MAX + 100];
-  if (!mkdtemp (nx))
+  char nx[PATH_MAX], tool[PATH_MAX + 8], req[PATH_MAX + 100];
+  if (!tap_mkdtemp (nx, sizeof nx, "wr-agent-nx"))
     abort ();
   snprintf (tool, sizeof tool, "%s/tool", nx);
   FILE *fp = fopen (tool, "w");
@@ -1293,8 +1293,9 @@ test_file_owner (struct agent *a, const char *root, const char *mode)
 static void
 file_suite (bool no_openat2)
 {
-  char root[] = "/tmp/wr-agent-root-XXXXXX", outside[] = "/tmp/wr-agent-out-XXXXXX";
-  if (!mkdtemp (root) || !mkdtemp (outside))
+  char root[PATH_MAX], outside[PATH_MAX];
+  if (!tap_mkdtemp (root, sizeof root, "wr-agent-root")
+      || !tap_mkdtemp (outside, sizeof outside, "wr-agent-out"))
     abort ();
   char p[PATH_MAX];
   snprintf (p, sizeof p, "%s/secret", outside);

@@ -1089,8 +1089,7 @@ int
 main (void)
 {
   alarm (240); /* a hang backstop above any single WAIT_MS wait */
-  snprintf (tmpdir, sizeof tmpdir, "/tmp/warren-test-client-XXXXXX");
-  if (mkdtemp (tmpdir) == NULL)
+  if (tap_mkdtemp (tmpdir, sizeof tmpdir, "warren-test-client") == NULL)
     {
       perror ("mkdtemp");
       return 2;

@@ -832,8 +832,7 @@ main (int argc, char **argv)
   wr_err_t err = { 0 };
   int pr = wr_runtime_private_mountns (&err);
   TAP_EQ (pr, 0, "private mount namespace (%s)", err.msg);
-  snprintf (tmp, sizeof tmp, "/tmp/wr-ctr-XXXXXX");
-  if (!mkdtemp (tmp))
+  if (!tap_mkdtemp (tmp, sizeof tmp, "wr-ctr"))
     return 2;
   snprintf (rootfs, sizeof rootfs, "%s/rootfs", tmp);
   snprintf (lower, sizeof lower, "%s/lower", tmp);

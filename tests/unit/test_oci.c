@@ -613,8 +613,7 @@ main (void)
       TAP_SKIP ("no private mount namespace", "oci");
       return TAP_DONE ();
     }
-  snprintf (base, sizeof base, "/tmp/wr-oci-test-XXXXXX");
-  if (mkdtemp (base) == NULL)
+  if (tap_mkdtemp (base, sizeof base, "wr-oci-test") == NULL)
     return 1;
   snprintf (root, sizeof root, "%s/root", base);
   test_whiteouts ();

@@ -1105,8 +1105,7 @@ main (void)
       TAP_SKIP ("no private mount namespace", "image store");
       return TAP_DONE ();
     }
-  snprintf (base, sizeof base, "/tmp/wr-store-test-XXXXXX");
-  if (mkdtemp (base) == NULL)
+  if (tap_mkdtemp (base, sizeof base, "wr-store-test") == NULL)
     return 1;
   snprintf (root, sizeof root, "%s/root", base);
 

@@ -110,8 +110,8 @@ count_fds (void)
 static void
 test_opendir_dup (void)
 {
-  char tmp[] = "/tmp/wr-test-util-XXXXXX";
-  if (!TAP_OK (mkdtemp (tmp) != NULL, "a temporary directory"))
+  char tmp[PATH_MAX];
+  if (!TAP_OK (tap_mkdtemp (tmp, sizeof tmp, "wr-test-util") != NULL, "a temporary directory"))
     return;
   int dfd = open (tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   for (int i = 0; i < 3; i++)
