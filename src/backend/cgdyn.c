@@ -40,31 +40,28 @@
 
 /* The first cgroup2 mount of the whole hierarchy (root "/") and its super
  * options; path[0] == '\0' when cgroup2 is not mounted (a v1-only host). */
+struct v2_scan
+{
+  char *path, *opts;
+};
+
+static bool
+v2_mount (const char *mnt, const char *fstype, char *opts, void *ud)
+{
+  struct v2_scan *v = ud;
+  if (strcmp (fstype, "cgroup2") != 0)
+    return false;
+  snprintf (v->path, 256, "%s", mnt);
+  snprintf (v->opts, 1024, "%s", opts);
+  return true;
+}
+
 static int
 find_v2 (char path[256], char opts[1024], wr_err_t *err)
 {
   path[0] = '\0';
-  _cleanup_fclose_ FILE *f = fopen ("/proc/self/mountinfo", "re");
-  if (f == NULL)
-    return wr_sys_error (err, "open /proc/self/mountinfo");
-  _cleanup_free_ char *line = NULL;
-  size_t cap = 0;
-  while (getline (&line, &cap, f) > 0)
-    {
-      char *sep = strstr (line, " - ");
-      char root[4096], mnt[4096], fstype[64], src[64], o[1024];
-      if (sep == NULL || sscanf (line, "%*s %*s %*s %4095s %4095s", root, mnt) != 2
-          || sscanf (sep + 3, "%63s %63s %1023s", fstype, src, o) != 3)
-        continue;
-      if (strcmp (fstype, "cgroup2") == 0 && strcmp (root, "/") == 0 && strlen (mnt) < 256
-          && strchr (mnt, '\\') == NULL)
-        {
-          snprintf (path, 256, "%s", mnt);
-          snprintf (opts, 1024, "%s", o);
-          return 0;
-        }
-    }
-  return 0;
+  struct v2_scan v = { path, opts };
+  return wr_cg_mounts (v2_mount, &v, err);
 }
 
 static bool

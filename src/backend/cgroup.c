@@ -19,8 +19,9 @@
 static const char *const v1_names[WR_V1_N] = { "memory", "pids", "cpu", "freezer", "cpuacct" };
 
 /* mountinfo: "36 25 0:32 / /sys/fs/cgroup/memory rw,... - cgroup cgroup rw,memory" */
-static int
-parse_mountinfo (char v2[256], char v1[WR_V1_N][256], wr_err_t *err)
+int
+wr_cg_mounts (bool (*fn) (const char *mnt, const char *fstype, char *opts, void *ud), void *ud,
+              wr_err_t *err)
 {
   _cleanup_fclose_ FILE *f = fopen ("/proc/self/mountinfo", "re");
   if (f == NULL)
@@ -30,31 +31,50 @@ parse_mountinfo (char v2[256], char v1[WR_V1_N][256], wr_err_t *err)
   while (getline (&line, &cap, f) > 0)
     {
       char *sep = strstr (line, " - ");
-      if (sep == NULL)
-        continue;
       char root[4096], mnt[4096], fstype[64], src[64], opts[1024];
-      if (sscanf (line, "%*s %*s %*s %4095s %4095s", root, mnt) != 2)
+      if (sep == NULL || sscanf (line, "%*s %*s %*s %4095s %4095s", root, mnt) != 2
+          || sscanf (sep + 3, "%63s %63s %1023s", fstype, src, opts) != 3)
         continue;
-      if (sscanf (sep + 3, "%63s %63s %1023s", fstype, src, opts) != 3)
+      /* A cgroup mount of a subtree (root != "/") is somebody else's view;
+       * escaped characters (\\040) are not worth unescaping. */
+      if ((strcmp (fstype, "cgroup") != 0 && strcmp (fstype, "cgroup2") != 0)
+          || strcmp (root, "/") != 0 || strlen (mnt) >= 200 || strchr (mnt, '\\'))
         continue;
-      /* A cgroup mount of a subtree (root != "/") is somebody else's view. */
-      if (strcmp (root, "/") != 0 || strlen (mnt) >= 200 || strchr (mnt, '\\'))
-        continue;
-      if (strcmp (fstype, "cgroup2") == 0)
-        {
-          if (v2[0] == '\0')
-            memcpy (v2, mnt, strlen (mnt) + 1);
-        }
-      else if (strcmp (fstype, "cgroup") == 0)
-        {
-          char *save = NULL;
-          for (char *o = strtok_r (opts, ",", &save); o; o = strtok_r (NULL, ",", &save))
-            for (int i = 0; i < WR_V1_N; i++)
-              if (strcmp (o, v1_names[i]) == 0 && v1[i][0] == '\0')
-                memcpy (v1[i], mnt, strlen (mnt) + 1);
-        }
+      if (fn (mnt, fstype, opts, ud))
+        break;
     }
   return 0;
+}
+
+struct layout_scan
+{
+  char *v2;
+  char (*v1)[256];
+};
+
+static bool
+layout_mount (const char *mnt, const char *fstype, char *opts, void *ud)
+{
+  struct layout_scan *l = ud;
+  if (strcmp (fstype, "cgroup2") == 0)
+    {
+      if (l->v2[0] == '\0')
+        memcpy (l->v2, mnt, strlen (mnt) + 1);
+      return false;
+    }
+  char *save = NULL;
+  for (char *o = strtok_r (opts, ",", &save); o; o = strtok_r (NULL, ",", &save))
+    for (int i = 0; i < WR_V1_N; i++)
+      if (strcmp (o, v1_names[i]) == 0 && l->v1[i][0] == '\0')
+        memcpy (l->v1[i], mnt, strlen (mnt) + 1);
+  return false;
+}
+
+static int
+parse_mountinfo (char v2[256], char v1[WR_V1_N][256], wr_err_t *err)
+{
+  struct layout_scan l = { v2, v1 };
+  return wr_cg_mounts (layout_mount, &l, err);
 }
 
 static bool
