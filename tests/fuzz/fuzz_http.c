@@ -31,6 +31,8 @@ int LLVMFuzzerInitialize (int *argc, char ***argv);
 #include <stdlib.h>
 #include <netinet/in.h>
 
+#include "harness.h"
+
 int
 fuzz_create_async (struct wrd *d, json_t *req, wrd_create_cb cb, void *ud, wr_err_t *err)
 {
@@ -101,6 +103,7 @@ int
 LLVMFuzzerInitialize (int *argc, char ***argv)
 {
   signal (SIGPIPE, SIG_IGN);
+  fuzz_private_netns ();
   d.base = event_base_new ();
   snprintf (d.default_image, sizeof d.default_image, "busybox:latest");
   snprintf (d.token, sizeof d.token, "fuzz-token-0123456789");

@@ -42,6 +42,7 @@ int
 LLVMFuzzerInitialize (int *argc, char ***argv)
 {
   store = fuzz_store (root);
+  fuzz_private_netns ();
   struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl (INADDR_LOOPBACK) };
   socklen_t sl = sizeof sa;
   int listen_fd = socket (AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

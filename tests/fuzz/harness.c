@@ -1,12 +1,15 @@
 #include "harness.h"
 
 #include <fcntl.h>
+#include <net/if.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -156,4 +159,29 @@ fuzz_server_start (int listen_fd)
   if (pthread_create (&t, NULL, server, (void *)(intptr_t)listen_fd) != 0)
     abort ();
   pthread_detach (t);
+}
+
+void
+fuzz_private_netns (void)
+{
+  if (unshare (CLONE_NEWNET) < 0)
+    {
+      fprintf (stderr, "fuzz: no network namespace of its own (%m): loopback is the host's\n");
+      return;
+    }
+  int s = socket (AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  struct ifreq ifr;
+  memset (&ifr, 0, sizeof ifr);
+  memcpy (ifr.ifr_name, "lo", 3);
+  ifr.ifr_flags = IFF_UP | IFF_RUNNING;
+  if (s < 0 || ioctl (s, SIOCSIFFLAGS, &ifr) < 0)
+    abort ();
+  close (s);
+  int fd = open ("/proc/sys/net/ipv4/tcp_no_metrics_save", O_WRONLY | O_CLOEXEC);
+  if (fd >= 0)
+    {
+      if (write (fd, "1", 1) != 1)
+        fprintf (stderr, "fuzz: tcp_no_metrics_save: %m\n");
+      close (fd);
+    }
 }
