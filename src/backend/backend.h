@@ -67,8 +67,8 @@ void wr_cg_fini (struct wr_cgroups *cg);
 /* Every mount of a whole cgroup hierarchy (root "/", a plain path under 256
  * bytes) in /proc/self/mountinfo, in order: fn (mount point, "cgroup" or
  * "cgroup2", super options, ud); fn returning true stops the walk. */
-int wr_cg_mounts (bool (*fn) (const char *mnt, const char *fstype, char *opts, void *ud),
-                  void *ud, wr_err_t *err);
+int wr_cg_mounts (bool (*fn) (const char *mnt, const char *fstype, char *opts, void *ud), void *ud,
+                  wr_err_t *err);
 
 /* Set the host's cgroup2 root flag favordynmods (src/backend/cgdyn.c): 1 set now,
  * 0 already on, -1 with err. where names the mount (or says none). */

@@ -1467,8 +1467,7 @@ struct fetch_boot
 };
 
 static int
-boot_send (int sock, const struct fetcher *f, uid_t uid, const char *workdir,
-           const char *jaildir)
+boot_send (int sock, const struct fetcher *f, uid_t uid, const char *workdir, const char *jaildir)
 {
   struct fetch_boot b;
   memset (&b, 0, sizeof b);
@@ -1478,8 +1477,8 @@ boot_send (int sock, const struct fetcher *f, uid_t uid, const char *workdir,
   memset (&b.f.auth.lock, 0, sizeof b.f.auth.lock);
   memset (&b.f.mirror_auth.lock, 0, sizeof b.f.mirror_auth.lock);
   b.uid = uid;
-  const char *str[4] = { workdir, jaildir, f->push ? f->push_config : "",
-                         f->push ? f->push_manifest : "" };
+  const char *str[4]
+      = { workdir, jaildir, f->push ? f->push_config : "", f->push ? f->push_manifest : "" };
   for (int i = 0; i < 4; i++)
     b.len[i] = (uint32_t)strlen (str[i] ? str[i] : "") + 1;
   int e = send_all (sock, &b, sizeof b);
@@ -1587,7 +1586,7 @@ fetcher_spawn (struct fetcher *f, int sock, int peer, const char *workdir, const
   char *const argv[] = { (char *)"warren-fetcher", NULL };
   /* what curl and OpenSSL read from the environment passes through */
   static const char *const pass[]
-      = { "http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY",
+      = { "http_proxy", "HTTP_PROXY", "https_proxy",   "HTTPS_PROXY",  "all_proxy",     "ALL_PROXY",
           "no_proxy",   "NO_PROXY",   "SSL_CERT_FILE", "SSL_CERT_DIR", "CURL_CA_BUNDLE" };
   char *envp[WR_ARRAY_SIZE (pass) + 2];
   size_t ne = 0;
@@ -1613,8 +1612,8 @@ fetcher_spawn (struct fetcher *f, int sock, int peer, const char *workdir, const
     {
       prctl (PR_SET_PDEATHSIG, SIGKILL);
       int devnull = open ("/dev/null", O_RDWR | O_CLOEXEC);
-      if (devnull < 0 || dup2 (devnull, 0) < 0 || dup2 (devnull, 1) < 0
-          || dup2 (devnull, 2) < 0 || dup2 (sock, 3) < 0)
+      if (devnull < 0 || dup2 (devnull, 0) < 0 || dup2 (devnull, 1) < 0 || dup2 (devnull, 2) < 0
+          || dup2 (sock, 3) < 0)
         _exit (2);
       /* push: the layer files at 4, 5, ... (moved out of the way first) */
       for (size_t i = 0; i < n_push; i++)
