@@ -61,14 +61,9 @@ ready_close (struct ready_netns *r)
   r->netns_fd = r->sysfs_fd = -1;
 }
 
-/* On the worker thread: a new netns with loopback up and its sysfs; back
- * home after. -errno on failure (the thread is home again either way). */
-static int
-make_one (int home_fd, int shared_sysfs, struct ready_netns *ret)
+int
+wr_netns_loopback_up (void)
 {
-  ret->netns_fd = ret->sysfs_fd = -1;
-  if (unshare (CLONE_NEWNET) < 0)
-    return -errno;
   int r = 0;
   int s = socket (AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   struct ifreq ifr;
@@ -79,6 +74,18 @@ make_one (int home_fd, int shared_sysfs, struct ready_netns *ret)
     r = -errno;
   if (s >= 0)
     close (s);
+  return r;
+}
+
+/* On the worker thread: a new netns with loopback up and its sysfs; back
+ * home after. -errno on failure (the thread is home again either way). */
+static int
+make_one (int home_fd, int shared_sysfs, struct ready_netns *ret)
+{
+  ret->netns_fd = ret->sysfs_fd = -1;
+  if (unshare (CLONE_NEWNET) < 0)
+    return -errno;
+  int r = wr_netns_loopback_up ();
   if (r == 0 && shared_sysfs >= 0)
     {
       /* a clone of the shared sysfs mount: no superblock of its own */

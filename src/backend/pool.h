@@ -36,6 +36,8 @@ void wr_netns_pool_free (struct wr_netns_pool *p);
  * detached read-only sysfs mount of it, both O_CLOEXEC fds the caller owns;
  * -EAGAIN when none is ready. */
 int wr_netns_pool_take (struct wr_netns_pool *p, int *ret_netns, int *ret_sysfs);
+/* Bring up loopback in the calling thread's netns; -errno on failure. */
+int wr_netns_loopback_up (void);
 /* Move the calling thread into netns_fd (around a clone3) and back home;
  * abort () rather than leave a daemon thread in a sandbox's netns. */
 void wr_netns_pool_enter (struct wr_netns_pool *p, int netns_fd);

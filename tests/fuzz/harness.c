@@ -1,7 +1,6 @@
 #include "harness.h"
 
 #include <fcntl.h>
-#include <net/if.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sqlite3.h>
@@ -9,10 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "backend/pool.h"
 #include "common/util.h"
 #include "image/store.h"
 
@@ -169,14 +168,8 @@ fuzz_private_netns (void)
       fprintf (stderr, "fuzz: no network namespace of its own (%m): loopback is the host's\n");
       return;
     }
-  int s = socket (AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  struct ifreq ifr;
-  memset (&ifr, 0, sizeof ifr);
-  memcpy (ifr.ifr_name, "lo", 3);
-  ifr.ifr_flags = IFF_UP | IFF_RUNNING;
-  if (s < 0 || ioctl (s, SIOCSIFFLAGS, &ifr) < 0)
+  if (wr_netns_loopback_up () < 0)
     abort ();
-  close (s);
   int fd = open ("/proc/sys/net/ipv4/tcp_no_metrics_save", O_WRONLY | O_CLOEXEC);
   if (fd >= 0)
     {
