@@ -1431,6 +1431,7 @@ struct sb_reclaim
   pthread_mutex_t lock; /* thread is valid (and signalled) while running */
   pthread_t thread;
   bool running;
+  struct event *kick; /* after a stop: SIGUSR2 again every 5 ms until it ends */
 };
 
 static void
@@ -1507,6 +1508,8 @@ reclaim_done (void *arg)
       w->cb (rc->d, sb, w->ud);
       free (w);
     }
+  if (rc->kick)
+    event_free (rc->kick);
   pthread_mutex_destroy (&rc->lock);
   free (rc);
 }
@@ -1537,6 +1540,24 @@ reclaim_start (struct wrd *d, struct sandbox *sb)
   return 0;
 }
 
+/* The signal that cuts a kernel pass short can land just before the
+ * worker enters the next one (after its check of stop): that pass would
+ * then run to its end, pushing out what a resume has just read back. So
+ * the signal comes again every 5 ms until the worker is done. */
+static void
+reclaim_kick (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
+{
+  struct sb_reclaim *rc = arg;
+  pthread_mutex_lock (&rc->lock);
+  bool running = rc->running;
+  if (running) /* cut the kernel's pass short (EINTR) */
+    pthread_kill (rc->thread, SIGUSR2);
+  pthread_mutex_unlock (&rc->lock);
+  struct timeval tv = { 0, 5000 };
+  if (running && rc->kick)
+    evtimer_add (rc->kick, &tv);
+}
+
 /* resume or destroy: the worker stops at its next step */
 static void
 reclaim_stop (struct sandbox *sb)
@@ -1545,10 +1566,9 @@ reclaim_stop (struct sandbox *sb)
     return;
   struct sb_reclaim *rc = sb->reclaim;
   atomic_store (&rc->stop, true);
-  pthread_mutex_lock (&rc->lock);
-  if (rc->running) /* cut the kernel's pass short (EINTR) */
-    pthread_kill (rc->thread, SIGUSR2);
-  pthread_mutex_unlock (&rc->lock);
+  if (rc->kick == NULL)
+    rc->kick = evtimer_new (rc->d->base, reclaim_kick, rc);
+  reclaim_kick (-1, 0, rc);
   sb->reclaim->again = false;
   reclaim_log (sb->reclaim);
 }
