@@ -23,6 +23,8 @@ wr_node_status_json (const struct wr_node_status *s)
     json_object_set (j, "images", s->images);
   if (s->lost_at_ms)
     json_object_set_new (j, "lost_at", json_real ((double)s->lost_at_ms / 1000.0));
+  if (s->stopping)
+    json_object_set_new (j, "stopping", json_true ());
   return j;
 }
 

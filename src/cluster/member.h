@@ -4,6 +4,7 @@
 #ifndef WR_CLUSTER_MEMBER_H
 #define WR_CLUSTER_MEMBER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <jansson.h>
@@ -22,6 +23,7 @@ struct wr_node_status
   long long sandboxes, memory_reserved_mb, memory_total_mb, memory_free_mb, cpus;
   double started_at;
   int64_t lost_at_ms; /* 0: never declared lost */
+  bool stopping;      /* the daemon is stopping: place nothing here */
 };
 
 /* The status JSON under /warren/nodes/NAME. */

@@ -8,6 +8,8 @@
 #include "daemon/cluster.h"
 #include "daemon/log.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -53,8 +55,17 @@ static struct
    * expired while it ran, e.g. a partition): gateways refuse its older
    * sandboxes with node_lost rather than resurrect them silently. */
   _Atomic int64_t lost_at_ms;
+  /* the lease a previous daemon on this root held (STATE_FILE): resumed if
+   * still alive, so a restart within the TTL keeps the node's sandboxes */
+  int64_t saved_lease;
+  bool stopping; /* the last status says so: gateways place nothing here */
+  int root_fd;
   unsigned image_ticks; /* the store lock is shared with imports: not every tick */
-} g = { .ttl_s = 10, .mu = PTHREAD_MUTEX_INITIALIZER };
+} g = { .ttl_s = 10, .mu = PTHREAD_MUTEX_INITIALIZER, .root_fd = -1 };
+
+/* In the daemon's root: "NAME LEASE LOST_AT_MS", rewritten at every
+ * registration (docs/cluster.md, "Restarts"). */
+#define STATE_FILE "cluster-lease"
 
 int
 wrd_cluster_opt (int opt, const char *arg, wr_err_t *err)
@@ -177,6 +188,7 @@ status_json (struct wrd *d)
     .cpus = sysconf (_SC_NPROCESSORS_ONLN),
     .started_at = g.started_at,
     .lost_at_ms = atomic_load (&g.lost_at_ms),
+    .stopping = g.stopping,
   };
   json_t *j = wr_node_status_json (&st);
   if (wrd_compat_sf_port () > 0) /* gateways' --listen-compat forwards here */
@@ -213,15 +225,105 @@ tick_cb (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
   snapshot (arg);
 }
 
+/* The latest status snapshot as text, with what the loop's snapshot may
+ * not carry yet: lost_at (set by this thread a moment ago; a gateway that
+ * saw the node without it would route to its lost sandboxes) and, when
+ * stopping, the flag. */
+static char *
+status_text (unsigned long *gen, bool stopping)
+{
+  pthread_mutex_lock (&g.mu);
+  _cleanup_free_ char *text = strdup (g.status);
+  if (gen)
+    *gen = g.status_gen;
+  pthread_mutex_unlock (&g.mu);
+  int64_t lost = atomic_load (&g.lost_at_ms);
+  if (text == NULL || (lost == 0 && !stopping))
+    {
+      char *t = text;
+      text = NULL;
+      return t;
+    }
+  json_t *j = json_loads (text, 0, NULL);
+  if (j == NULL)
+    return NULL;
+  if (lost)
+    json_object_set_new (j, "lost_at", json_real ((double)lost / 1000.0));
+  if (stopping)
+    json_object_set_new (j, "stopping", json_true ());
+  char *out = json_dumps (j, JSON_COMPACT | JSON_SORT_KEYS);
+  json_decref (j);
+  return out;
+}
+
+/* Record the lease (and when the cluster last declared this node lost) for
+ * the next daemon on this root; written aside and renamed into place. */
+static void
+state_save (int64_t lease)
+{
+  char text[256], tmp[64];
+  snprintf (text, sizeof text, "%s %lld %lld\n", g.name, (long long)lease,
+            (long long)atomic_load (&g.lost_at_ms));
+  snprintf (tmp, sizeof tmp, STATE_FILE ".%d", (int)getpid ());
+  _cleanup_close_ int fd
+      = openat (g.root_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0 || wr_write_all (fd, text, strlen (text)) < 0 || fsync (fd) < 0
+      || renameat (g.root_fd, tmp, g.root_fd, STATE_FILE) < 0)
+    {
+      wrd_log (WRD_LOG_WARN, "cluster: saving %s: %s (a restart will register afresh)\n",
+               STATE_FILE, strerror (errno));
+      unlinkat (g.root_fd, tmp, 0);
+    }
+}
+
+/* What a previous daemon on this root left: its lease, and lost_at (kept
+ * across restarts, or the sandboxes of an earlier loss would resurrect). */
+static void
+state_load (void)
+{
+  _cleanup_free_ char *text = NULL;
+  size_t len;
+  if (wr_read_file_at (g.root_fd, STATE_FILE, &text, &len, 4096) < 0)
+    return;
+  char name[WR_NODE_NAME_MAX + 2];
+  long long lease, lost;
+  if (sscanf (text, "%64s %lld %lld", name, &lease, &lost) != 3 || strcmp (name, g.name) != 0)
+    return; /* another node's (the root was renamed): nothing to resume */
+  g.saved_lease = lease;
+  atomic_store (&g.lost_at_ms, lost);
+}
+
 /* Register (grant a lease, write the node key under it); 0 or < 0. */
 static int
 register_node (int64_t *lease, unsigned long *gen, wr_err_t *err)
 {
-  pthread_mutex_lock (&g.mu);
-  _cleanup_free_ char *text = strdup (g.status);
-  *gen = g.status_gen;
-  pthread_mutex_unlock (&g.mu);
-  return wr_node_register (g.etcd, g.name, text, g.ttl_s, lease, err);
+  _cleanup_free_ char *text = status_text (gen, false);
+  if (text == NULL)
+    return wr_error (err, ENOMEM, WR_E_INTERNAL, "status");
+  int r = wr_node_register (g.etcd, g.name, text, g.ttl_s, lease, err);
+  if (r == 0)
+    state_save (*lease);
+  return r;
+}
+
+/* The previous daemon's lease: 1 when it is still alive (this is a restart
+ * within the TTL: the cluster never saw the node go, so its sandboxes are
+ * still its own) and now carries the status, 0 when it expired (the cluster
+ * declared the node lost meanwhile), < 0 when etcd did not answer. */
+static int
+resume_lease (unsigned long *gen, wr_err_t *err)
+{
+  int64_t ttl = 0;
+  if (wr_etcd_lease_keepalive (g.lease_etcd, g.saved_lease, &ttl, err) < 0)
+    return strcmp (err->code, WR_E_NOT_FOUND) == 0 ? 0 : -1;
+  if (ttl <= 0)
+    return 0;
+  _cleanup_free_ char *text = status_text (gen, false);
+  char key[128];
+  wr_node_key (key, sizeof key, g.name);
+  if (text == NULL || wr_etcd_put (g.etcd, key, text, g.saved_lease, err) < 0)
+    return strcmp (err->code, WR_E_NOT_FOUND) == 0 ? 0 : -1;
+  return 1;
 }
 
 static void
@@ -249,6 +351,40 @@ lease_main (void *arg WR_UNUSED)
       wr_err_t err;
       uint64_t now = wr_now_ms ();
       int64_t lease = atomic_load (&g.lease);
+      if (lease == 0 && g.saved_lease)
+        {
+          unsigned long gen;
+          int r = resume_lease (&gen, &err);
+          if (r < 0)
+            {
+              if (!complained)
+                wrd_log (WRD_LOG_WARN, "cluster: resuming %s's lease: %s (retrying)\n", g.name,
+                         err.msg);
+              complained = true;
+              usleep (500 * 1000);
+              continue;
+            }
+          lease = g.saved_lease;
+          g.saved_lease = 0;
+          if (r > 0)
+            {
+              wrd_log (WRD_LOG_INFO,
+                       "cluster: resumed %s's lease %llx (restarted within its %lds TTL: the "
+                       "cluster kept the node and its sandboxes)\n",
+                       g.name, (unsigned long long)lease, g.ttl_s);
+              complained = false;
+              atomic_store (&g.published, gen);
+              atomic_store (&g.lease, lease);
+              next_keepalive = now + (uint64_t)g.ttl_s * 1000 / 4;
+              continue;
+            }
+          wrd_log (WRD_LOG_ERROR,
+                   "cluster: %s's lease expired while no daemon ran (the cluster declared the "
+                   "node lost): its sandboxes from before are reported lost, registering again\n",
+                   g.name);
+          declared_lost ();
+          lease = 0;
+        }
       if (lease == 0)
         {
           unsigned long gen;
@@ -294,10 +430,7 @@ lease_main (void *arg WR_UNUSED)
         }
       usleep (50 * 1000);
     }
-  int64_t lease = atomic_exchange (&g.lease, 0);
-  if (lease)
-    wr_etcd_lease_revoke (g.lease_etcd, lease, NULL);
-  return NULL;
+  return NULL; /* the lease is left to wrd_cluster_stop */
 }
 
 /* The status thread: writes the node key when the status changed, at most
@@ -357,6 +490,10 @@ wrd_cluster_start (struct wrd *d, wr_err_t *err)
   if (r < 0)
     return r;
   g.d = d;
+  g.root_fd = open (d->root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (g.root_fd < 0)
+    return wr_error (err, errno, WR_E_INTERNAL, "open %s", d->root);
+  state_load ();
   g.started_at = (double)time (NULL);
   snprintf (g.prefix, sizeof g.prefix, "%s-", g.name);
   g.enabled = true;
@@ -386,6 +523,23 @@ wrd_cluster_stop (struct wrd *d WR_UNUSED)
       pthread_join (g.status_thread, NULL);
       pthread_join (g.thread, NULL);
     }
+  /* Leave placement at once, but keep the lease running out by itself: a
+   * daemon restarted within the TTL resumes it and the cluster never declares
+   * the node's sandboxes (which outlive the daemon) lost; one that stays
+   * down longer is declared lost when the lease expires. */
+  int64_t lease = atomic_exchange (&g.lease, 0);
+  if (lease)
+    {
+      g.stopping = true;
+      _cleanup_free_ char *text = status_text (NULL, true);
+      char key[128];
+      wr_node_key (key, sizeof key, g.name);
+      wr_err_t err;
+      if (text && wr_etcd_put (g.lease_etcd, key, text, lease, &err) < 0)
+        wrd_log (WRD_LOG_WARN, "cluster: publishing the stop: %s\n", err.msg);
+    }
+  if (g.root_fd >= 0)
+    close (g.root_fd);
   if (g.tick)
     event_free (g.tick);
   wr_etcd_free (g.etcd);

@@ -38,6 +38,7 @@ struct gw_node
   /* written by the watch thread, under gw.mu */
   bool present; /* registered (its lease is alive) */
   bool drained;
+  bool stopping;  /* its daemon stopped; its lease runs out unless it restarts */
   json_t *status; /* the node's last published status */
   char host[256];
   int port;
@@ -58,6 +59,7 @@ struct gw_node
   struct evhttp_connection *idle[GW_IDLE_MAX];
   size_t n_idle;
   struct fwd *inflight; /* requests waiting on this node (gw_fail_lost) */
+  json_t *last_list;    /* its sandboxes when it last answered a list */
 };
 
 struct gw_project
@@ -150,6 +152,8 @@ struct gw_node *gw_place (struct gw *g, const char *backend, long long memory_mb
 json_t *gw_nodes_json (struct gw *g);
 /* The registered nodes (out has room for GW_MAX_NODES); their count. */
 size_t gw_present_nodes (struct gw *g, struct gw_node **out);
+/* Nodes seen before whose lease is gone; into out[GW_MAX_NODES] */
+size_t gw_lost_nodes (struct gw *g, struct gw_node **out);
 
 /* proxy.c */
 /* A buffered answer from a node: status 0 when the node could not be

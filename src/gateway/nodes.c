@@ -121,6 +121,7 @@ parse_status (struct gw_node *n, const json_t *j)
   n->sandboxes = json_integer_value (json_object_get (j, "sandboxes"));
   n->memory_free_mb = json_integer_value (json_object_get (j, "memory_free_mb"));
   n->compat_port = (int)json_integer_value (json_object_get (j, "compat_port"));
+  n->stopping = json_is_true (json_object_get (j, "stopping"));
   n->n_backends = 0;
   size_t i;
   json_t *v;
@@ -365,11 +366,13 @@ struct want
   const struct gw_node *exclude;
 };
 
-/* The filters: registered, not drained, the backend, the labels, the memory. */
+/* The filters: registered, not drained or stopping, the backend, the
+ * labels, the memory. */
 static bool
 fits (struct gw_node *n, const struct want *w)
 {
-  if (!n->present || n->drained || n == w->exclude || n->port == 0 || !node_offers (n, w->backend))
+  if (!n->present || n->drained || n->stopping || n == w->exclude || n->port == 0
+      || !node_offers (n, w->backend))
     return false;
   load (n); /* forgets placements a newer status already counts */
   if (n->memory_free_mb - (long long)n->pending * w->memory_mb < w->memory_mb)
@@ -473,7 +476,10 @@ gw_nodes_json (struct gw *g)
       struct gw_node *n = g->nodes[i];
       if (n->status == NULL)
         continue; /* a drain flag for a node never seen */
-      const char *state = !n->present ? "lost" : n->drained ? "drained" : "ready";
+      const char *state = !n->present   ? "lost"
+                          : n->stopping ? "stopping"
+                          : n->drained  ? "drained"
+                                        : "ready";
       json_t *o = json_deep_copy (n->status);
       json_object_set_new (o, "name", json_string (n->name));
       json_object_set_new (o, "state", json_string (state));
@@ -491,6 +497,19 @@ gw_present_nodes (struct gw *g, struct gw_node **out)
   pthread_mutex_lock (&g->mu);
   for (size_t i = 0; i < g->n_nodes; i++)
     if (g->nodes[i]->present)
+      out[n++] = g->nodes[i];
+  pthread_mutex_unlock (&g->mu);
+  return n;
+}
+
+/* Nodes seen before whose lease is gone */
+size_t
+gw_lost_nodes (struct gw *g, struct gw_node **out)
+{
+  size_t n = 0;
+  pthread_mutex_lock (&g->mu);
+  for (size_t i = 0; i < g->n_nodes; i++)
+    if (!g->nodes[i]->present && g->nodes[i]->status != NULL)
       out[n++] = g->nodes[i];
   pthread_mutex_unlock (&g->mu);
   return n;

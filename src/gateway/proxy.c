@@ -126,8 +126,12 @@ void
 gw_nodes_free_conns (struct gw *g)
 {
   for (size_t i = 0; i < g->n_nodes; i++)
-    while (g->nodes[i]->n_idle)
-      evhttp_connection_free (g->nodes[i]->idle[--g->nodes[i]->n_idle]);
+    {
+      while (g->nodes[i]->n_idle)
+        evhttp_connection_free (g->nodes[i]->idle[--g->nodes[i]->n_idle]);
+      json_decref (g->nodes[i]->last_list); /* the loop's too */
+      g->nodes[i]->last_list = NULL;
+    }
 }
 
 static void
@@ -195,8 +199,17 @@ unreachable (struct fwd *f)
       evhttp_send_reply_end (f->client);
       return;
     }
-  gw_reply_error (f->client, 503, "unavailable", "node %s (%s:%d) unreachable", f->node->name,
-                  f->node->conn_host, f->node->conn_port);
+  pthread_mutex_lock (&f->g->mu);
+  bool stopping = f->node->stopping;
+  pthread_mutex_unlock (&f->g->mu);
+  if (stopping)
+    gw_reply_error (f->client, 503, "unavailable",
+                    "node %s is restarting (its daemon stopped; its sandboxes come back with it, "
+                    "or are declared lost when its lease expires): retry",
+                    f->node->name);
+  else
+    gw_reply_error (f->client, 503, "unavailable", "node %s (%s:%d) unreachable", f->node->name,
+                    f->node->conn_host, f->node->conn_port);
 }
 
 static void

@@ -561,7 +561,12 @@ create_start (struct create_req *c)
     create_place (c);
 }
 
-/* ---- GET /v1/sandboxes: every node's list, merged ---- */
+/* ---- GET /v1/sandboxes: every node's list, merged ----
+ *
+ * Sandboxes the cluster declared lost are listed as such: those of a node
+ * that came back after its lease expired (made before its lost_at), and
+ * those a gone node held when this gateway last listed it. Nodes that did
+ * not answer are named, so a client knows the list is partial. */
 
 struct list_req
 {
@@ -569,52 +574,126 @@ struct list_req
   json_t *all;
   const char *project; /* only this project's sandboxes */
   size_t pending;
-  json_t *unreachable;
+  json_t *unreachable, *lost;
+  struct list_part
+  {
+    struct list_req *l;
+    struct gw_node *node;
+    double lost_at; /* the node's, when it came back after being declared lost */
+  } * parts;
 };
+
+static bool
+list_wants (const struct list_req *l, const json_t *s)
+{
+  const char *p
+      = json_string_value (json_object_get (json_object_get (s, "labels"), WR_LABEL_PROJECT));
+  return l->project == NULL || (p && strcmp (p, l->project) == 0);
+}
+
+/* s as the cluster reports it: lost since lost_at */
+static json_t *
+as_lost (const json_t *s, double lost_at)
+{
+  json_t *c = json_copy ((json_t *)s);
+  json_object_set_new (c, "state", json_string ("lost"));
+  if (lost_at > 0)
+    json_object_set_new (c, "lost_at", json_real (lost_at));
+  json_object_set_new (c, "infra_failure", json_true ());
+  return c;
+}
+
+static void
+list_reply (struct list_req *l)
+{
+  json_t *r = json_pack ("{s:o}", "sandboxes", l->all);
+  if (json_array_size (l->unreachable))
+    json_object_set (r, "nodes_unreachable", l->unreachable);
+  if (json_array_size (l->lost))
+    json_object_set (r, "nodes_lost", l->lost);
+  json_decref (l->unreachable);
+  json_decref (l->lost);
+  gw_reply_json (l->req, 200, r);
+  free (l->parts);
+  free (l);
+}
 
 static void
 list_part (struct gw *g, struct evhttp_request *req, int status, struct evbuffer *body, void *ud)
 {
-  struct list_req *l = ud;
+  struct list_part *part = ud;
+  struct list_req *l = part->l;
   json_t *j = status == 200 ? body_json (body) : NULL;
+  json_t *list = json_object_get (j, "sandboxes");
+  if (json_is_array (list))
+    {
+      /* kept for when the node is gone (loop only) */
+      json_decref (part->node->last_list);
+      part->node->last_list = json_incref (list);
+    }
+  else
+    json_array_append_new (l->unreachable, json_string (part->node->name));
   size_t i;
   json_t *s;
-  json_array_foreach (json_object_get (j, "sandboxes"), i, s)
+  json_array_foreach (list, i, s)
   {
-    const char *p
-        = json_string_value (json_object_get (json_object_get (s, "labels"), WR_LABEL_PROJECT));
-    if (l->project == NULL || (p && strcmp (p, l->project) == 0))
+    if (!list_wants (l, s))
+      continue;
+    double created = json_number_value (json_object_get (s, "created_at"));
+    if (part->lost_at > 0 && created > 0 && created < part->lost_at)
+      json_array_append_new (l->all, as_lost (s, part->lost_at));
+    else
       json_array_append (l->all, s);
   }
   json_decref (j);
-  if (--l->pending)
-    return;
-  gw_reply_json (req, 200, json_pack ("{s:o}", "sandboxes", l->all));
-  free (l);
+  if (--l->pending == 0)
+    list_reply (l);
 }
 
 static void
 handle_list (struct gw *g, struct evhttp_request *req, struct gw_project *proj)
 {
-  struct gw_node *targets[GW_MAX_NODES];
-  size_t n = gw_present_nodes (g, targets);
-  if (n == 0)
-    {
-      gw_reply_json (req, 200, json_pack ("{s:[]}", "sandboxes"));
-      return;
-    }
+  struct gw_node *targets[GW_MAX_NODES], *gone[GW_MAX_NODES];
+  size_t n = gw_present_nodes (g, targets), ngone = gw_lost_nodes (g, gone);
   struct list_req *l = calloc (1, sizeof *l);
-  if (l == NULL)
+  if (l)
+    l->parts = calloc (n ? n : 1, sizeof *l->parts);
+  if (l == NULL || l->parts == NULL)
     {
+      free (l);
       gw_reply_error (req, 500, WR_E_INTERNAL, "out of memory");
       return;
     }
   l->req = req;
   l->all = json_array ();
+  l->unreachable = json_array ();
+  l->lost = json_array ();
   l->project = proj ? proj->name : NULL;
+  for (size_t i = 0; i < ngone; i++)
+    {
+      json_array_append_new (l->lost, json_string (gone[i]->name));
+      size_t k;
+      json_t *s;
+      json_array_foreach (gone[i]->last_list, k, s) if (list_wants (l, s))
+          json_array_append_new (l->all, as_lost (s, 0));
+    }
+  if (n == 0)
+    {
+      list_reply (l);
+      return;
+    }
   l->pending = n;
   for (size_t i = 0; i < n; i++)
-    gw_forward (g, targets[i], req, EVHTTP_REQ_GET, "/v1/sandboxes", evbuffer_new (), list_part, l);
+    {
+      struct list_part *part = &l->parts[i];
+      part->l = l;
+      part->node = targets[i];
+      pthread_mutex_lock (&g->mu);
+      part->lost_at = json_number_value (json_object_get (targets[i]->status, "lost_at"));
+      pthread_mutex_unlock (&g->mu);
+      gw_forward (g, targets[i], req, EVHTTP_REQ_GET, "/v1/sandboxes", evbuffer_new (), list_part,
+                  part);
+    }
 }
 
 /* ---- GET /v1/images: every node's images, merged by name with the nodes

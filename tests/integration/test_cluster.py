@@ -843,6 +843,9 @@ def test_killed_node_leaves_placement(cluster):
     st, j = g1.api.raw("POST", "/v1/sandboxes", {"node_labels": {"zone": "b"}})
     assert st == 201
     lost_id = j["id"]
+    # g1 lists once while node-b answers: it keeps that list for when the node is gone
+    st, j = g1.api.raw("GET", "/v1/sandboxes")
+    assert st == 200 and lost_id in [s["id"] for s in j["sandboxes"]], j
     t0 = time.time()
     cluster["nodes"]["node-b"].kill9()
     for g in (g1, g2):
@@ -851,7 +854,13 @@ def test_killed_node_leaves_placement(cluster):
     elapsed = time.time() - t0
     print(f"node loss: kill -9 to lost on both gateways in {elapsed:.1f}s (lease TTL {LEASE_TTL}s)")
     assert elapsed < LEASE_TTL + 10, elapsed
+    # the list names the lost node and reports its last known sandboxes lost
+    st, j = g1.api.raw("GET", "/v1/sandboxes")
+    assert st == 200 and "node-b" in j.get("nodes_lost", []), j
+    listed = {s["id"]: s for s in j["sandboxes"]}
+    assert listed[lost_id]["state"] == "lost" and listed[lost_id]["infra_failure"] is True, j
     ids = []
+    new_b = None
     try:
         for i in range(6):
             st, j = cluster["gws"][i % 2].api.raw("POST", "/v1/sandboxes", {"memory_mb": 128})
@@ -862,11 +871,36 @@ def test_killed_node_leaves_placement(cluster):
         st, j = g2.api.raw("POST", f"/v1/sandboxes/{lost_id}/exec", {"cmd": ["true"]})
         assert st == 503 and j["error"]["code"] == "node_lost" and j["infra_failure"] is True, j
         assert time.time() - t1 < 5
-    finally:
-        for sid in ids:
-            g1.api.raw("DELETE", f"/v1/sandboxes/{sid}")
-        # back up: it adopts its sandbox again, and the teardown removes it
+        # Back up after its lease expired: the daemon finds its old lease gone
+        # (the cluster declared the node lost) and says so. Its old sandbox,
+        # adopted again, is reported lost, not resurrected; new ones work.
         cluster["nodes"]["node-b"].start()
+        for g in (g1, g2):
+            wait_for("node-b back", lambda g=g: g.nodes()["node-b"]["state"] == "ready",
+                     timeout=60)
+        assert "expired while no daemon ran" in cluster["nodes"]["node-b"].logtext()
+        st, j = g2.api.raw("GET", f"/v1/sandboxes/{lost_id}")
+        assert st == 200 and j["state"] == "lost" and j["infra_failure"] is True, j
+        st, j = g1.api.raw("POST", f"/v1/sandboxes/{lost_id}/exec", {"cmd": ["true"]})
+        assert st == 410 and j["error"]["code"] == "node_lost", j
+        st, j = g2.api.raw("GET", "/v1/sandboxes")
+        listed = {s["id"]: s for s in j["sandboxes"]}
+        assert st == 200 and listed[lost_id]["state"] == "lost", j
+        st, j = g2.api.raw("POST", "/v1/sandboxes", {"node_labels": {"zone": "b"}})
+        assert st == 201, j
+        new_b = j["id"]
+        st, j = g1.api.raw("POST", f"/v1/sandboxes/{new_b}/exec", {"shell": "echo new"})
+        assert st == 200 and j["stdout"] == "new\n", j
+        st, j = g1.api.raw("GET", "/v1/sandboxes")
+        assert {s["id"]: s for s in j["sandboxes"]}[new_b]["state"] == "running", j
+        st, _ = g1.api.raw("DELETE", f"/v1/sandboxes/{lost_id}")
+        assert st in (200, 204), st
+    finally:
+        for sid in ids + ([new_b] if new_b else []):
+            g1.api.raw("DELETE", f"/v1/sandboxes/{sid}")
+        node = cluster["nodes"]["node-b"]
+        if node.proc.poll() is not None:
+            node.start()  # it adopts what is left, and the teardown removes it
 
 
 # ---- the gateway's listener (issue 9): the same guard as warrend's TCP listener ----
@@ -1270,3 +1304,45 @@ def test_rl_features_through_gateways(cluster):
     finally:
         for x in reversed(made):
             g1.api.raw("DELETE", f"/v1/sandboxes/{x}")
+
+
+def test_daemon_restart_within_the_lease_keeps_the_node(cluster, rootfs):
+    """Last (its node lingers in the gateways' view). SIGTERM publishes
+    "stopping" (nothing is placed there) and leaves the lease to run out; a
+    daemon restarted before it does resumes the lease, so the cluster never
+    declared the node lost and its sandboxes answer again."""
+    g1, g2 = cluster["gws"]
+    port = free_port()
+    node = start_daemon(rootfs, [
+        "--listen", f"tcp:127.0.0.1:{port}", "--token-file", os.path.join(cluster["tokdir"], "node"),
+        "--cluster", cluster["etcd"].urls, "--node-name", "node-r",
+        "--advertise", f"http://127.0.0.1:{port}", "--label", "zone=r", "--lease-ttl", "300"])
+    sid = None
+    try:
+        for g in (g1, g2):
+            wait_for("node-r ready", lambda g=g: g.nodes().get("node-r", {}).get("state") == "ready")
+        st, j = g1.api.raw("POST", "/v1/sandboxes", {"node_labels": {"zone": "r"}})
+        assert st == 201 and node_of(j["id"]) == "node-r", j
+        sid = j["id"]
+        node.stop(destroy_all=False)
+        for g in (g1, g2):
+            wait_for("node-r stopping", lambda g=g: g.nodes()["node-r"]["state"] == "stopping")
+        st, j = g2.api.raw("POST", "/v1/sandboxes", {"node_labels": {"zone": "r"}})
+        assert st != 201, j  # nothing is placed on a stopping node
+        st, j = g1.api.raw("POST", f"/v1/sandboxes/{sid}/exec", {"cmd": ["true"]})
+        assert st == 503 and j["error"]["code"] == "unavailable" and j["infra_failure"] is True, j
+        assert "restarting" in j["error"]["message"], j
+        node.start()
+        for g in (g1, g2):
+            wait_for("node-r ready again",
+                     lambda g=g: g.nodes()["node-r"]["state"] == "ready", timeout=60)
+        assert "resumed node-r's lease" in node.logtext()
+        st, j = g2.api.raw("GET", f"/v1/sandboxes/{sid}")
+        assert st == 200 and j["state"] == "running", j
+        st, j = g2.api.raw("POST", f"/v1/sandboxes/{sid}/exec", {"shell": "echo kept"})
+        assert st == 200 and j["stdout"] == "kept\n", j
+    finally:
+        if sid:
+            g1.api.raw("DELETE", f"/v1/sandboxes/{sid}")
+        node.stop()
+        shutil.rmtree(node.root, ignore_errors=True)
