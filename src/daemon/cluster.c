@@ -285,7 +285,7 @@ state_load (void)
   size_t len;
   if (wr_read_file_at (g.root_fd, STATE_FILE, &text, &len, 4096) < 0)
     return;
-  char name[WR_NODE_NAME_MAX + 2];
+  char name[72];
   long long lease, lost;
   if (sscanf (text, "%64s %lld %lld", name, &lease, &lost) != 3 || strcmp (name, g.name) != 0)
     return; /* another node's (the root was renamed): nothing to resume */

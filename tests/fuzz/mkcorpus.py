@@ -162,4 +162,22 @@ put("lib_http", "error", "\3" + http_resp({"error": {"code": "invalid_argument",
 put("lib_http", "file_get", "\4HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n\r\nraw bytes until close")
 put("lib_http", "pull_progress", "\6" + http_resp('{"progress":"layer","done":1,"total":2}\n{"image":{"name":"x:1"}}\n'))
 put("lib_http", "interim", "\13HTTP/1.1 100 Continue\r\n\r\n" + http_resp({"status": "ok"}, extra="Connection: keep-alive\r\n"))
+# ---- compat_sf: byte 0 picks the parser (fuzz_compat_sf.c) ----
+put("compat_sf", "tar", b"\0" + tar_of([("./out/a.txt", b"hello\n"), ("b" * 120, b"long name")]))
+put("compat_sf", "head", b"\1POST /run_code HTTP/1.1\r\nHost: x\r\n\xffContent-Length: 12\r\n\r\n"
+    b"\xffGET /v1/ping HTTP/1.1\nTransfer-Encoding: chunked\n\n")
+put("compat_sf", "body", "\2" + json.dumps({
+    "code": "print(1)", "language": "python", "memory_limit_MB": 64,
+    "files": {"a/b.txt": "aGk=", "x": None}, "fetch_files": ["out.txt", "/abs", "../up"]}))
+put("compat_sf", "string", b"\3ok \xc3\xa9 bad \xff\xfe \xe2\x82")
+
+# ---- compat_e2b: byte 0 picks the parser (fuzz_compat_e2b.c) ----
+mp = (b"--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.txt\"\r\n\r\nhi\r\n"
+      b"--XyZ\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nsecond\r\n--XyZ--\r\n")
+put("compat_e2b", "multipart", b"\0multipart/form-data; boundary=\"XyZ\"\n" + mp)
+put("compat_e2b", "gzip", b"\1" + gzip.compress(b"x" * 5000))
+put("compat_e2b", "unary", b"\2" + json.dumps({"path": "/home/user", "depth": 1}).encode())
+msg = json.dumps({"process": {"cmd": "/bin/bash", "args": ["-c", "ls"]}}).encode()
+put("compat_e2b", "enveloped", b"\3" + struct.pack(">BI", 0, len(msg)) + msg)
+put("compat_e2b", "path", b"\4~/dir/../file")
 print("corpus written to", OUT)
