@@ -28,12 +28,7 @@ NODE_TOKEN = "node-token-0123456789abcdef"
 LEASE_TTL = 5
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+from wr import free_port  # noqa: E402,F401 (one definition, re-exported)
 
 
 def wait_for(what, fn, timeout=30.0, interval=0.05):
@@ -72,20 +67,50 @@ class Http:
             c.close()
 
 
+class MemberExited(AssertionError):
+    pass
+
+
 class Etcd:
     def __init__(self, n=3):
         self.dir = tempfile.mkdtemp(prefix="wr-etcd-", dir=os.environ.get("TMPDIR", "/var/tmp"))
-        self.members = []
-        for i in range(n):
-            self.members.append({"name": f"e{i}", "client": free_port(), "peer": free_port()})
         self.procs = {}
-        cluster = ",".join(f"{m['name']}=http://127.0.0.1:{m['peer']}" for m in self.members)
-        self.cluster = cluster
-        for m in self.members:
-            self.start(m, cluster)
-        self.urls = ",".join(f"http://127.0.0.1:{m['client']}" for m in self.members)
-        for m in self.members:
-            wait_for(f"etcd {m['name']} healthy", lambda m=m: self.healthy(m), timeout=60)
+        # A port free when picked can still be taken by another listener on
+        # the host before a member binds it: that member exits at once, and
+        # the whole cluster starts again on new ports.
+        for attempt in range(3):
+            self.members = []
+            for i in range(n):
+                self.members.append({"name": f"e{i}", "client": free_port(), "peer": free_port()})
+            cluster = ",".join(f"{m['name']}=http://127.0.0.1:{m['peer']}" for m in self.members)
+            self.cluster = cluster
+            for m in self.members:
+                self.start(m, cluster)
+            self.urls = ",".join(f"http://127.0.0.1:{m['client']}" for m in self.members)
+            try:
+                for m in self.members:
+                    wait_for(f"etcd {m['name']} healthy", lambda m=m: self.up(m), timeout=60)
+                return
+            except MemberExited:
+                if attempt == 2:
+                    raise
+                self.kill_all()
+
+    def up(self, m):
+        p = self.procs[m["name"]]
+        if p.poll() is not None:
+            raise MemberExited(f"etcd {m['name']} exited {p.returncode}: " + open(
+                os.path.join(self.dir, m["name"] + ".log"), errors="replace").read()[-1500:])
+        return self.healthy(m)
+
+    def kill_all(self):
+        for name, p in self.procs.items():
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+            shutil.rmtree(os.path.join(self.dir, name), ignore_errors=True)
+            os.unlink(os.path.join(self.dir, name + ".log"))
+        self.procs = {}
 
     def start(self, m, cluster):
         log = open(os.path.join(self.dir, m["name"] + ".log"), "ab")

@@ -19,12 +19,7 @@ TOKEN = "t0ken-for-the-http-limits-test"
 MiB = 1 << 20
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+from wr import free_port  # noqa: E402,F401 (one definition, re-exported)
 
 
 # The memory bounds below are the daemon's, not ASan's: under `make test

@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tarfile
 import tempfile
@@ -616,12 +615,7 @@ def test_build_errors(api, work):
 
 # ---------------------------------------------------------------- registry
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+from wr import free_port  # noqa: E402,F401 (one definition, re-exported)
 
 
 @pytest.fixture(scope="module")

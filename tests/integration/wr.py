@@ -2,6 +2,7 @@
 import http.client
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -91,6 +92,38 @@ class Api:
     def sh(self, sid, script, **kw):
         return self.exec(sid, shell=script, **kw)
 
+
+
+def _ephemeral_range():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(x) for x in f.read().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_port():
+    """A loopback TCP port free now and outside the kernel's ephemeral range.
+    A port from bind(0) is an ephemeral one: any outgoing connection on the
+    host (an etcd member dialling its peers, a gateway its nodes) may take it
+    as its source port before the listener it was picked for binds it, which
+    failed a CI run's etcd start. Outside that range only another listener
+    can take it, and tests draw at random across thousands of ports."""
+    lo, hi = _ephemeral_range()
+    spans = [(s, e) for s, e in ((10000, lo), (hi + 1, 65536)) if e - s >= 1000]
+    for _ in range(200):
+        s, e = random.choice(spans) if spans else (10000, 65536)
+        port = random.randrange(s, e)
+        sock = socket.socket()
+        try:
+            sock.bind(("127.0.0.1", port))
+            return port
+        except OSError:
+            continue
+        finally:
+            sock.close()
+    raise RuntimeError("no free loopback port outside the ephemeral range")
 
 class Daemon:
     """A real warrend on a private root, with the busybox image imported."""

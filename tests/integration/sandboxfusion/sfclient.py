@@ -4,7 +4,6 @@ import http.client
 import json
 import os
 import shutil
-import socket
 import subprocess
 
 import pytest
@@ -66,12 +65,7 @@ class SF:
         return j
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+from wr import free_port  # noqa: E402,F401 (one definition, re-exported)
 
 
 def start(rootfs, extra=(), import_base=True):
