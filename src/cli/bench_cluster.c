@@ -29,6 +29,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <arpa/inet.h>
@@ -218,20 +219,37 @@ stop_all (void)
     }
 }
 
+/* A loopback port free now and outside the kernel's ephemeral range: a
+ * bind(0) port is an ephemeral one, which any outgoing connection (1,000
+ * simulated nodes dial etcd and the gateways dial them) may take as its
+ * source port before the process it was picked for binds it. */
 static int
 free_port (void)
 {
-  int fd = socket (AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  struct sockaddr_in sa = { .sin_family = AF_INET };
-  sa.sin_addr.s_addr = htonl (INADDR_LOOPBACK);
-  socklen_t l = sizeof sa;
-  int port = -1;
-  if (fd >= 0 && bind (fd, (struct sockaddr *)&sa, sizeof sa) == 0
-      && getsockname (fd, (struct sockaddr *)&sa, &l) == 0)
-    port = ntohs (sa.sin_port);
-  if (fd >= 0)
-    close (fd);
-  return port;
+  static bool seeded;
+  if (!seeded)
+    srandom ((unsigned)getpid () ^ (unsigned)time (NULL)), seeded = true;
+  int lo = 32768, hi = 60999;
+  _cleanup_fclose_ FILE *f = fopen ("/proc/sys/net/ipv4/ip_local_port_range", "re");
+  if (f && fscanf (f, "%d %d", &lo, &hi) != 2)
+    lo = 32768, hi = 60999;
+  for (int i = 0; i < 200; i++)
+    {
+      long r = random ();
+      int port = lo - 10000 >= 1000   ? 10000 + (int)(r % (lo - 10000))
+                 : 65535 - hi >= 1000 ? hi + 1 + (int)(r % (65535 - hi))
+                                      : 10000 + (int)(r % 55535);
+      int fd = socket (AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd < 0)
+        return -1;
+      struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons ((uint16_t)port) };
+      sa.sin_addr.s_addr = htonl (INADDR_LOOPBACK);
+      int ok = bind (fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+      close (fd);
+      if (ok)
+        return port;
+    }
+  return -1;
 }
 
 static void
