@@ -1,11 +1,10 @@
 import os
 import shutil
-import socket
 import tempfile
 
 import pytest
 
-from wr import Daemon, busybox_rootfs
+from wr import Daemon, busybox_rootfs, free_port
 
 BUILD = os.environ.get("WARREN_BUILD", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
 
@@ -52,10 +51,7 @@ def start_daemon_tcp(rootfs, extra=()):
     may pick it as its source port), so a bind refused as in use is retried
     on another port rather than failing the test."""
     for attempt in range(5):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-        s.close()
+        port = free_port()
         try:
             return start_daemon(rootfs, ["--listen", f"tcp:127.0.0.1:{port}"] + list(extra)), port
         except RuntimeError as e:
