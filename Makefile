@@ -16,7 +16,7 @@ CSTD := -std=gnu11
 WARN := -Wall -Wextra -Werror -Wno-unused-parameter -Wno-format-truncation -Wshadow=local -Wformat=2
 CPPFLAGS += -D_GNU_SOURCE -Iinclude -Isrc
 CFLAGS += $(CSTD) $(OPT) $(WARN) -fPIC -MMD -MP
-DAEMON_LIBS := -levent -levent_pthreads -lsqlite3 -ljansson -lseccomp -larchive -lzstd -lz -lcurl -lnftables -lpthread -lm
+DAEMON_LIBS := -levent -levent_pthreads -lsqlite3 -ljansson -lseccomp -larchive -lzstd -lz -lcurl -lssl -lcrypto -lnftables -lpthread -lm
 
 # httpd.c (the hardened TCP listener, libevent) serves warrend and warren-gateway only
 HTTPD_SRC := src/common/httpd.c
@@ -97,13 +97,13 @@ $(B)/bin/warren: $(call obj,$(CLI_SRC)) $(B)/lib/libwarren.a
 # The cluster gateway: no root, no sandboxes; libevent, jansson and the etcd client.
 $(B)/bin/warren-gateway: $(call obj,$(GATEWAY_SRC) $(CLUSTER_SRC) $(HTTPD_SRC) src/image/sha256.c) $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(SANFLAGS) -o $@ $^ -levent -levent_pthreads -ljansson -lpthread
+	$(CC) $(SANFLAGS) -o $@ $^ -levent -levent_pthreads -ljansson -lssl -lcrypto -lpthread
 
 # Simulated nodes for scale tests (docs/cluster.md): the etcd client and the
 # membership records warrend publishes, no sandboxes.
 $(B)/bin/warren-sim: $(call obj,src/sim/main.c $(CLUSTER_SRC)) $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(SANFLAGS) -o $@ $^ -levent -levent_pthreads -ljansson -lpthread
+	$(CC) $(SANFLAGS) -o $@ $^ -levent -levent_pthreads -ljansson -lssl -lcrypto -lpthread
 
 $(WHEEL): scripts/mk-wheel.py python/pyproject.toml python/README.md $(wildcard python/warren/*)
 	python3 scripts/mk-wheel.py python $(B) >/dev/null

@@ -5,8 +5,10 @@
  * NDJSON stream the gateway sends. */
 #include "cluster/etcd.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <pthread.h>
 #include <poll.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -16,6 +18,9 @@
 #include <sys/socket.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 
 #include "common/b64.h"
 #include "common/util.h"
@@ -24,7 +29,75 @@ struct endpoint
 {
   char host[256];
   char port[8];
+  bool tls; /* https:// */
 };
+
+/* TLS to etcd (wr_etcd_tls): one client context for the process. An https
+ * endpoint without wr_etcd_tls gets the system's CAs and no client cert. */
+static SSL_CTX *tls_ctx;
+static pthread_mutex_t tls_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int
+tls_error (wr_err_t *err, const char *what, const char *file)
+{
+  char buf[200] = "";
+  unsigned long e = ERR_get_error ();
+  if (e)
+    ERR_error_string_n (e, buf, sizeof buf);
+  ERR_clear_error ();
+  return wr_error (err, 0, WR_E_INVALID, "etcd TLS: %s%s%s: %s", what, file ? " " : "",
+                   file ? file : "", buf[0] ? buf : "failed");
+}
+
+int
+wr_etcd_tls (const char *cacert, const char *cert, const char *key, wr_err_t *err)
+{
+  if (key && !cert)
+    return wr_error (err, 0, WR_E_INVALID, "etcd TLS: a key without a certificate");
+  SSL_CTX *ctx = SSL_CTX_new (TLS_client_method ());
+  if (ctx == NULL)
+    return tls_error (err, "context", NULL);
+  SSL_CTX_set_min_proto_version (ctx, TLS1_2_VERSION);
+  SSL_CTX_set_verify (ctx, SSL_VERIFY_PEER, NULL);
+  int ok = cacert ? SSL_CTX_load_verify_locations (ctx, cacert, NULL)
+                  : SSL_CTX_set_default_verify_paths (ctx);
+  if (ok != 1)
+    {
+      SSL_CTX_free (ctx);
+      return tls_error (err, "CA certificates", cacert);
+    }
+  if (cert
+      && (SSL_CTX_use_certificate_chain_file (ctx, cert) != 1
+          || SSL_CTX_use_PrivateKey_file (ctx, key ? key : cert, SSL_FILETYPE_PEM) != 1
+          || SSL_CTX_check_private_key (ctx) != 1))
+    {
+      SSL_CTX_free (ctx);
+      return tls_error (err, "client certificate and key", cert);
+    }
+  pthread_mutex_lock (&tls_mu);
+  SSL_CTX_free (tls_ctx);
+  tls_ctx = ctx;
+  pthread_mutex_unlock (&tls_mu);
+  return 0;
+}
+
+static SSL_CTX *
+tls_context (void)
+{
+  pthread_mutex_lock (&tls_mu);
+  if (tls_ctx == NULL)
+    {
+      wr_err_t err;
+      pthread_mutex_unlock (&tls_mu);
+      if (wr_etcd_tls (NULL, NULL, NULL, &err) < 0)
+        return NULL;
+      pthread_mutex_lock (&tls_mu);
+    }
+  SSL_CTX *c = tls_ctx;
+  SSL_CTX_up_ref (c);
+  pthread_mutex_unlock (&tls_mu);
+  return c;
+}
 
 struct wr_etcd
 {
@@ -49,12 +122,14 @@ wr_etcd_new (const char *urls, int timeout_ms, struct wr_etcd **ret, wr_err_t *e
   char *save = NULL;
   for (char *u = strtok_r (copy, ",", &save); u; u = strtok_r (NULL, ",", &save))
     {
-      if (strncmp (u, "http://", 7) != 0)
+      bool tls = strncmp (u, "https://", 8) == 0;
+      if (!tls && strncmp (u, "http://", 7) != 0)
         {
           wr_etcd_free (e);
-          return wr_error (err, 0, WR_E_INVALID, "etcd endpoint %.200s: want http://HOST:PORT", u);
+          return wr_error (err, 0, WR_E_INVALID,
+                           "etcd endpoint %.200s: want http://HOST:PORT or https://HOST:PORT", u);
         }
-      u += 7;
+      u += tls ? 8 : 7;
       char *slash = strchr (u, '/');
       if (slash)
         *slash = '\0';
@@ -68,6 +143,7 @@ wr_etcd_new (const char *urls, int timeout_ms, struct wr_etcd **ret, wr_err_t *e
         }
       memcpy (ep.host, u, colon - u);
       snprintf (ep.port, sizeof ep.port, "%s", colon + 1);
+      ep.tls = tls;
       struct endpoint *n = realloc (e->eps, (e->n + 1) * sizeof *n);
       if (n == NULL)
         {
@@ -100,6 +176,8 @@ wr_etcd_free (struct wr_etcd *e)
 struct conn
 {
   int fd;
+  SSL *ssl;             /* https endpoints */
+  char tls_err[160];    /* why the handshake failed */
   uint64_t deadline_ms; /* 0: none (watch streams) */
   const volatile bool *stop;
   char buf[16384];
@@ -131,6 +209,99 @@ wait_fd (struct conn *c, short ev)
     }
 }
 
+/* Wait for what an SSL call asked for; 1 to call it again, < 0 to give up. */
+static int
+tls_wait (struct conn *c, int ret)
+{
+  switch (SSL_get_error (c->ssl, ret))
+    {
+    case SSL_ERROR_WANT_READ:
+      return wait_fd (c, POLLIN) < 0 ? -ETIMEDOUT : 1;
+    case SSL_ERROR_WANT_WRITE:
+      return wait_fd (c, POLLOUT) < 0 ? -ETIMEDOUT : 1;
+    case SSL_ERROR_ZERO_RETURN:
+      return -ECONNRESET;
+    case SSL_ERROR_SYSCALL:
+      return errno == EINTR ? 1 : errno ? -errno : -ECONNRESET;
+    default:
+      {
+        unsigned long e = ERR_peek_error ();
+        if (e && c->tls_err[0] == '\0')
+          {
+            char b[120];
+            ERR_error_string_n (e, b, sizeof b);
+            snprintf (c->tls_err, sizeof c->tls_err, "TLS: %s", b);
+          }
+        ERR_clear_error ();
+        return -EPROTO;
+      }
+    }
+}
+
+/* The handshake, verifying the member's certificate against the CAs and its
+ * name (or address) against the endpoint's host. */
+static int
+tls_open (struct conn *c, const struct endpoint *ep)
+{
+  SSL_CTX *ctx = tls_context ();
+  if (ctx == NULL)
+    return -ENOMEM;
+  c->ssl = SSL_new (ctx);
+  SSL_CTX_free (ctx);
+  if (c->ssl == NULL || SSL_set_fd (c->ssl, c->fd) != 1)
+    return -ENOMEM;
+  unsigned char addr[16];
+  if (inet_pton (AF_INET, ep->host, addr) == 1 || inet_pton (AF_INET6, ep->host, addr) == 1)
+    X509_VERIFY_PARAM_set1_ip_asc (SSL_get0_param (c->ssl), ep->host);
+  else
+    {
+      SSL_set_tlsext_host_name (c->ssl, ep->host);
+      SSL_set1_host (c->ssl, ep->host);
+    }
+  for (;;)
+    {
+      int r = SSL_connect (c->ssl);
+      if (r == 1)
+        return 0;
+      long v = SSL_get_verify_result (c->ssl);
+      unsigned long e = ERR_peek_error ();
+      int w = tls_wait (c, r);
+      if (w > 0)
+        continue;
+      if (v != X509_V_OK)
+        snprintf (c->tls_err, sizeof c->tls_err, "TLS: certificate: %s",
+                  X509_verify_cert_error_string (v));
+      else if (e)
+        {
+          char b[120];
+          ERR_error_string_n (e, b, sizeof b);
+          snprintf (c->tls_err, sizeof c->tls_err, "TLS handshake: %s", b);
+        }
+      ERR_clear_error ();
+      return w;
+    }
+}
+
+static void
+conn_close (struct conn *c)
+{
+  if (c->ssl)
+    {
+      SSL_free (c->ssl);
+      c->ssl = NULL;
+    }
+  if (c->fd >= 0)
+    close (c->fd);
+  c->fd = -1;
+}
+
+/* What went wrong with c, for the error message. */
+static const char *
+conn_error (const struct conn *c, int r)
+{
+  return c->tls_err[0] ? c->tls_err : strerror (-r);
+}
+
 static int
 conn_open (struct conn *c, const struct endpoint *ep)
 {
@@ -160,7 +331,7 @@ conn_open (struct conn *c, const struct endpoint *ep)
       if (so)
         return -so;
     }
-  return 0;
+  return ep->tls ? tls_open (c, ep) : 0;
 }
 
 static int
@@ -168,6 +339,20 @@ conn_send (struct conn *c, const char *p, size_t n)
 {
   while (n)
     {
+      if (c->ssl)
+        {
+          int w = SSL_write (c->ssl, p, (int)(n < INT32_MAX ? n : INT32_MAX));
+          if (w > 0)
+            {
+              p += w;
+              n -= (size_t)w;
+              continue;
+            }
+          int r = tls_wait (c, w);
+          if (r < 0)
+            return r;
+          continue;
+        }
       ssize_t w = send (c->fd, p, n, MSG_NOSIGNAL);
       if (w < 0 && (errno == EAGAIN || errno == EINTR))
         {
@@ -193,6 +378,19 @@ conn_fill (struct conn *c)
   c->off = c->len = 0;
   for (;;)
     {
+      if (c->ssl)
+        {
+          int r = SSL_read (c->ssl, c->buf, (int)sizeof c->buf);
+          if (r > 0)
+            {
+              c->len = (size_t)r;
+              return 0;
+            }
+          int w = tls_wait (c, r);
+          if (w < 0)
+            return w;
+          continue;
+        }
       ssize_t r = recv (c->fd, c->buf, sizeof c->buf, 0);
       if (r > 0)
         {
@@ -363,11 +561,12 @@ wr_etcd_call (struct wr_etcd *e, const char *path, const json_t *body, json_t **
       int r = http_begin (&c, &e->eps[i], path, text, &status, &clen, &chunked);
       if (r == 0)
         r = read_body (&c, clen, chunked, buf_sink, &b);
-      if (c.fd >= 0)
-        close (c.fd);
+      if (r < 0)
+        snprintf (last, sizeof last, "%s:%s: %s", e->eps[i].host, e->eps[i].port,
+                  conn_error (&c, r));
+      conn_close (&c);
       if (r < 0)
         {
-          snprintf (last, sizeof last, "%s:%s: %s", e->eps[i].host, e->eps[i].port, strerror (-r));
           free (b.p);
           continue;
         }
@@ -715,9 +914,8 @@ wr_etcd_watch (struct wr_etcd *e, const char *prefix, int64_t start_rev, wr_etcd
       if (r < 0 || status != 200 || !chunked)
         {
           snprintf (last, sizeof last, "%s:%s: %s", e->eps[i].host, e->eps[i].port,
-                    r < 0 ? strerror (-r) : "bad answer");
-          if (c.fd >= 0)
-            close (c.fd);
+                    r < 0 ? conn_error (&c, r) : "bad answer");
+          conn_close (&c);
           if (r == -ECANCELED)
             return 0;
           continue;
@@ -726,7 +924,7 @@ wr_etcd_watch (struct wr_etcd *e, const char *prefix, int64_t start_rev, wr_etcd
       c.deadline_ms = 0; /* a watch is quiet until something changes */
       struct watch_ctx w = { .cb = cb, .ud = ud };
       r = read_body (&c, clen, chunked, watch_sink, &w);
-      close (c.fd);
+      conn_close (&c);
       free (w.line.p);
       if (w.stopped || r == -ECANCELED)
         return 0;

@@ -15,9 +15,16 @@
 
 struct wr_etcd;
 
-/* urls: "http://H:P[,http://H:P...]"; timeout_ms bounds each unary call. */
+/* urls: "http://H:P[,http://H:P...]" (https:// for TLS); timeout_ms bounds
+ * each unary call. */
 int wr_etcd_new (const char *urls, int timeout_ms, struct wr_etcd **ret, wr_err_t *err);
 void wr_etcd_free (struct wr_etcd *e); /* accepts NULL */
+
+/* TLS for https:// endpoints, for every client of the process: members are
+ * verified against cacert (NULL: the system's CAs) and their name or
+ * address; cert (and key, NULL: in cert) is presented as the client
+ * certificate (etcd's --client-cert-auth). Call before wr_etcd_new. */
+int wr_etcd_tls (const char *cacert, const char *cert, const char *key, wr_err_t *err);
 
 /* Raw unary call: POST path (e.g. "/v3/kv/put") with body; *ret gets the
  * parsed answer. Fails with code "unavailable" when no endpoint answers. */

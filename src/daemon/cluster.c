@@ -32,6 +32,7 @@
 static struct
 {
   const char *urls, *name, *advertise;
+  const char *etcd_cacert, *etcd_cert, *etcd_key; /* TLS to etcd */
   json_t *labels;
   long ttl_s;
   struct wrd *d;
@@ -85,6 +86,15 @@ wrd_cluster_opt (int opt, const char *arg, wr_err_t *err)
       g.ttl_s = strtol (arg, NULL, 10);
       if (g.ttl_s < 2 || g.ttl_s > 3600)
         return wr_error (err, 0, WR_E_INVALID, "--lease-ttl wants 2..3600 seconds");
+      return 0;
+    case WRD_OPT_ETCD_CACERT:
+      g.etcd_cacert = arg;
+      return 0;
+    case WRD_OPT_ETCD_CERT:
+      g.etcd_cert = arg;
+      return 0;
+    case WRD_OPT_ETCD_KEY:
+      g.etcd_key = arg;
       return 0;
     case WRD_OPT_LABEL:
       {
@@ -473,9 +483,9 @@ wrd_cluster_start (struct wrd *d, wr_err_t *err)
 {
   if (g.urls == NULL)
     {
-      if (g.name || g.advertise || g.labels)
+      if (g.name || g.advertise || g.labels || g.etcd_cacert || g.etcd_cert || g.etcd_key)
         return wr_error (err, 0, WR_E_INVALID,
-                         "--node-name, --advertise and --label need --cluster");
+                         "--node-name, --advertise, --label and --etcd-* need --cluster");
       return 0;
     }
   if (!wr_node_name_valid (g.name))
@@ -486,6 +496,9 @@ wrd_cluster_start (struct wrd *d, wr_err_t *err)
     return wr_error (err, 0, WR_E_INVALID, "--cluster needs --advertise http://ADDR:PORT");
   if (g.labels == NULL)
     g.labels = json_object ();
+  if ((g.etcd_cacert || g.etcd_cert || g.etcd_key)
+      && wr_etcd_tls (g.etcd_cacert, g.etcd_cert, g.etcd_key, err) < 0)
+    return -1;
   int r = wr_etcd_new (g.urls, 3000, &g.etcd, err);
   if (r < 0)
     return r;

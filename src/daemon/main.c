@@ -357,7 +357,7 @@ main (int argc, char **argv)
             < 0)
           return 2;
         break;
-      case WRD_OPT_CLUSTER ... WRD_OPT_LEASE_TTL: /* cluster mode */
+      case WRD_OPT_CLUSTER ... WRD_OPT_ETCD_KEY: /* cluster mode */
         {
           wr_err_t cerr;
           if (wrd_cluster_opt (c, optarg, &cerr) < 0)

@@ -21,6 +21,7 @@ usage (FILE *f)
               "                      [--max-connections N] [--http-header-timeout S]\n"
               "                      [--http-idle-timeout S] [--quota-idle-return S]\n"
               "                      [--priority-headroom MB] [--listen-compat tcp:ADDR:PORT]\n"
+              "                      [--etcd-cacert F] [--etcd-cert F [--etcd-key F]]\n"
               "Serves the Warren API for a cluster: places creates on nodes, routes every\n"
               "other sandbox request to the node named in its id. F holds the admin token\n"
               "clients present; F2 the token the nodes' TCP listeners accept.\n"
@@ -80,6 +81,7 @@ main (int argc, char **argv)
                          .session_mu = PTHREAD_MUTEX_INITIALIZER,
                          .idle_return_ms = 2000 };
   const char *urls = NULL, *token_file = NULL, *node_token_file = NULL;
+  const char *etcd_cacert = NULL, *etcd_cert = NULL, *etcd_key = NULL;
   const char *listens[8], *compat_listens[8];
   size_t n_listen = 0, n_compat = 0;
   static const struct option opts[] = {
@@ -92,6 +94,9 @@ main (int argc, char **argv)
     { "quota-idle-return", required_argument, NULL, 'r' },
     { "priority-headroom", required_argument, NULL, 'p' },
     { "listen-compat", required_argument, NULL, 'C' },
+    { "etcd-cacert", required_argument, NULL, 'A' },
+    { "etcd-cert", required_argument, NULL, 'E' },
+    { "etcd-key", required_argument, NULL, 'K' },
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 },
   };
@@ -112,6 +117,15 @@ main (int argc, char **argv)
         break;
       case 't':
         token_file = optarg;
+        break;
+      case 'A':
+        etcd_cacert = optarg;
+        break;
+      case 'E':
+        etcd_cert = optarg;
+        break;
+      case 'K':
+        etcd_key = optarg;
         break;
       case 'n':
         node_token_file = optarg;
@@ -170,6 +184,12 @@ main (int argc, char **argv)
       || read_token (node_token_file, g.node_token, sizeof g.node_token) < 0)
     return 1;
   wr_err_t err;
+  if ((etcd_cacert || etcd_cert || etcd_key)
+      && wr_etcd_tls (etcd_cacert, etcd_cert, etcd_key, &err) < 0)
+    {
+      fprintf (stderr, "warren-gateway: %s\n", err.msg);
+      return 2;
+    }
   if (wr_etcd_new (urls, 3000, &g.etcd, &err) < 0
       || wr_etcd_new (urls, 1000, &g.probe_etcd, &err) < 0)
     {
