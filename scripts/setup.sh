@@ -5,7 +5,7 @@ set -euo pipefail
 PKGS=(
   gcc make pkg-config libc6-dev
   libevent-dev libsqlite3-dev libjansson-dev libseccomp-dev libarchive-dev libzstd-dev zlib1g-dev
-  libcurl4-openssl-dev ca-certificates openssl
+  libcurl4-openssl-dev libssl-dev ca-certificates openssl # libssl: TLS to etcd
   erofs-utils e2fsprogs busybox-static tar gzip zstd util-linux iproute2 procps
   python3 python3-pytest python3-pytest-timeout python3-pip python3-setuptools python3-venv python3-yaml
   crun bubblewrap clang-format clang libclang-rt-14-dev
