@@ -47,10 +47,18 @@ def usage(api, sid):
 # ~77 MB of text a few times compressible (hex dump of random bytes) in the
 # sandbox's tmpfs (charged to its memory cgroup), and ~50 MB more held in a
 # process's heap: busybox sort reads /tmp/heap in, then blocks opening a fifo
+# (/tmp/heap is removed once sort holds it: HOLD_HEAP; removing it at once
+# lost the race with a sort started late on a loaded machine, in CI)
 WORKING_SET = ("head -c 24m /dev/urandom | od -x > /tmp/ws && md5sum /tmp/ws | cut -d' ' -f1 "
                "> /tmp/ws.md5 && head -c 12m /dev/urandom | od -x > /tmp/heap && "
                "mkfifo /tmp/fifo && (sort /tmp/heap /tmp/fifo > /tmp/sorted &) && "
-               "rm /tmp/heap && ls -l /tmp/ws")
+               "ls -l /tmp/ws")
+
+
+def hold_heap(api, sid):
+    """Wait until sort holds its input in its heap, then drop the file."""
+    wait_for(lambda: sort_rss_kb(api, sid) > 32 << 10, what="sort holding its input")
+    assert api.sh(sid, "rm /tmp/heap")["exit_code"] == 0
 
 
 def memcg_dir(pid):
@@ -89,7 +97,7 @@ def test_pause_gives_memory_back_and_keeps_data(zdaemon):
         assert r["exit_code"] == 0, r
         size = int(r["stdout"].split()[4])
         assert size > 64 << 20, r
-        wait_for(lambda: sort_rss_kb(api, sid) > 32 << 10, what="sort holding its input")
+        hold_heap(api, sid)
         # a running sandbox may not swap beyond its limit: memsw == limit,
         # or (no swap accounting) swappiness 0
         d = memcg_dir(pid)
