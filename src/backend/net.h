@@ -87,6 +87,25 @@ int wr_net_set_limits (struct wr_net *n, unsigned slot, const struct wr_net_limi
 /* Add destinations to the slot's set (addresses a DNS answer just named). */
 int wr_net_allow_add (struct wr_net *n, unsigned slot, const struct wr_net_allow *allow,
                       size_t n_allow, wr_err_t *err);
+/* Re-resolved names (docs/network.md, "DNS"): replace the allowed sets of
+ * several slots in one nftables transaction (slots without chains yet are
+ * left alone). kept: destinations that left the set, whose connections
+ * already open from the slot stay allowed while they carry a packet every
+ * 15 minutes. */
+struct wr_net_set_update
+{
+  unsigned slot;
+  const struct wr_net_allow *allow;
+  size_t n_allow;
+  const uint32_t *kept; /* host order */
+  size_t n_kept;
+};
+int wr_net_sets_replace (struct wr_net *n, const struct wr_net_set_update *u, size_t count,
+                         wr_err_t *err);
+/* End the slot's kept connections to these destinations (its policy no
+ * longer names the name they came from). */
+int wr_net_kept_drop (struct wr_net *n, unsigned slot, const uint32_t *kept, size_t n_kept,
+                      wr_err_t *err);
 /* Remove the slot's chains, set, counter and link (idempotent). */
 void wr_net_detach (struct wr_net *n, unsigned slot, const char *group);
 /* The same for several slots in one transaction (groups[i]: slots[i]'s
