@@ -852,7 +852,7 @@ set_elements (struct wr_net *n, unsigned slot, const struct wr_net_allow *allow,
 
 int
 wr_net_set_policy (struct wr_net *n, unsigned slot, const struct wr_net_allow *allow,
-                   size_t n_allow, const char *group, wr_err_t *err)
+                   size_t n_allow, const char *group, bool kept, wr_err_t *err)
 {
   size_t cap = 4096 + n_allow * 64;
   _cleanup_free_ char *cmds = malloc (cap);
@@ -896,11 +896,13 @@ wr_net_set_policy (struct wr_net *n, unsigned slot, const struct wr_net_allow *a
   OUT ("add rule inet %1$s e%2$u ip daddr { 169.254.0.0/16, 127.0.0.0/8, 0.0.0.0/8, "
        "224.0.0.0/3, %3$s } counter name c%2$u drop\n"
        "add rule inet %1$s e%2$u ip daddr . tcp dport @a%2$u accept\n"
-       "add rule inet %1$s e%2$u ip daddr . udp dport @a%2$u accept\n"
-       "add rule inet %1$s e%2$u ct state established,related ip saddr . ip daddr @kept "
-       "update @kept { ip saddr . ip daddr } accept\n"
-       "add rule inet %1$s e%2$u counter name c%2$u drop\n",
+       "add rule inet %1$s e%2$u ip daddr . udp dport @a%2$u accept\n",
        n->table, slot, n->block_str);
+  if (kept)
+    OUT ("add rule inet %1$s e%2$u ct state established,related ip saddr . ip daddr @kept "
+         "update @kept { ip saddr . ip daddr } accept\n",
+         n->table, slot);
+  OUT ("add rule inet %1$s e%2$u counter name c%2$u drop\n", n->table, slot);
   if (group)
     {
       char a[INET_ADDRSTRLEN];

@@ -69,9 +69,12 @@ void wr_net_unprepare (struct wr_net *n, int netns_fd);
 /* Re-create the slot's chains for a link that survived a restart. */
 int wr_net_readopt (struct wr_net *n, unsigned slot, wr_err_t *err);
 /* Replace the slot's allowed destinations and its net group (NULL: none) in
- * one nftables transaction. */
+ * one nftables transaction. kept: the policy names hosts, whose addresses
+ * may leave the set while connections to them are kept
+ * (wr_net_sets_replace): the chain gets the rule that lets those through
+ * (only then: every rule makes each transaction's cache read longer). */
 int wr_net_set_policy (struct wr_net *n, unsigned slot, const struct wr_net_allow *allow,
-                       size_t n_allow, const char *group, wr_err_t *err);
+                       size_t n_allow, const char *group, bool kept, wr_err_t *err);
 /* Egress limits of a slot (docs/network.md, "Egress limits"); 0 = unlimited. */
 struct wr_net_limits
 {

@@ -614,7 +614,8 @@ apply (struct wrd *d, struct sbnet *s, const char *rules, wr_err_t *err)
   if (r == 0)
     r = wr_net_set_limits (knet, s->slot, &lim, true, err);
   if (r == 0)
-    r = wr_net_set_policy (knet, s->slot, c->allow, c->n, s->group[0] ? s->group : NULL, err);
+    r = wr_net_set_policy (knet, s->slot, c->allow, c->n, s->group[0] ? s->group : NULL,
+                           json_object_size (c->names) > 0, err);
   struct wr_net_allow *fixed = NULL;
   if (r == 0 && c->n_fixed && (fixed = malloc (c->n_fixed * sizeof *fixed)) == NULL)
     r = wr_error (err, ENOMEM, WR_E_INTERNAL, "policy");
