@@ -5,7 +5,8 @@ The outside world is nethost.py's (`world`), as for test_network.py: a
 network namespace with a mirror, a forbidden site and a DNS server at 198.18.<n>.2-4; nothing here
 touches an outside address. Under TCG a boot takes tens of seconds, so one
 microvm carries most checks (policy, DNS, live PATCH, counters, the proxy,
-a daemon crash and re-adoption, cleanup) and one q35 VM the basics."""
+a daemon crash and re-adoption, cleanup), one q35 VM the basics and one
+disk-image VM its agent-made NIC."""
 import os
 import shutil
 import socket
