@@ -115,6 +115,10 @@ void ag_cg_exec_kill (const struct ag_exec_cg *c);
 int ag_cg_exec_oom (const struct ag_exec_cg *c);
 void ag_cg_exec_release (struct ag_exec_cg *c);
 
+/* vmnet.c: a networked VM's NIC, where the guest's init left it unset
+ * (disk images); 1 when done (or already set), 0 while the NIC is not there */
+int ag_vmnet_try (void);
+
 /* files.c */
 void ag_file_start (uint32_t stream, json_t *body);
 void ag_file_data (struct ag_req *r, const uint8_t *data, size_t len);

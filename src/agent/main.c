@@ -53,6 +53,12 @@ static struct
 static struct ag_watch listen_w = { .fd = -1 }, sig_w = { .fd = -1 };
 static const char *device_path;
 static uint64_t device_retry_at;
+/* device mode: a networked VM's NIC is looked for until vmnet_until (0:
+ * done), every VMNET_RETRY_MS: a disk image's udev may load virtio_net
+ * after the agent starts (vmnet.c) */
+#define VMNET_WAIT_MS 60000
+#define VMNET_RETRY_MS 100
+static uint64_t vmnet_until, vmnet_next;
 
 static void **deferred;
 static size_t n_deferred, cap_deferred;
@@ -904,6 +910,7 @@ setup (int listen_fd, int conn_fd, int keep_fd, int cgroup_fd, const char *root,
       int cr = getpid () == 1 ? ag_cg_init () : -EBUSY;
       if (cr < 0)
         fprintf (stderr, "warren-agent: no cgroup tree, limits not enforced: %s\n", strerror (-cr));
+      vmnet_until = ag_vmnet_try () ? 0 : wr_now_ms () + VMNET_WAIT_MS;
       device_open ();
     }
   return 0;
@@ -993,6 +1000,18 @@ main (int argc, char **argv)
         continue;
 
       int timeout = ag_exec_timeouts (wr_now_ms ());
+      if (vmnet_until)
+        {
+          uint64_t now = wr_now_ms ();
+          if (now >= vmnet_next)
+            {
+              vmnet_next = now + VMNET_RETRY_MS;
+              if (ag_vmnet_try () || now >= vmnet_until)
+                vmnet_until = 0;
+            }
+          if (vmnet_until && (timeout < 0 || timeout > VMNET_RETRY_MS))
+            timeout = VMNET_RETRY_MS;
+        }
       if (device_path && conn.w.fd < 0)
         {
           uint64_t now = wr_now_ms ();

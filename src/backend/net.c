@@ -209,6 +209,8 @@ wr_net_address (struct wr_net *n, unsigned slot)
   return (struct in_addr){ htonl (n->block + slot * 4 + 2) };
 }
 
+#define KEPT_IDLE "15m"
+
 /* The table: sandbox interfaces jump to their slot's chains through two
  * verdict maps; an interface without an entry, and anything from outside
  * towards a sandbox that is not a reply, is dropped. */
@@ -222,6 +224,11 @@ table_reset (struct wr_net *n, wr_err_t *err)
             "add table inet %1$s\n"
             "add map inet %1$s out_map { type ifname : verdict; }\n"
             "add map inet %1$s in_map { type ifname : verdict; }\n"
+            /* sandbox . destination: connections open to an address that
+             * left a name's record (wr_net_sets_replace), kept while they
+             * carry a packet every KEPT_IDLE */
+            "add set inet %1$s kept { type ipv4_addr . ipv4_addr; flags dynamic,timeout; "
+            "timeout " KEPT_IDLE "; }\n"
             "add chain inet %1$s sbfwd { type filter hook forward priority -5; policy accept; }\n"
             "add rule inet %1$s sbfwd oifname \"wr%2$s*\" ct state established,related accept\n"
             "add rule inet %1$s sbfwd iifname vmap @out_map\n"
@@ -808,9 +815,44 @@ wr_net_set_limits (struct wr_net *n, unsigned slot, const struct wr_net_limits *
   return r;
 }
 
+/* "flush set" and "add element" commands making allow the slot's set
+ * (the caller holds n->lock); returns the bytes written. */
+static size_t
+set_elements (struct wr_net *n, unsigned slot, const struct wr_net_allow *allow, size_t n_allow,
+              char *cmds, size_t cap)
+{
+  size_t o = 0;
+#define OUT(...) o += (size_t)snprintf (cmds + o, o < cap ? cap - o : 0, __VA_ARGS__)
+  OUT ("flush set inet %s a%u\n", n->table, slot);
+  if (n_allow == 0)
+    return o;
+  OUT ("add element inet %s a%u { ", n->table, slot);
+  bool first = true;
+  for (size_t i = 0; i < n_allow; i++)
+    {
+      /* an element inside another (or equal to an earlier one) makes
+       * the transaction fail with EEXIST: leave it out */
+      bool covered = false;
+      for (size_t k = 0; k < n_allow && !covered; k++)
+        covered = k != i && allow_within (&allow[i], &allow[k])
+                  && (!allow_within (&allow[k], &allow[i]) || k < i);
+      if (covered)
+        continue;
+      char a[INET_ADDRSTRLEN];
+      uint32_t mask = allow[i].prefix ? 0xffffffffu << (32 - allow[i].prefix) : 0;
+      fmt_addr (allow[i].addr & mask, a);
+      OUT ("%s%s/%u . %u-%u", first ? "" : ", ", a, allow[i].prefix, allow[i].port_lo,
+           allow[i].port_hi);
+      first = false;
+    }
+  OUT (" }\n");
+#undef OUT
+  return o;
+}
+
 int
 wr_net_set_policy (struct wr_net *n, unsigned slot, const struct wr_net_allow *allow,
-                   size_t n_allow, const char *group, wr_err_t *err)
+                   size_t n_allow, const char *group, bool kept, wr_err_t *err)
 {
   size_t cap = 4096 + n_allow * 64;
   _cleanup_free_ char *cmds = malloc (cap);
@@ -829,30 +871,7 @@ wr_net_set_policy (struct wr_net *n, unsigned slot, const struct wr_net_allow *a
 #define OUT(...) o += (size_t)snprintf (cmds + o, cap - o, __VA_ARGS__)
   if (make)
     OUT ("add chain inet %1$s l%2$u\nadd chain inet %1$s k%2$u\n", n->table, slot);
-  OUT ("flush set inet %s a%u\n", n->table, slot);
-  if (n_allow)
-    {
-      OUT ("add element inet %s a%u { ", n->table, slot);
-      bool first = true;
-      for (size_t i = 0; i < n_allow; i++)
-        {
-          /* an element inside another (or equal to an earlier one) makes
-           * the transaction fail with EEXIST: leave it out */
-          bool covered = false;
-          for (size_t k = 0; k < n_allow && !covered; k++)
-            covered = k != i && allow_within (&allow[i], &allow[k])
-                      && (!allow_within (&allow[k], &allow[i]) || k < i);
-          if (covered)
-            continue;
-          char a[INET_ADDRSTRLEN];
-          uint32_t mask = allow[i].prefix ? 0xffffffffu << (32 - allow[i].prefix) : 0;
-          fmt_addr (allow[i].addr & mask, a);
-          OUT ("%s%s/%u . %u-%u", first ? "" : ", ", a, allow[i].prefix, allow[i].port_lo,
-               allow[i].port_hi);
-          first = false;
-        }
-      OUT (" }\n");
-    }
+  o += set_elements (n, slot, allow, n_allow, cmds + o, cap - o);
   /* the chain is rebuilt in the same transaction: a group change and the
    * set are seen together by the next packet */
   OUT ("flush chain inet %1$s e%2$u\n", n->table, slot);
@@ -877,9 +896,13 @@ wr_net_set_policy (struct wr_net *n, unsigned slot, const struct wr_net_allow *a
   OUT ("add rule inet %1$s e%2$u ip daddr { 169.254.0.0/16, 127.0.0.0/8, 0.0.0.0/8, "
        "224.0.0.0/3, %3$s } counter name c%2$u drop\n"
        "add rule inet %1$s e%2$u ip daddr . tcp dport @a%2$u accept\n"
-       "add rule inet %1$s e%2$u ip daddr . udp dport @a%2$u accept\n"
-       "add rule inet %1$s e%2$u counter name c%2$u drop\n",
+       "add rule inet %1$s e%2$u ip daddr . udp dport @a%2$u accept\n",
        n->table, slot, n->block_str);
+  if (kept)
+    OUT ("add rule inet %1$s e%2$u ct state established,related ip saddr . ip daddr @kept "
+         "update @kept { ip saddr . ip daddr } accept\n",
+         n->table, slot);
+  OUT ("add rule inet %1$s e%2$u counter name c%2$u drop\n", n->table, slot);
   if (group)
     {
       char a[INET_ADDRSTRLEN];
@@ -926,6 +949,76 @@ wr_net_allow_add (struct wr_net *n, unsigned slot, const struct wr_net_allow *al
     }
   pthread_mutex_unlock (&n->lock);
   return r < 0 ? wr_error (err, 0, WR_E_INTERNAL, "nftables: adding learned addresses") : 0;
+}
+
+/* add (or, with drop, delete) the elements "slot's address . kept[i]"
+ * of the kept set (the caller holds n->lock) */
+static size_t
+kept_elements (struct wr_net *n, unsigned slot, const uint32_t *kept, size_t n_kept, bool drop,
+               char *cmds, size_t cap)
+{
+  size_t o = 0;
+  char me[INET_ADDRSTRLEN], a[INET_ADDRSTRLEN];
+  struct in_addr x = wr_net_address (n, slot);
+  inet_ntop (AF_INET, &x, me, sizeof me);
+  for (size_t i = 0; i < n_kept; i++)
+    {
+      fmt_addr (kept[i], a);
+      /* added first: deleting an element that timed out would fail the
+       * transaction */
+      o += (size_t)snprintf (cmds + o, o < cap ? cap - o : 0,
+                             "add element inet %s kept { %s . %s }\n", n->table, me, a);
+      if (drop)
+        o += (size_t)snprintf (cmds + o, o < cap ? cap - o : 0,
+                               "delete element inet %s kept { %s . %s }\n", n->table, me, a);
+    }
+  return o;
+}
+
+int
+wr_net_sets_replace (struct wr_net *n, const struct wr_net_set_update *u, size_t count,
+                     wr_err_t *err)
+{
+  size_t cap = 256;
+  for (size_t i = 0; i < count; i++)
+    cap += 128 + (u[i].n_allow + u[i].n_kept) * 96;
+  _cleanup_free_ char *cmds = malloc (cap);
+  if (cmds == NULL)
+    return wr_error (err, ENOMEM, WR_E_INTERNAL, "sets");
+  size_t o = 0;
+  pthread_mutex_lock (&n->lock);
+  for (size_t i = 0; i < count; i++)
+    {
+      unsigned slot = u[i].slot % WR_NET_SLOTS;
+      if (n->fresh[slot]) /* no set yet: its first policy makes it */
+        continue;
+      o += set_elements (n, slot, u[i].allow, u[i].n_allow, cmds + o, o < cap ? cap - o : 0);
+      o += kept_elements (n, slot, u[i].kept, u[i].n_kept, false, cmds + o, o < cap ? cap - o : 0);
+    }
+  int r = 0;
+  if (o >= cap)
+    r = wr_error (err, E2BIG, WR_E_INTERNAL, "sets: %zu bytes", o);
+  else if (o > 0)
+    r = nft_run (n, cmds, err);
+  pthread_mutex_unlock (&n->lock);
+  return r;
+}
+
+int
+wr_net_kept_drop (struct wr_net *n, unsigned slot, const uint32_t *kept, size_t n_kept,
+                  wr_err_t *err)
+{
+  size_t cap = 64 + n_kept * 192;
+  _cleanup_free_ char *cmds = malloc (cap);
+  if (cmds == NULL)
+    return wr_error (err, ENOMEM, WR_E_INTERNAL, "kept");
+  int r = 0;
+  pthread_mutex_lock (&n->lock);
+  size_t o = kept_elements (n, slot % WR_NET_SLOTS, kept, n_kept, true, cmds, cap);
+  if (o > 0 && o < cap)
+    r = nft_run (n, cmds, err);
+  pthread_mutex_unlock (&n->lock);
+  return r;
 }
 
 void

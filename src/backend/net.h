@@ -69,9 +69,12 @@ void wr_net_unprepare (struct wr_net *n, int netns_fd);
 /* Re-create the slot's chains for a link that survived a restart. */
 int wr_net_readopt (struct wr_net *n, unsigned slot, wr_err_t *err);
 /* Replace the slot's allowed destinations and its net group (NULL: none) in
- * one nftables transaction. */
+ * one nftables transaction. kept: the policy names hosts, whose addresses
+ * may leave the set while connections to them are kept
+ * (wr_net_sets_replace): the chain gets the rule that lets those through
+ * (only then: every rule makes each transaction's cache read longer). */
 int wr_net_set_policy (struct wr_net *n, unsigned slot, const struct wr_net_allow *allow,
-                       size_t n_allow, const char *group, wr_err_t *err);
+                       size_t n_allow, const char *group, bool kept, wr_err_t *err);
 /* Egress limits of a slot (docs/network.md, "Egress limits"); 0 = unlimited. */
 struct wr_net_limits
 {
@@ -87,6 +90,25 @@ int wr_net_set_limits (struct wr_net *n, unsigned slot, const struct wr_net_limi
 /* Add destinations to the slot's set (addresses a DNS answer just named). */
 int wr_net_allow_add (struct wr_net *n, unsigned slot, const struct wr_net_allow *allow,
                       size_t n_allow, wr_err_t *err);
+/* Re-resolved names (docs/network.md, "DNS"): replace the allowed sets of
+ * several slots in one nftables transaction (slots without chains yet are
+ * left alone). kept: destinations that left the set, whose connections
+ * already open from the slot stay allowed while they carry a packet every
+ * 15 minutes. */
+struct wr_net_set_update
+{
+  unsigned slot;
+  const struct wr_net_allow *allow;
+  size_t n_allow;
+  const uint32_t *kept; /* host order */
+  size_t n_kept;
+};
+int wr_net_sets_replace (struct wr_net *n, const struct wr_net_set_update *u, size_t count,
+                         wr_err_t *err);
+/* End the slot's kept connections to these destinations (its policy no
+ * longer names the name they came from). */
+int wr_net_kept_drop (struct wr_net *n, unsigned slot, const uint32_t *kept, size_t n_kept,
+                      wr_err_t *err);
 /* Remove the slot's chains, set, counter and link (idempotent). */
 void wr_net_detach (struct wr_net *n, unsigned slot, const char *group);
 /* The same for several slots in one transaction (groups[i]: slots[i]'s

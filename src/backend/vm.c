@@ -508,15 +508,12 @@ struct vm_params
 
 /* eth0 of a networked guest: its init (scripts/guest-init.sh) sets the
  * address, route and resolv.conf from warren.net=ADDR,GW on the command
- * line; a disk image runs its own init, which would leave the NIC unset. */
+ * line; a disk image runs its own init and kernel, and its agent sets them
+ * from the MAC (src/agent/vmnet.c). */
 static int
 vm_params_net (const struct wr_vm_net *net, struct vm_params *p, wr_err_t *err)
 {
-  if (p->disk[0])
-    return wr_error (err, EINVAL, WR_E_UNSUPPORTED,
-                     "\"network\": \"allow=...\" is not available for disk image VMs "
-                     "(their own init would not configure the interface)");
-  if (!vm.has_net)
+  if (!p->disk[0] && !vm.has_net)
     return wr_error (err, ENOENT, WR_E_UNSUPPORTED,
                      "the guest kit has no virtio_net: rebuild it (scripts/mk-guest.sh)");
   p->tap_fd = net->tap_fd;

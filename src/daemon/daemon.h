@@ -134,6 +134,9 @@ struct wrd
   /* --net-default-egress-kbps, --net-default-connections: an allow=
    * create's "net_limits" where it names none (0: unlimited) */
   unsigned long long net_default_egress_kbps, net_default_connections;
+  /* --net-dns-min-ttl, --net-dns-max-ttl: the bounds of a re-resolved
+   * name's TTL in seconds (docs/network.md, "DNS"; 0: 5 and 300) */
+  unsigned net_dns_ttl_min, net_dns_ttl_max;
   bool stopping;
 };
 

@@ -46,7 +46,8 @@ usage (FILE *f)
       "               [--zram-size MB [--zram-priority N]] [--idle-pause S]\n"
       "               [--no-agent-zygote] [--no-cgroup-favordynmods]\n"
       "               [--net-default-egress-kbps KBPS]\n"
-      "               [--net-default-connections N]\n" WRD_CLUSTER_USAGE
+      "               [--net-default-connections N]\n"
+      "               [--net-dns-min-ttl S] [--net-dns-max-ttl S]\n" WRD_CLUSTER_USAGE
       "Runs the Warren node daemon in the foreground; all state lives under DIR.\n"
       "Default listener: unix:DIR/warrend.sock (owner-only).\n");
 }
@@ -144,6 +145,9 @@ main (int argc, char **argv)
     /* default egress limits of allow= sandboxes (docs/network.md) */
     { "net-default-egress-kbps", required_argument, NULL, 2700 },
     { "net-default-connections", required_argument, NULL, 2701 },
+    /* bounds of re-resolved names' TTLs (docs/network.md, "DNS") */
+    { "net-dns-min-ttl", required_argument, NULL, 2702 },
+    { "net-dns-max-ttl", required_argument, NULL, 2703 },
     { NULL, 0, NULL, 0 },
   };
   const char *fn_pools[64];
@@ -246,6 +250,20 @@ main (int argc, char **argv)
               return 2;
             }
           *(c == 2700 ? &d.net_default_egress_kbps : &d.net_default_connections) = v;
+          break;
+        }
+      case 2702: /* re-resolution (netsvc.c) */
+      case 2703:
+        {
+          char *end;
+          unsigned long v = strtoul (optarg, &end, 10);
+          if (*end || optarg[0] == '\0' || v < 1 || v > 86400)
+            {
+              wrd_log (WRD_LOG_ERROR, "--net-dns-%s-ttl wants seconds in [1, 86400]",
+                       c == 2702 ? "min" : "max");
+              return 2;
+            }
+          *(c == 2702 ? &d.net_dns_ttl_min : &d.net_dns_ttl_max) = (unsigned)v;
           break;
         }
       case 2000: /* SandboxFusion API */

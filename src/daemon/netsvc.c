@@ -61,6 +61,13 @@ struct sbnet
   struct event *tcp_ev;
   struct dns_tcp *tcp_conns;
   unsigned n_tcp;
+  /* for re-resolution ("watch" below): the policy's address and CIDR
+   * destinations, the addresses its names had when it was applied (until
+   * the watch has them), and the addresses that left a name's record while
+   * connections to them were kept (name -> [address...]) */
+  struct wr_net_allow *fixed;
+  size_t n_fixed;
+  json_t *seen, *kept;
   struct sbnet *next;
 };
 
@@ -84,6 +91,8 @@ static struct
 } detaching;
 static void detach_flush (evutil_socket_t fd, short what, void *arg);
 static struct sockaddr_in upstream;
+static struct wrd *wd; /* the daemon (the watch's timers and services) */
+static void watch_stop (void);
 
 static struct sbnet *
 sbnet_of (struct sandbox *sb)
@@ -220,6 +229,13 @@ wrd_net_init (struct wrd *d)
       sqlite3_free (msg);
     }
   upstream_init ();
+  wd = d;
+  if (d->net_dns_ttl_min == 0)
+    d->net_dns_ttl_min = 5;
+  if (d->net_dns_ttl_max == 0)
+    d->net_dns_ttl_max = 300;
+  if (d->net_dns_ttl_max < d->net_dns_ttl_min)
+    d->net_dns_ttl_max = d->net_dns_ttl_min;
   /* a claim of ours: a previous run died with networked sandboxes; their
    * table is reset now and their chains come back as they are adopted */
   if (wr_net_claimed (d->root))
@@ -232,6 +248,7 @@ wrd_net_shutdown (struct wrd *d WR_UNUSED)
   /* before the table: its namespaces give their slots back */
   wr_netns_pool_free (npool);
   npool = NULL;
+  watch_stop ();
   if (knet == NULL)
     return;
   detach_flush (-1, 0, NULL); /* destroyed sandboxes' slots */
@@ -309,6 +326,9 @@ struct compiled
   struct wr_net_allow allow[MAX_ADDRS];
   size_t n;
   json_t *names;
+  struct wr_net_allow fixed[MAX_ADDRS]; /* the address and CIDR destinations */
+  size_t n_fixed;
+  json_t *seen; /* name -> [address...] resolved (resolve=true) */
 };
 
 static int dns_resolve (const char *name, uint32_t *addrs, size_t max, size_t *ret_n);
@@ -352,6 +372,7 @@ compile_target (const char *t, bool resolve, struct compiled *c, wr_err_t *err)
       if (c->n >= MAX_ADDRS)
         return wr_error (err, 0, WR_E_INVALID, "network policy: too many destinations");
       c->allow[c->n++] = (struct wr_net_allow){ ntohl (a.s_addr), (uint8_t)prefix, lo, hi };
+      c->fixed[c->n_fixed++] = c->allow[c->n - 1];
       return 0;
     }
   if (slash || !valid_name (host, strlen (host)) || strchr (host, '.') == NULL)
@@ -368,6 +389,13 @@ compile_target (const char *t, bool resolve, struct compiled *c, wr_err_t *err)
   dns_resolve (host, addrs, 64, &n); /* a name without records yet is allowed */
   for (size_t i = 0; i < n && c->n < MAX_ADDRS; i++)
     c->allow[c->n++] = (struct wr_net_allow){ addrs[i], 32, lo, hi };
+  if (c->seen && n && json_object_get (c->seen, host) == NULL)
+    {
+      json_t *found = json_array ();
+      for (size_t i = 0; i < n; i++)
+        json_array_append_new (found, json_integer (addrs[i]));
+      json_object_set_new (c->seen, host, found);
+    }
   return 0;
 }
 
@@ -578,6 +606,7 @@ apply (struct wrd *d, struct sbnet *s, const char *rules, wr_err_t *err)
   if (c == NULL)
     return wr_error (err, ENOMEM, WR_E_INTERNAL, "policy");
   c->names = json_object ();
+  c->seen = json_object ();
   int r = compile_rules (d, rules, true, c, err);
   /* the sandbox's egress limits, in the policy's transaction */
   struct wr_net_limits lim;
@@ -585,13 +614,25 @@ apply (struct wrd *d, struct sbnet *s, const char *rules, wr_err_t *err)
   if (r == 0)
     r = wr_net_set_limits (knet, s->slot, &lim, true, err);
   if (r == 0)
-    r = wr_net_set_policy (knet, s->slot, c->allow, c->n, s->group[0] ? s->group : NULL, err);
+    r = wr_net_set_policy (knet, s->slot, c->allow, c->n, s->group[0] ? s->group : NULL,
+                           json_object_size (c->names) > 0, err);
+  struct wr_net_allow *fixed = NULL;
+  if (r == 0 && c->n_fixed && (fixed = malloc (c->n_fixed * sizeof *fixed)) == NULL)
+    r = wr_error (err, ENOMEM, WR_E_INTERNAL, "policy");
   if (r == 0)
     {
       json_decref (s->names);
       s->names = json_incref (c->names);
+      json_decref (s->seen);
+      s->seen = json_incref (c->seen);
+      if (c->n_fixed)
+        memcpy (fixed, c->fixed, c->n_fixed * sizeof *fixed);
+      free (s->fixed);
+      s->fixed = fixed;
+      s->n_fixed = c->n_fixed;
     }
   json_decref (c->names);
+  json_decref (c->seen);
   free (c);
   return r;
 }
@@ -642,6 +683,16 @@ sbnet_new (struct sandbox *sb, unsigned slot)
   return s;
 }
 
+static void
+sbnet_free (struct sbnet *s)
+{
+  json_decref (s->names);
+  json_decref (s->seen);
+  json_decref (s->kept);
+  free (s->fixed);
+  free (s);
+}
+
 int
 wrd_net_attach (struct wrd *d, struct sandbox *sb, wr_err_t *err)
 {
@@ -667,8 +718,7 @@ wrd_net_attach (struct wrd *d, struct sandbox *sb, wr_err_t *err)
   if (r < 0)
     {
       wr_net_detach (knet, slot, s->group[0] ? s->group : NULL);
-      json_decref (s->names);
-      free (s);
+      sbnet_free (s);
       return r;
     }
   write_resolv (sb, wr_net_gateway (knet, slot));
@@ -699,8 +749,7 @@ wrd_net_attach_vm (struct wrd *d, struct sandbox *sb, struct wr_vm_net *ret, wr_
       if (tap >= 0)
         close (tap);
       wr_net_detach (knet, slot, s->group[0] ? s->group : NULL);
-      json_decref (s->names);
-      free (s);
+      sbnet_free (s);
       return r;
     }
   *ret = (struct wr_vm_net){ tap, wr_net_address (knet, slot), wr_net_gateway (knet, slot) };
@@ -743,9 +792,11 @@ dns_name (const unsigned char *m, size_t len, size_t off, char *out, size_t outl
   return -1;
 }
 
-/* A records of a response; returns their count. */
+/* A records of a response; returns their count. ret_ttl (if not NULL)
+ * gets the least TTL of its answer records (A and CNAME alike), untouched
+ * when it has none. */
 static size_t
-dns_answers (const unsigned char *m, size_t len, uint32_t *addrs, size_t max)
+dns_answers (const unsigned char *m, size_t len, uint32_t *addrs, size_t max, uint32_t *ret_ttl)
 {
   if (len < 12)
     return 0;
@@ -764,6 +815,10 @@ dns_answers (const unsigned char *m, size_t len, uint32_t *addrs, size_t max)
         break;
       unsigned type = (unsigned)(m[off] << 8 | m[off + 1]);
       unsigned rdlen = (unsigned)(m[off + 8] << 8 | m[off + 9]);
+      uint32_t ttl = (uint32_t)m[off + 4] << 24 | (uint32_t)m[off + 5] << 16
+                     | (uint32_t)m[off + 6] << 8 | m[off + 7];
+      if (ret_ttl && (i == 0 || ttl < *ret_ttl))
+        *ret_ttl = ttl;
       off += 10;
       if ((size_t)off + rdlen > len)
         break;
@@ -778,14 +833,12 @@ dns_answers (const unsigned char *m, size_t len, uint32_t *addrs, size_t max)
   return n;
 }
 
-/* Blocking A lookup at the upstream (2 s); used when a policy is applied. */
+/* The A question for name, with id, into q[300]; returns its length or -1. */
 static int
-dns_resolve (const char *name, uint32_t *addrs, size_t max, size_t *ret_n)
+dns_question (const char *name, uint16_t id, unsigned char *q)
 {
-  unsigned char q[300];
   size_t o = 12;
   memset (q, 0, 12);
-  uint16_t id = (uint16_t)random ();
   q[0] = (unsigned char)(id >> 8);
   q[1] = (unsigned char)id;
   q[2] = 1; /* RD */
@@ -795,7 +848,7 @@ dns_resolve (const char *name, uint32_t *addrs, size_t max, size_t *ret_n)
     {
       const char *dot = strchr (p, '.');
       size_t l = dot ? (size_t)(dot - p) : strlen (p);
-      if (l == 0 || l > 63 || o + l + 6 > sizeof q)
+      if (l == 0 || l > 63 || o + l + 6 > 300)
         return -1;
       q[o++] = (unsigned char)l;
       memcpy (q + o, p, l);
@@ -805,9 +858,20 @@ dns_resolve (const char *name, uint32_t *addrs, size_t max, size_t *ret_n)
   q[o++] = 0;
   q[o++] = 0, q[o++] = 1; /* A */
   q[o++] = 0, q[o++] = 1; /* IN */
+  return (int)o;
+}
+
+/* Blocking A lookup at the upstream (2 s); used when a policy is applied. */
+static int
+dns_resolve (const char *name, uint32_t *addrs, size_t max, size_t *ret_n)
+{
+  unsigned char q[300];
+  int o = dns_question (name, (uint16_t)random (), q);
+  if (o < 0)
+    return -1;
   _cleanup_close_ int fd = socket (AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0 || connect (fd, (struct sockaddr *)&upstream, sizeof upstream) < 0
-      || send (fd, q, o, 0) < 0)
+      || send (fd, q, (size_t)o, 0) < 0)
     return -1;
   struct pollfd pf = { .fd = fd, .events = POLLIN };
   unsigned char r[1500];
@@ -816,10 +880,372 @@ dns_resolve (const char *name, uint32_t *addrs, size_t max, size_t *ret_n)
       ssize_t n = recv (fd, r, sizeof r, 0);
       if (n < 12 || r[0] != q[0] || r[1] != q[1])
         continue;
-      *ret_n = dns_answers (r, (size_t)n, addrs, max);
+      *ret_n = dns_answers (r, (size_t)n, addrs, max, NULL);
       return 0;
     }
   return -1;
+}
+
+/* ---- re-resolution: names follow their records (docs/network.md, "DNS") ----
+ * Every name that a live sandbox's policy names (its own rules and its
+ * services' targets) is asked again when its record's TTL runs out,
+ * clamped to [--net-dns-min-ttl, --net-dns-max-ttl], on the loop (one
+ * socket, never a blocking lookup). A new address joins the sets of every
+ * sandbox allowed the name; an address no answer named for one TTL leaves
+ * them, in one nftables transaction for all of them, while connections
+ * already open to it are kept (net.c's kept set). The sandboxes' own
+ * lookups add addresses too (learn) but never remove one. */
+
+#define WATCH_ADDRS 64
+#define WATCH_QUERY_MS 2000 /* an unanswered question is asked again at the least TTL */
+
+struct watch
+{
+  struct watch *next;
+  char name[256];
+  struct
+  {
+    uint32_t addr;
+    uint64_t missing_since; /* ms, monotonic; 0: in the last answer */
+  } a[WATCH_ADDRS];
+  size_t n;
+  unsigned ttl;        /* seconds, clamped */
+  uint64_t due, asked; /* ms: the next question; the one out (0: none) */
+  uint16_t qid;
+  bool changed; /* addresses the sandboxes' sets do not have yet */
+  bool used;
+};
+
+static struct
+{
+  struct watch *list;
+  int fd; /* to the upstream */
+  struct event *rd, *tick;
+} watch = { NULL, -1, NULL, NULL };
+
+static struct watch *
+watch_find (const char *name)
+{
+  for (struct watch *w = watch.list; w; w = w->next)
+    if (strcmp (w->name, name) == 0)
+      return w;
+  return NULL;
+}
+
+/* addresses seen in an answer for w: new ones join, known ones are back */
+static void
+watch_saw (struct watch *w, const uint32_t *addrs, size_t n)
+{
+  for (size_t i = 0; i < n; i++)
+    {
+      size_t k = 0;
+      while (k < w->n && w->a[k].addr != addrs[i])
+        k++;
+      if (k == w->n)
+        {
+          if (w->n == WATCH_ADDRS)
+            continue;
+          w->a[w->n++].addr = addrs[i];
+          w->changed = true;
+        }
+      w->a[k].missing_since = 0;
+    }
+}
+
+static void watch_schedule (void);
+
+/* a sandbox's answer for an allowed name (learn) */
+static void
+watch_learn (const char *name, const uint32_t *addrs, size_t n)
+{
+  struct watch *w = watch_find (name);
+  if (w)
+    watch_saw (w, addrs, n);
+}
+
+/* addr with each of a name's port ranges ([[lo, hi]...]) into out[o...max) */
+static size_t
+with_ports (uint32_t addr, json_t *ports, struct wr_net_allow *out, size_t o, size_t max)
+{
+  size_t i;
+  json_t *pr;
+  json_array_foreach (ports, i, pr)
+  {
+    if (o < max)
+      out[o++]
+          = (struct wr_net_allow){ addr, 32, (uint16_t)json_integer_value (json_array_get (pr, 0)),
+                                   (uint16_t)json_integer_value (json_array_get (pr, 1)) };
+  }
+  return o;
+}
+
+/* s's allowed destinations now: its fixed ones and its names' addresses */
+static size_t
+watch_allowed (struct sbnet *s, struct wr_net_allow *out, size_t max)
+{
+  size_t o = 0;
+  for (size_t i = 0; i < s->n_fixed && o < max; i++)
+    out[o++] = s->fixed[i];
+  const char *name;
+  json_t *ports;
+  json_object_foreach (s->names, name, ports)
+  {
+    struct watch *w = watch_find (name);
+    for (size_t k = 0; w && k < w->n; k++)
+      o = with_ports (w->a[k].addr, ports, out, o, max);
+  }
+  return o;
+}
+
+/* w's addresses changed (gone: those that left): every sandbox allowed w's
+ * name gets its set rebuilt, all in one transaction */
+static void
+watch_apply (struct watch *w, const uint32_t *gone, size_t n_gone)
+{
+  size_t count = 0, cap = 0;
+  for (struct sbnet *s = sbnets; s; s = s->next)
+    cap += json_object_get (s->names, w->name) != NULL;
+  struct wr_net_set_update *u = cap ? calloc (cap, sizeof *u) : NULL;
+  for (struct sbnet *s = sbnets; s && u && count < cap; s = s->next)
+    {
+      if (json_object_get (s->names, w->name) == NULL)
+        continue;
+      struct wr_net_allow *allow = malloc (MAX_ADDRS * sizeof *allow);
+      if (allow == NULL)
+        break;
+      u[count] = (struct wr_net_set_update){ s->slot, allow, watch_allowed (s, allow, MAX_ADDRS),
+                                             gone, n_gone };
+      count++;
+      if (n_gone == 0)
+        continue;
+      /* remembered so that a policy without the name ends them (net_kept_forget) */
+      if (s->kept == NULL)
+        s->kept = json_object ();
+      json_t *k = json_object_get (s->kept, w->name);
+      if (k == NULL)
+        json_object_set_new (s->kept, w->name, k = json_array ());
+      for (size_t i = 0; i < n_gone && json_array_size (k) < WATCH_ADDRS; i++)
+        json_array_append_new (k, json_integer (gone[i]));
+    }
+  wr_err_t err;
+  if (count && wr_net_sets_replace (knet, u, count, &err) < 0)
+    wrd_log (WRD_LOG_WARN, "net: %s changed: %s\n", w->name, err.msg);
+  else
+    w->changed = false;
+  wrd_log (WRD_LOG_DEBUG, "net: %s: %zu addresses, %zu left, %zu sandboxes\n", w->name, w->n,
+           n_gone, count);
+  for (size_t i = 0; i < count; i++)
+    free ((void *)u[i].allow);
+  free (u);
+}
+
+static void
+watch_answer_cb (evutil_socket_t fd, short what WR_UNUSED, void *arg WR_UNUSED)
+{
+  unsigned char m[1500];
+  ssize_t len = recv (fd, m, sizeof m, 0);
+  char name[256];
+  if (len < 12 || !(m[2] & 0x80) || dns_name (m, (size_t)len, 12, name, sizeof name) < 0)
+    return;
+  struct watch *w = watch_find (name);
+  uint16_t id = (uint16_t)(m[0] << 8 | m[1]);
+  if (w == NULL || !w->asked || w->qid != id)
+    return;
+  uint64_t now = wr_now_ms ();
+  unsigned rcode = m[3] & 0xf;
+  w->asked = 0;
+  if ((rcode != 0 && rcode != 3) || (m[2] & 0x02)) /* a failure or truncated: keep all */
+    {
+      w->due = now + wd->net_dns_ttl_min * 1000ull;
+      watch_schedule ();
+      return;
+    }
+  uint32_t addrs[WATCH_ADDRS], ttl = wd->net_dns_ttl_min;
+  size_t n = dns_answers (m, (size_t)len, addrs, WATCH_ADDRS, &ttl);
+  w->ttl = ttl < wd->net_dns_ttl_min   ? wd->net_dns_ttl_min
+           : ttl > wd->net_dns_ttl_max ? wd->net_dns_ttl_max
+                                       : ttl;
+  w->due = now + w->ttl * 1000ull;
+  for (size_t k = 0; k < w->n; k++)
+    w->a[k].missing_since = w->a[k].missing_since ? w->a[k].missing_since : now;
+  watch_saw (w, addrs, n);
+  /* gone for a TTL: out */
+  uint32_t gone[WATCH_ADDRS];
+  size_t n_gone = 0;
+  for (size_t k = 0; k < w->n;)
+    if (w->a[k].missing_since && now - w->a[k].missing_since >= w->ttl * 1000ull)
+      {
+        gone[n_gone++] = w->a[k].addr;
+        w->a[k] = w->a[--w->n];
+      }
+    else
+      k++;
+  if (w->changed || n_gone)
+    watch_apply (w, gone, n_gone);
+  watch_schedule ();
+}
+
+static void
+watch_ask (struct watch *w, uint64_t now)
+{
+  if (watch.fd < 0)
+    {
+      watch.fd = socket (AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+      if (watch.fd >= 0 && connect (watch.fd, (struct sockaddr *)&upstream, sizeof upstream) == 0)
+        {
+          watch.rd = event_new (wd->base, watch.fd, EV_READ | EV_PERSIST, watch_answer_cb, NULL);
+          event_add (watch.rd, NULL);
+        }
+      else if (watch.fd >= 0)
+        {
+          close (watch.fd);
+          watch.fd = -1;
+        }
+    }
+  unsigned char q[300];
+  w->qid = (uint16_t)random ();
+  int len = dns_question (w->name, w->qid, q);
+  w->asked = now;
+  if (watch.fd < 0 || len < 0 || send (watch.fd, q, (size_t)len, 0) < 0)
+    wrd_log (WRD_LOG_DEBUG, "net: asking for %s: %s\n", w->name, strerror (errno));
+}
+
+/* Names no sandbox needs any more go; those due are asked; an unanswered
+ * question is given up after WATCH_QUERY_MS (its addresses stay). */
+static void
+watch_tick (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg WR_UNUSED)
+{
+  for (struct watch *w = watch.list; w; w = w->next)
+    w->used = false;
+  for (struct sbnet *s = sbnets; s; s = s->next)
+    {
+      const char *name;
+      json_t *v;
+      json_object_foreach (s->names, name, v)
+      {
+        struct watch *w = watch_find (name);
+        if (w)
+          w->used = true;
+      }
+    }
+  uint64_t now = wr_now_ms ();
+  for (struct watch **pp = &watch.list; *pp;)
+    {
+      struct watch *w = *pp;
+      if (!w->used)
+        {
+          *pp = w->next;
+          free (w);
+          continue;
+        }
+      if (w->asked && now - w->asked >= WATCH_QUERY_MS)
+        {
+          w->asked = 0;
+          w->due = now + wd->net_dns_ttl_min * 1000ull;
+        }
+      if (!w->asked && w->due <= now)
+        watch_ask (w, now);
+      pp = &w->next;
+    }
+  watch_schedule ();
+}
+
+/* the tick at the earliest question due or given up */
+static void
+watch_schedule (void)
+{
+  if (watch.list == NULL)
+    return;
+  uint64_t next = UINT64_MAX, now = wr_now_ms ();
+  for (struct watch *w = watch.list; w; w = w->next)
+    {
+      uint64_t t = w->asked ? w->asked + WATCH_QUERY_MS : w->due;
+      next = t < next ? t : next;
+    }
+  if (watch.tick == NULL && (watch.tick = evtimer_new (wd->base, watch_tick, NULL)) == NULL)
+    return;
+  uint64_t ms = next > now ? next - now : 0;
+  struct timeval tv = { (time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000 };
+  evtimer_add (watch.tick, &tv);
+}
+
+/* On the loop, once s's policy is applied: its names are watched (a new
+ * one is asked at once), with the addresses the policy found for them. */
+static void
+watch_sync (struct sbnet *s)
+{
+  bool added = false;
+  const char *name;
+  json_t *v;
+  json_object_foreach (s->names, name, v)
+  {
+    struct watch *w = watch_find (name);
+    bool created = false;
+    if (w == NULL && strlen (name) < sizeof w->name && (w = calloc (1, sizeof *w)) != NULL)
+      {
+        created = true;
+        snprintf (w->name, sizeof w->name, "%s", name);
+        w->ttl = wd->net_dns_ttl_min;
+        w->due = wr_now_ms ();
+        w->next = watch.list;
+        watch.list = w;
+        added = true;
+      }
+    json_t *seen = json_object_get (s->seen, name);
+    for (size_t i = 0; w && i < json_array_size (seen); i++)
+      {
+        uint32_t a = (uint32_t)json_integer_value (json_array_get (seen, i));
+        watch_saw (w, &a, 1);
+      }
+    /* s has them; other sandboxes, of a name watched already, may not */
+    if (w && created)
+      w->changed = false;
+  }
+  json_decref (s->seen);
+  s->seen = NULL;
+  if (added)
+    watch_tick (-1, 0, NULL);
+}
+
+/* A new policy of s: the connections kept to addresses of names it no
+ * longer names end. */
+static void
+net_kept_forget (struct sbnet *s)
+{
+  const char *name;
+  json_t *addrs, *tmp;
+  json_object_foreach_safe (s->kept, tmp, name, addrs)
+  {
+    if (json_object_get (s->names, name))
+      continue;
+    uint32_t a[WATCH_ADDRS];
+    size_t n = 0;
+    for (size_t i = 0; i < json_array_size (addrs) && n < WATCH_ADDRS; i++)
+      a[n++] = (uint32_t)json_integer_value (json_array_get (addrs, i));
+    wr_err_t err;
+    if (wr_net_kept_drop (knet, s->slot, a, n, &err) < 0)
+      wrd_log (WRD_LOG_WARN, "net %s: %s\n", s->sb->id, err.msg);
+    json_object_del (s->kept, name);
+  }
+}
+
+static void
+watch_stop (void)
+{
+  while (watch.list)
+    {
+      struct watch *w = watch.list;
+      watch.list = w->next;
+      free (w);
+    }
+  if (watch.rd)
+    event_free (watch.rd);
+  if (watch.tick)
+    event_free (watch.tick);
+  if (watch.fd >= 0)
+    close (watch.fd);
+  watch.rd = watch.tick = NULL;
+  watch.fd = -1;
 }
 
 /* An answer for an allowed name: its addresses join the sandbox's set
@@ -830,20 +1256,14 @@ learn (struct sbnet *s, const char *name, const unsigned char *m, size_t len)
 {
   json_t *ports = json_object_get (s->names, name);
   uint32_t addrs[64];
-  size_t n = dns_answers (m, len, addrs, 64);
+  size_t n = dns_answers (m, len, addrs, 64, NULL);
   if (ports == NULL || n == 0)
     return;
+  watch_learn (name, addrs, n);
   struct wr_net_allow add[64];
-  size_t na = 0, i;
-  json_t *pr;
+  size_t na = 0;
   for (size_t k = 0; k < n; k++)
-    json_array_foreach (ports, i, pr)
-    {
-      if (na < 64)
-        add[na++] = (struct wr_net_allow){ addrs[k], 32,
-                                           (uint16_t)json_integer_value (json_array_get (pr, 0)),
-                                           (uint16_t)json_integer_value (json_array_get (pr, 1)) };
-    }
+    na = with_ports (addrs[k], ports, add, na, 64);
   wr_err_t err;
   if (wr_net_allow_add (knet, s->slot, add, na, &err) < 0)
     wrd_log (WRD_LOG_WARN, "net %s: %s\n", s->sb->id, err.msg);
@@ -1163,6 +1583,7 @@ wrd_net_start (struct wrd *d, struct sandbox *sb)
   s->next = sbnets;
   sbnets = s;
   dns_start (d, s);
+  watch_sync (s);
 }
 
 int
@@ -1185,7 +1606,10 @@ wrd_net_readopt (struct wrd *d, struct sandbox *sb, wr_err_t *err)
   s->next = sbnets;
   sbnets = s; /* even on failure: detach undoes it */
   if (r == 0)
-    dns_start (d, s);
+    {
+      dns_start (d, s);
+      watch_sync (s);
+    }
   return r;
 }
 
@@ -1233,8 +1657,7 @@ wrd_net_detach (struct wrd *d, struct sandbox *sb)
       else if (detaching.ev == NULL)
         detach_flush (-1, 0, NULL);
     }
-  json_decref (s->names);
-  free (s);
+  sbnet_free (s);
 }
 
 json_t *
@@ -1398,7 +1821,11 @@ wrd_http_net_patch (struct wrd *d, struct evhttp_request *req, struct sandbox *s
           json_object_set (sb->spec, "network", norm);
           r = apply (d, s, json_string_value (norm) + 6, &err);
           if (r == 0)
-            r = wrd_db_put (d, sb, &err);
+            {
+              watch_sync (s);
+              net_kept_forget (s);
+              r = wrd_db_put (d, sb, &err);
+            }
           else
             json_object_set (sb->spec, "network", old);
           json_decref (old);

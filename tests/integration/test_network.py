@@ -108,6 +108,49 @@ def test_dns_follows_changed_records(d, world):
         d.api.delete(sid)
 
 
+def test_names_follow_their_records(d, world):
+    """The daemon asks again for an allowed name when its record's TTL (1 s
+    here, clamped to the 5 s default) runs out: the sandbox reaches a new
+    address without looking the name up, and loses the old one for new
+    connections one TTL after it left the record, while a connection open
+    to it is kept (docs/network.md, "DNS")."""
+    (world / "moving").write_text(MIRROR)
+    sid = create(d, "allow=moving.test")
+    try:
+        assert can_reach(d, sid, MIRROR, 8080)
+        assert not can_reach(d, sid, FORBIDDEN, 8080)
+        # a connection to the old address, sending every 0.2 s
+        d.api.sh(sid, f"(while :; do echo x; sleep 0.2; done | nc {MIRROR} 9000 >/dev/null 2>&1 &)")
+        wait_for(lambda: established(d, sid, 9000) == 1, what="connection open")
+        asked = (world / "dnslog").read_text().count("moving.test")
+        (world / "moving").write_text(FORBIDDEN)
+        # no lookup in the sandbox: by address only
+        wait_for(lambda: can_reach(d, sid, FORBIDDEN, 8080), timeout=60,
+                 what="the new address allowed")
+        wait_for(lambda: not can_reach(d, sid, MIRROR, 8080), timeout=60,
+                 what="the old address gone")
+        assert (world / "dnslog").read_text().count("moving.test") > asked
+        assert inspect(d, sid)["net"]["names"] == ["moving.test"]
+        # the open connection still passes: its packets are not dropped
+        denied = inspect(d, sid)["net"]["denied_packets"]
+        sent = inspect(d, sid)["net"]["egress_bytes"]
+        wait_for(lambda: inspect(d, sid)["net"]["egress_bytes"] > sent + 1000,
+                 what="the kept connection sending")
+        assert inspect(d, sid)["net"]["denied_packets"] == denied
+        assert established(d, sid, 9000) == 1
+        addr = inspect(d, sid)["net"]["address"]
+        assert f"{addr} . {MIRROR}" in sh("nft", "list", "set", "inet", nft_table(d), "kept").stdout
+        # a policy without the name ends it: its next packets are dropped
+        assert patch(d, sid, f"allow={FORBIDDEN}:8080").status == 200
+        assert f"{addr} . {MIRROR}" not in sh("nft", "list", "set", "inet", nft_table(d),
+                                                "kept").stdout
+        wait_for(lambda: inspect(d, sid)["net"]["denied_packets"] > denied,
+                 what="the kept connection cut")
+    finally:
+        (world / "moving").write_text(MIRROR)
+        d.api.delete(sid)
+
+
 def test_live_update_allow_then_deny(d):
     sid = create(d, "allow=")
     try:

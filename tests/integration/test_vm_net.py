@@ -5,7 +5,8 @@ The outside world is nethost.py's (`world`), as for test_network.py: a
 network namespace with a mirror, a forbidden site and a DNS server at 198.18.<n>.2-4; nothing here
 touches an outside address. Under TCG a boot takes tens of seconds, so one
 microvm carries most checks (policy, DNS, live PATCH, counters, the proxy,
-a daemon crash and re-adoption, cleanup) and one q35 VM the basics."""
+a daemon crash and re-adoption, cleanup), one q35 VM the basics and one
+disk-image VM its agent-made NIC."""
 import os
 import shutil
 import socket
@@ -16,7 +17,7 @@ from wr import wait_for
 from nethost import (FORBIDDEN, HOST_IP, MIRROR, can_reach, create, fetch, host_listener, inspect,
                      links, net_daemon, nft_table, patch, prefixed_links, restart, sh,
                      table_exists, world)  # noqa: F401 (world: the fixture)
-from test_vm import GUEST, REPO, guest_kit, kernel_release, qemu_pids
+from test_vm import GUEST, REPO, guest_kit, import_disk, kernel_release, mk_disk, qemu_pids
 
 BOOT_S = 240  # the first exec waits for the guest's boot under TCG
 
@@ -175,6 +176,34 @@ def test_vm_q35_policy(rootfs, world):
         shutil.rmtree(dm.root, ignore_errors=True)
     if table:
         assert not table_exists(table)
+
+
+def test_disk_vm_policy(rootfs, world, tmp_path):
+    """A disk-image VM (test_vm.py's busybox disk: its own init, no
+    warren.net= on a command line it does not take from us): its agent sets
+    the NIC from the MAC the daemon gave it (src/agent/vmnet.c), and the
+    policy holds as for the kit's VMs."""
+    net_kit()  # the disk's initramfs takes the kit's modules: virtio_net
+    disk = mk_disk(str(tmp_path / "busybox.qcow2"), "--busybox")
+    dm = vm_net_daemon(rootfs)
+    try:
+        import_disk(dm.api, "vmdisk:net", disk)
+        sid = create_vm(dm, "vm", "allow=mirror.test:8080", image="vmdisk:net")
+        net = inspect(dm, sid)["net"]
+        r = dm.api.sh(sid, "ip -4 addr; ip route; cat /etc/resolv.conf", timeout_s=BOOT_S)
+        assert r["exit_code"] == 0, r
+        assert f"inet {net['address']}/30" in r["stdout"], r
+        assert f"default via {net['gateway']}" in r["stdout"], r
+        assert f"nameserver {net['gateway']}" in r["stdout"], r
+        # by name through the daemon's DNS; the forbidden host is not reached
+        code, body = fetch(dm, sid, "http://mirror.test:8080/", timeout=30)
+        assert code == 0 and "this is the mirror" in body, (code, body)
+        assert fetch(dm, sid, f"http://{FORBIDDEN}:8080/", timeout=5)[0] != 0
+        assert dm.api.raw("DELETE", f"/v1/sandboxes/{sid}").status in (200, 204)
+        wait_for(lambda: net["interface"] not in links(dm), what="the VM's tap gone")
+    finally:
+        dm.stop()
+        shutil.rmtree(dm.root, ignore_errors=True)
 
 
 def test_network_none_vm_has_no_nic(rootfs, world):
