@@ -36,6 +36,7 @@ enum ag_req_kind
   AG_REQ_READ,
   AG_REQ_WRITE,
   AG_REQ_WATCH,
+  AG_REQ_EXPORT,
 };
 
 /* A live request (one stream). Orphans belong to a lost connection: they
@@ -57,6 +58,7 @@ struct ag_state
   size_t outq_bytes;   /* queued towards the daemon */
   size_t stdin_bytes;  /* buffered for process stdins */
   int devnull;         /* O_RDONLY /dev/null for stdin, -1 if unavailable */
+  unsigned exporting;  /* FILE "export" requests live: new EXEC/FILE requests wait */
 };
 
 extern struct ag_state ag;
@@ -114,6 +116,10 @@ void ag_cg_exec_kill (const struct ag_exec_cg *c);
 /* 1 OOM-killed, 0 not, -1 cannot tell (no memory controller here) */
 int ag_cg_exec_oom (const struct ag_exec_cg *c);
 void ag_cg_exec_release (struct ag_exec_cg *c);
+/* Freeze (or thaw) every task process, where the agent owns the tree (a
+ * VM guest): 1 when frozen (waits a bounded time for it), 0 when there is
+ * nothing to freeze, negative on failure. */
+int ag_cg_freeze (bool frozen);
 
 /* files.c */
 void ag_file_start (uint32_t stream, json_t *body);
@@ -130,6 +136,14 @@ void ag_fwatch_stop (struct ag_req *r);
 void ag_fwatch_orphan (struct ag_req *r);
 /* Stop (or resume) reading events while the daemon is not reading ours. */
 void ag_fwatch_pause (bool pause);
+
+/* upper.c: the FILE op "export" (the guest's writable layer as a tar
+ * stream); --upper DIR exports DIR instead (tests) */
+extern const char *ag_upper_dir;
+int ag_export_start (uint32_t stream, json_t *body, wr_err_t *err);
+/* Produce DATA; returns true while more is to come. */
+bool ag_export_step (struct ag_req *r);
+void ag_export_orphan (struct ag_req *r);
 
 /* users.c: accounts of the sandbox (its /etc/passwd and /etc/group) */
 #define AG_USER_MAX_GROUPS 64

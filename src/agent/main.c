@@ -45,6 +45,7 @@ static struct
   struct ag_watch w;
   bool dead; /* closed at the top of the next loop iteration */
   bool read_paused;
+  bool held; /* a new request waits in `in` until the exports end */
   uint8_t *in;
   size_t in_len;
   struct obuf *oq_head, *oq_tail;
@@ -407,6 +408,37 @@ dispatch (const struct wr_frame *f)
     }
 }
 
+/* Dispatch the complete frames in `in`. While an export runs, a new EXEC
+ * or FILE request (and everything after it, in order) waits: it comes
+ * after the snapshot, as in a frozen container. */
+static void
+conn_parse (void)
+{
+  size_t off = 0;
+  conn.held = false;
+  while (!conn.dead)
+    {
+      struct wr_frame f;
+      int r = wr_frame_parse (conn.in + off, conn.in_len - off, &f);
+      if (r == 0)
+        break;
+      if (r < 0)
+        {
+          conn.dead = true; /* cannot find the next frame boundary */
+          return;
+        }
+      if (ag.exporting && f.stream != 0 && (f.type == WR_MSG_EXEC || f.type == WR_MSG_FILE))
+        {
+          conn.held = true;
+          break;
+        }
+      dispatch (&f);
+      off += (size_t)r;
+    }
+  memmove (conn.in, conn.in + off, conn.in_len - off);
+  conn.in_len -= off;
+}
+
 static void
 conn_read (void)
 {
@@ -420,23 +452,7 @@ conn_read (void)
       return;
     }
   conn.in_len += (size_t)n;
-  size_t off = 0;
-  while (!conn.dead)
-    {
-      struct wr_frame f;
-      int r = wr_frame_parse (conn.in + off, conn.in_len - off, &f);
-      if (r == 0)
-        break;
-      if (r < 0)
-        {
-          conn.dead = true; /* cannot find the next frame boundary */
-          return;
-        }
-      dispatch (&f);
-      off += (size_t)r;
-    }
-  memmove (conn.in, conn.in + off, conn.in_len - off);
-  conn.in_len -= off;
+  conn_parse ();
 }
 
 static void
@@ -474,6 +490,7 @@ conn_close (void)
   ag_watch_close (&conn.w);
   conn.dead = false;
   conn.read_paused = false;
+  conn.held = false;
   conn.in_len = 0;
   if (device_path)
     device_retry_at = wr_now_ms () + DEVICE_RETRY_MS;
@@ -560,7 +577,7 @@ static void
 usage (void)
 {
   fputs ("usage: warren-agent [--listen-fd N] [--conn-fd N] [--device PATH] [--root DIR] "
-         "[--no-openat2] [--keep-fd N] [--cgroup-fd N]\n",
+         "[--no-openat2] [--keep-fd N] [--cgroup-fd N] [--upper DIR]\n",
          stderr);
   exit (2);
 }
@@ -920,6 +937,7 @@ main (int argc, char **argv)
     { "no-openat2", no_argument, NULL, 'N' },
     { "keep-fd", required_argument, NULL, 'k' },
     { "cgroup-fd", required_argument, NULL, 'g' },
+    { "upper", required_argument, NULL, 'u' },
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 },
   };
@@ -961,6 +979,9 @@ main (int argc, char **argv)
         if ((cgroup_fd = parse_fd (optarg)) < 0)
           usage ();
         break;
+      case 'u':
+        ag_upper_dir = optarg;
+        break;
       default:
         usage ();
       }
@@ -987,7 +1008,10 @@ main (int argc, char **argv)
           ag_fwatch_pause (congested);
         }
       bool more = ag_file_pump ();
-      conn.read_paused = ag.outq_bytes > AG_OUTQ_STOP_READ || ag.stdin_bytes > AG_STDIN_STOP_READ;
+      if (conn.held && !ag.exporting && conn.w.fd >= 0 && !conn.dead)
+        conn_parse ();
+      conn.read_paused
+          = ag.outq_bytes > AG_OUTQ_STOP_READ || ag.stdin_bytes > AG_STDIN_STOP_READ || conn.held;
       conn_update ();
       if (conn.dead)
         continue;

@@ -26,6 +26,7 @@
 #include "daemon/backends.h"
 #include "daemon/criu.h"
 #include "daemon/fsdiff.h"
+#include "daemon/guest_upper.h"
 #include "daemon/http_util.h"
 #include "daemon/images.h"
 #include "daemon/log.h"
@@ -33,6 +34,7 @@
 
 #define CKPT_PREFIX "warren-checkpoint/"
 #define FORK_PREFIX "warren-fork/"
+#define DIFF_PREFIX "warren-diff/" /* a VM's "now", for one diff */
 #define FORK_MAX 256
 
 /* checkpoint names are image tags: [A-Za-z0-9_.-]{1,128} */
@@ -135,16 +137,26 @@ wrd_checkpoints_drop (struct wrd *d, const char *id)
 static int
 check_fs_ops (struct sandbox *sb, const char *what, wr_err_t *err)
 {
+  if (sb->ops->upper_fd == NULL && wrd_guest_upper (sb))
+    {
+      if (strcmp (what, "restore") == 0)
+        /* docs/rl.md: a restore in place would change the file system
+         * under the guest kernel's caches; a reboot on the checkpoint is a
+         * new sandbox, which the checkpoint's image already gives */
+        return wr_error (err, 0, WR_E_UNSUPPORTED,
+                         "restore is not implemented on the %s backend: the guest kernel caches "
+                         "its writable layer, so a VM can only be restored by booting it again "
+                         "on the checkpoint's layers, without its processes; create that sandbox "
+                         "from the checkpoint's image instead (warren create --backend %s --image "
+                         "warren-checkpoint/%s:NAME; docs/rl.md, 'Checkpoints, restore and diff on "
+                         "microvm and vm')",
+                         sb->backend, sb->backend, sb->id);
+      return wrd_guest_upper_check (sb, what, err);
+    }
   if (sb->ops->upper_fd == NULL)
-    /* docs/rl.md: a consistent copy needs the guest to flush and freeze
-     * its upper first, and its content is read in the guest, never by a
-     * host mount of guest-written ext4; neither is built yet */
     return wr_error (err, 0, WR_E_UNSUPPORTED,
-                     "%s is not implemented on the %s backend: its writable layer is an ext4 "
-                     "disk image inside the guest, which needs a guest-side flush and freeze "
-                     "before a copy and a guest-side reader for a diff (docs/rl.md, "
-                     "'Checkpoints, restore and diff on microvm and vm'); container sandboxes "
-                     "support it",
+                     "%s is not implemented on the %s backend: it cannot hand out its writable "
+                     "layer (docs/rl.md); container, microvm and vm sandboxes support it",
                      what, sb->backend);
   return 0;
 }
@@ -175,6 +187,8 @@ struct fjob
   char id[33];
   struct pack_snap snap;
   bool have_snap;
+  bool guest;        /* a VM: the snapshot is the agent's export (guest_upper.h) */
+  char tmp_ref[256]; /* a VM's "now" of a diff, untagged at the end */
   char ref[256];
   char name[140];
   struct wr_image *img;
@@ -201,6 +215,9 @@ fjob_free (struct fjob *j)
 {
   if (j->have_snap)
     wrd_pack_end (j->d, &j->snap);
+  wr_err_t e;
+  if (j->tmp_ref[0] && wr_image_remove (j->d->store, j->tmp_ref, &e) < 0)
+    wrd_log (WRD_LOG_WARN, "diff of %s: untag %s: %s\n", j->id, j->tmp_ref, e.msg);
   if (j->root_fd >= 0)
     close (j->root_fd);
   wr_image_free (j->img);
@@ -293,7 +310,7 @@ job_work (void *arg)
 {
   struct fjob *j = arg;
   struct wrd *d = j->d;
-  if (j->kind == JOB_CHECKPOINT || j->kind == JOB_FORK)
+  if ((j->kind == JOB_CHECKPOINT || j->kind == JOB_FORK) && !j->guest)
     {
       j->r = wrd_pack_commit (d->store, &j->snap, j->ref, NULL, &j->stats, &j->img, &j->err);
       j->t_snap = wr_now_ns ();
@@ -417,9 +434,72 @@ job_start (struct fjob *j)
     }
 }
 
+/* A VM's export is committed (guest_upper.c): a checkpoint or fork goes on
+ * as a container's does after its commit; a diff's "now" becomes the
+ * layers of that image. */
+static void
+guest_snap_done (struct wrd *d, void *ud, struct wrd_guest_snap *gs, wr_err_t *err)
+{
+  struct fjob *j = ud;
+  j->t_snap = wr_now_ns ();
+  if (gs == NULL)
+    {
+      j->r = -1;
+      j->err = *err;
+      job_done (j);
+      return;
+    }
+  j->stats.files = gs->entries;
+  if (j->kind != JOB_DIFF)
+    {
+      j->img = gs->img;
+      gs->img = NULL;
+      job_done (j);
+      return;
+    }
+  struct side *sides[2] = { &j->from, &j->to };
+  for (int i = 0; i < 2; i++)
+    if (sides[i]->now)
+      {
+        sides[i]->now = false;
+        free (sides[i]->layers);
+        sides[i]->layers = NULL;
+        if (side_layers (sides[i], gs->img->layers, gs->img->n_layers, &j->err) < 0)
+          {
+            j->r = -1;
+            job_done (j);
+            return;
+          }
+      }
+  job_start (j);
+}
+
+/* Freeze the sandbox and take hold of its writable layer: a container's
+ * upper directory (pack.c), or a VM's export committed as image ref (a
+ * diff's own temporary one when ref is NULL); the job goes on from
+ * guest_snap_done then. */
 static int
 begin_snap (struct fjob *j, struct sandbox *sb, wr_err_t *err)
 {
+  if (sb->ops->upper_fd == NULL && wrd_guest_upper (sb))
+    {
+      const char *ref = j->ref;
+      if (j->kind == JOB_DIFF)
+        {
+          char rnd[13];
+          wr_random_hex (rnd, 12);
+          snprintf (j->tmp_ref, sizeof j->tmp_ref, DIFF_PREFIX "%s:%s", sb->id, rnd);
+          ref = j->tmp_ref;
+        }
+      int r = wrd_guest_snap_start (j->d, sb, ref, guest_snap_done, j, err);
+      if (r < 0)
+        {
+          j->tmp_ref[0] = '\0';
+          return r;
+        }
+      j->guest = true;
+      return 0;
+    }
   int r = wrd_pack_begin (j->d, sb, &j->snap, err);
   if (r < 0)
     return r;
@@ -502,7 +582,8 @@ http_checkpoint (struct wrd *d, struct evhttp_request *req, struct sandbox *sb)
       return;
     }
   log_begin (j, sb, "checkpoint");
-  job_start (j);
+  if (!j->guest)
+    job_start (j);
 }
 
 /* A side of a diff or restore: "image", "now" or a checkpoint name. */
@@ -613,7 +694,8 @@ http_diff (struct wrd *d, struct evhttp_request *req, struct sandbox *sb, struct
     goto fail;
   if ((j->from.now || j->to.now) && begin_snap (j, sb, &err) < 0)
     goto fail;
-  job_start (j);
+  if (!j->guest)
+    job_start (j);
   return;
 fail:
   wrd_reply_error (req, &err);
@@ -781,7 +863,8 @@ http_fork (struct wrd *d, struct evhttp_request *req, struct sandbox *sb)
   /* the fork point: the parent's events before it are in the children */
   j->fork_seq = wrd_traj_lifecycle (d, sb, "fork", json_pack ("{s:I}", "count", count_v));
   json_decref (body);
-  job_start (j);
+  if (!j->guest)
+    job_start (j);
   return;
 fail:
   json_decref (body);
