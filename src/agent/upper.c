@@ -150,19 +150,20 @@ header_fill (uint8_t h[512], const char *name, char type, uint64_t size, const s
 static int
 xattrs_add (int dirfd, const char *name, char **pax, size_t *plen)
 {
-  /* through an O_PATH fd: a symlink's own xattrs, never its target's */
+  /* through the magic link of an O_PATH fd, which lands on the entry
+   * itself: a symlink's own xattrs, never its target's */
   char path[64], names[4096];
   _cleanup_close_ int fd = openat (dirfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0)
     return 0;
   snprintf (path, sizeof path, "/proc/self/fd/%d", fd);
-  ssize_t n = llistxattr (path, names, sizeof names);
+  ssize_t n = listxattr (path, names, sizeof names);
   for (char *k = names; n > 0 && k < names + n; k += strlen (k) + 1)
     {
       if (strncmp (k, "user.", 5) != 0 || strncmp (k, "user.overlay.", 13) == 0)
         continue; /* overlay bookkeeping, security.* and trusted.* stay */
       char val[4096], key[300];
-      ssize_t vl = lgetxattr (path, k, val, sizeof val);
+      ssize_t vl = getxattr (path, k, val, sizeof val);
       if (vl < 0)
         continue;
       snprintf (key, sizeof key, "SCHILY.xattr.%s", k);
