@@ -1331,7 +1331,6 @@ file_suite (bool no_openat2)
     abort ();
 }
 
-
 /* ---- FILE "export": a writable layer as a pax stream (src/agent/upper.c) ---- */
 
 struct tar_entry
@@ -1504,7 +1503,8 @@ test_export (void)
   TAP_OK ((t = tar_find (v, n, "big")) && t->size == (int64_t)big && t->sum == want_sum,
           "export: %zu bytes of file data intact", big);
   TAP_OK (result && jint (result, "entries") == (json_int_t)n - (opaque ? 0 : 0)
-              && jint (result, "skipped") == 1 && !json_is_true (json_object_get (result, "frozen")),
+              && jint (result, "skipped") == 1
+              && !json_is_true (json_object_get (result, "frozen")),
           "export: RESULT counts entries (%lld of %zu) and the skipped fifo",
           result ? (long long)jint (result, "entries") : -1, n);
   struct fres fe = fop (&a, "{\"op\":\"export\",\"path\":\"/etc\"}");
