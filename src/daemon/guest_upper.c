@@ -103,6 +103,7 @@ struct gsnap
   struct wrd_guest_snap snap;
   wrd_guest_snap_cb cb;
   void *ud;
+  uint64_t t0, t_stream; /* ns */
   int r;
 };
 
@@ -152,6 +153,10 @@ static void
 commit_done (void *arg)
 {
   struct gsnap *g = arg;
+  uint64_t now = wr_now_ns ();
+  wrd_log (WRD_LOG_INFO, "snapshot of %s: %llu stream bytes in %.0f ms, import %.0f ms%s\n", g->id,
+           (unsigned long long)g->got, (double)(g->t_stream - g->t0) / 1e6,
+           (double)(now - g->t_stream) / 1e6, g->r < 0 ? " (failed)" : "");
   gsnap_finish (g, g->r < 0 ? &g->err : NULL);
 }
 
@@ -169,6 +174,7 @@ on_done (void *ud, json_t *result)
   g->snap.entries = e > 0 ? (uint64_t)e : 0;
   g->snap.bytes = b > 0 ? (uint64_t)b : 0;
   g->snap.stream_bytes = g->got;
+  g->t_stream = wr_now_ns ();
   g->snap.frozen = json_is_true (json_object_get (result, "frozen"));
   if (wrd_job_run (g->d, commit_work, commit_done, g) < 0)
     {
@@ -230,6 +236,7 @@ wrd_guest_snap_start (struct wrd *d, struct sandbox *sb, const char *ref, wrd_gu
   memcpy (g->layers, sb->layers, sb->n_layers * sizeof *g->layers);
   g->n_layers = sb->n_layers;
   g->max = wrd_guest_stream_max (d, sb);
+  g->t0 = wr_now_ns ();
   static const struct agent_ops ops = { on_data, on_done, on_error };
   json_t *body = json_pack ("{s:s,s:s}", "op", "export", "path", "/");
   uint32_t stream = agent_request (sb->conn, WR_MSG_FILE, body, &ops, g);
