@@ -67,7 +67,8 @@ struct fexport
   size_t n_links, cap_links;
   uint8_t *out;
   size_t out_len, out_cap;
-  uint64_t entries, bytes, skipped;
+  bool scrub; /* pack: leave out what wr_pack_scrubbed names */
+  uint64_t entries, bytes, skipped, scrubbed;
 };
 
 static int
@@ -320,10 +321,13 @@ push_dir (struct fexport *x, int fd, size_t plen, wr_err_t *err)
 int
 ag_export_start (uint32_t stream, json_t *body, wr_err_t *err)
 {
-  (void)body;
+  json_t *scrub = json_object_get (body, "scrub");
+  if (scrub && !json_is_boolean (scrub))
+    return wr_error (err, EINVAL, WR_E_INVALID, "\"scrub\" must be a boolean");
   struct fexport *x = calloc (1, sizeof *x);
   if (x == NULL)
     return wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
+  x->scrub = json_is_true (scrub);
   x->r.stream = stream;
   x->r.kind = AG_REQ_EXPORT;
   x->mnt_fd = -1;
@@ -390,6 +394,17 @@ walk_one (struct fexport *x, wr_err_t *err)
   if (top->plen + nl + 2 > sizeof x->path)
     return wr_error (err, ENAMETOOLONG, WR_E_INVALID, "path too long under %.*s", (int)top->plen,
                      x->path);
+  if (x->scrub)
+    {
+      /* the directory's own path, without its trailing slash */
+      char dir[sizeof x->path];
+      snprintf (dir, sizeof dir, "%.*s", top->plen ? (int)top->plen - 1 : 0, x->path);
+      if (wr_pack_scrubbed (dir, name))
+        {
+          x->scrubbed++;
+          return 0;
+        }
+    }
   memcpy (x->path + top->plen, name, nl + 1);
   struct stat st;
   if (fstatat (dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
@@ -551,9 +566,9 @@ ag_export_step (struct ag_req *r)
   if (!x->ended)
     return true;
   ag_send_json (r->stream, WR_MSG_RESULT,
-                json_pack ("{s:I,s:I,s:I,s:b}", "entries", (json_int_t)x->entries, "bytes",
-                           (json_int_t)x->bytes, "skipped", (json_int_t)x->skipped, "frozen",
-                           x->frozen));
+                json_pack ("{s:I,s:I,s:I,s:I,s:b}", "entries", (json_int_t)x->entries, "bytes",
+                           (json_int_t)x->bytes, "skipped", (json_int_t)x->skipped, "scrubbed",
+                           (json_int_t)x->scrubbed, "frozen", x->frozen));
   fexport_free (x);
   return false;
 }

@@ -66,6 +66,9 @@ enum wr_msg
    *   watch  {"recursive":bool,"entry":bool} -> DATA {"ready":true}, then DATA
    *          {"events":[{"name","type":"create|write|remove|rename|chmod","entry"}]}
    *          until the daemon sends any DATA frame -> RESULT {}
+   *   export {} (path "/")         -> DATA frames: the guest's writable layer as a
+   *          pax tar (whiteouts as OCI .wh. entries), then RESULT
+   *          {"entries","bytes","skipped","frozen"} (VM guests; docs/protocol.md)
    * stat object: {"name","type":"file|dir|symlink|other","size","mode","mtime","uid","gid"}
    *   (a non-UTF-8 name is base64 with "name_encoding":"base64")
    * Paths are resolved inside the sandbox root: ".." and symlinks never leave it. */

@@ -491,7 +491,7 @@ begin_snap (struct fjob *j, struct sandbox *sb, wr_err_t *err)
           snprintf (j->tmp_ref, sizeof j->tmp_ref, DIFF_PREFIX "%s:%s", sb->id, rnd);
           ref = j->tmp_ref;
         }
-      int r = wrd_guest_snap_start (j->d, sb, ref, guest_snap_done, j, err);
+      int r = wrd_guest_snap_start (j->d, sb, ref, false, guest_snap_done, j, err);
       if (r < 0)
         {
           j->tmp_ref[0] = '\0';

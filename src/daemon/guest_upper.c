@@ -169,10 +169,14 @@ on_done (void *ud, json_t *result)
       gsnap_finish (g, &g->err);
       return;
     }
-  json_int_t e = json_integer_value (json_object_get (result, "entries"));
-  json_int_t b = json_integer_value (json_object_get (result, "bytes"));
-  g->snap.entries = e > 0 ? (uint64_t)e : 0;
-  g->snap.bytes = b > 0 ? (uint64_t)b : 0;
+  /* counts from the guest: shown, never trusted */
+  static const char *const keys[] = { "entries", "bytes", "skipped", "scrubbed" };
+  uint64_t *vals[] = { &g->snap.entries, &g->snap.bytes, &g->snap.skipped, &g->snap.scrubbed };
+  for (size_t i = 0; i < WR_ARRAY_SIZE (keys); i++)
+    {
+      json_int_t v = json_integer_value (json_object_get (result, keys[i]));
+      *vals[i] = v > 0 ? (uint64_t)v : 0;
+    }
   g->snap.stream_bytes = g->got;
   g->t_stream = wr_now_ns ();
   g->snap.frozen = json_is_true (json_object_get (result, "frozen"));
@@ -203,8 +207,8 @@ on_error (void *ud, const char *code, const char *message)
 }
 
 int
-wrd_guest_snap_start (struct wrd *d, struct sandbox *sb, const char *ref, wrd_guest_snap_cb cb,
-                      void *ud, wr_err_t *err)
+wrd_guest_snap_start (struct wrd *d, struct sandbox *sb, const char *ref, bool scrub,
+                      wrd_guest_snap_cb cb, void *ud, wr_err_t *err)
 {
   if (sb->state == SB_DEAD || sb->state == SB_DESTROYING || !sb->has_container
       || !agent_conn_alive (sb->conn))
@@ -238,7 +242,7 @@ wrd_guest_snap_start (struct wrd *d, struct sandbox *sb, const char *ref, wrd_gu
   g->max = wrd_guest_stream_max (d, sb);
   g->t0 = wr_now_ns ();
   static const struct agent_ops ops = { on_data, on_done, on_error };
-  json_t *body = json_pack ("{s:s,s:s}", "op", "export", "path", "/");
+  json_t *body = json_pack ("{s:s,s:s,s:b}", "op", "export", "path", "/", "scrub", scrub);
   uint32_t stream = agent_request (sb->conn, WR_MSG_FILE, body, &ops, g);
   json_decref (body);
   if (stream == 0)

@@ -19,7 +19,7 @@ int wrd_guest_upper_check (const struct sandbox *sb, const char *what, wr_err_t 
 struct wrd_guest_snap
 {
   struct wr_image *img; /* the new image: sb's layers + the exported one */
-  uint64_t entries, bytes, stream_bytes;
+  uint64_t entries, bytes, stream_bytes, skipped, scrubbed;
   bool frozen; /* the guest's tasks were frozen during the walk */
 };
 
@@ -29,9 +29,10 @@ typedef void (*wrd_guest_snap_cb) (struct wrd *d, void *ud, struct wrd_guest_sna
                                    wr_err_t *err);
 
 /* Export sb's layer and commit it as image ref (name:tag) with sb's
- * layers below it and sb's image config. Asynchronous: cb reports. */
-int wrd_guest_snap_start (struct wrd *d, struct sandbox *sb, const char *ref, wrd_guest_snap_cb cb,
-                          void *ud, wr_err_t *err);
+ * layers below it and sb's image config; scrub leaves out what a pack
+ * does (wr_pack_scrubbed). Asynchronous: cb reports. */
+int wrd_guest_snap_start (struct wrd *d, struct sandbox *sb, const char *ref, bool scrub,
+                          wrd_guest_snap_cb cb, void *ud, wr_err_t *err);
 
 /* Worker thread: the tar at fd (read from its start, untrusted) as one
  * layer over base (n digests, bottom-most first) named ref, through the

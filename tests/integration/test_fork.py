@@ -340,9 +340,10 @@ def vmapi(rootfs):
 def test_microvm_checkpoint_diff_fork(vmapi):
     """A microvm's writable layer, exported by its agent and imported through
     the confined helper (docs/rl.md), makes the same checkpoints as a
-    container's: diff against the image and between checkpoints, forks that
-    boot on it; restore answers 501 naming the replacement. One VM and one
-    fork child: each boot costs seconds under TCG."""
+    container's: diff against the image and between checkpoints, a pack a
+    container runs, forks that boot on it; restore answers 501 naming the
+    replacement. One VM and one fork child: each boot costs seconds under
+    TCG."""
     api = vmapi.api
     images = api.raw("GET", "/v1/images").json()
     sid = api.create(backend="microvm", memory_mb=256, cpus=1)
@@ -389,6 +390,17 @@ def test_microvm_checkpoint_diff_fork(vmapi):
         kinds = {c["path"]: c["kind"] for c in r["changes"]}
         assert kinds["/w/sub"] == "added" and kinds["/new"] == "deleted", kinds
         assert kinds["/etc/conf"] == "modified"
+
+        # pack: the same export, scrubbed, as an image a container can run
+        out(api, sid, "mkdir -p /root && echo secret > /root/.ash_history")
+        r = api.raw("POST", f"/v1/sandboxes/{sid}/pack", {"name": "vmpack:1"})
+        assert r.status == 201, r
+        assert r.json()["packed"]["scrubbed"] == 1, r.json()
+        ct = api.create(image="vmpack:1")
+        assert out(api, ct, "cat /w/a /new; ls /root") == "one\nb\n"
+        api.delete(ct)
+        assert api.raw("DELETE", "/v1/images/vmpack:1").status in (200, 204)
+        out(api, sid, "rm /root/.ash_history")
 
         # restore: a clear 501 that names what to do instead
         r = api.raw("POST", f"/v1/sandboxes/{sid}/restore", {"name": "c1"})
