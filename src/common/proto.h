@@ -66,7 +66,7 @@ enum wr_msg
    *   watch  {"recursive":bool,"entry":bool} -> DATA {"ready":true}, then DATA
    *          {"events":[{"name","type":"create|write|remove|rename|chmod","entry"}]}
    *          until the daemon sends any DATA frame -> RESULT {}
-   *   export {} (path "/")         -> DATA frames: the guest's writable layer as a
+   *   export {"scrub":bool} (path "/") -> DATA frames: the guest's writable layer as a
    *          pax tar (whiteouts as OCI .wh. entries), then RESULT
    *          {"entries","bytes","skipped","frozen"} (VM guests; docs/protocol.md)
    * stat object: {"name","type":"file|dir|symlink|other","size","mode","mtime","uid","gid"}
