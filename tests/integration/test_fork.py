@@ -29,6 +29,17 @@ def out(api, sid, script):
     return r["stdout"]
 
 
+def diff_of(api, sid, query=""):
+    """A diff's answer and its changes by path."""
+    r = api.raw("GET", f"/v1/sandboxes/{sid}/diff{query}")
+    assert r.status == 200, r
+    return r.json(), {c["path"]: c for c in r.json()["changes"]}
+
+
+# what changing l2 into L2 in /etc/conf looks like
+CONF_DIFF = "--- a/etc/conf\n+++ b/etc/conf\n@@ -1,3 +1,3 @@\n l1\n-l2\n+L2\n l3\n"
+
+
 def layer_files(root):
     return sorted(os.listdir(os.path.join(root, "layers", "sha256")))
 
@@ -183,17 +194,13 @@ def test_diff_added_modified_deleted(api):
         assert r.json()["from"] == "image" and r.json()["to"] == "now"
         assert api.raw("POST", f"/v1/sandboxes/{sid}/checkpoints", {"name": "base"}).status == 201
         out(api, sid, "printf 'l1\\nL2\\nl3\\n' > /etc/conf && rm -r /d && echo b > /new && printf '\\0\\1' > /bin.dat")
-        r = api.raw("GET", f"/v1/sandboxes/{sid}/diff?from=base")
-        assert r.status == 200, r
-        ch = {c["path"]: c for c in r.json()["changes"]}
-        assert ch["/etc/conf"]["kind"] == "modified"
-        assert ch["/etc/conf"]["diff"] == ("--- a/etc/conf\n+++ b/etc/conf\n@@ -1,3 +1,3 @@\n"
-                                          " l1\n-l2\n+L2\n l3\n")
+        res, ch = diff_of(api, sid, "?from=base")
+        assert ch["/etc/conf"]["kind"] == "modified" and ch["/etc/conf"]["diff"] == CONF_DIFF
         assert ch["/d"]["kind"] == "deleted"
         assert ch["/new"]["kind"] == "added" and ch["/new"]["size"] == 2
         assert "/etc/passwd" not in ch
         assert ch["/d/f"]["kind"] == "deleted"
-        assert r.json()["summary"] == {"added": 2, "modified": 1, "deleted": 2}
+        assert res["summary"] == {"added": 2, "modified": 1, "deleted": 2}
         # between two checkpoints, and the reverse
         assert api.raw("POST", f"/v1/sandboxes/{sid}/checkpoints", {"name": "later"}).status == 201
         r = api.raw("GET", f"/v1/sandboxes/{sid}/diff?from=later&to=base").json()
@@ -356,14 +363,12 @@ def test_microvm_checkpoint_diff_fork(vmapi):
         # a long path (a pax header) and a file of many chunks
         out(api, sid, "d=/w/" + "x" * 60 + "/" + "y" * 60 + " && mkdir -p $d && echo deep > $d/f"
                       " && head -c 3000000 /dev/urandom > /w/big && md5sum /w/big > /w/big.md5")
-        r = api.raw("GET", f"/v1/sandboxes/{sid}/diff")
-        assert r.status == 200, r
-        ch = {c["path"]: c for c in r.json()["changes"]}
+        res, ch = diff_of(api, sid)
         assert ch["/etc/conf"]["kind"] == "added" and ch["/etc/conf"]["size"] == 9, ch.get("/etc/conf")
         assert ch["/etc/passwd"]["kind"] == "deleted" and ch["/etc/passwd"]["size"] > 0
         assert ch["/w/sub"]["kind"] == "added" and ch["/w/sub"]["type"] == "dir"
         assert ch["/w/big"]["size"] == 3000000
-        assert r.json()["from"] == "image" and r.json()["to"] == "now"
+        assert res["from"] == "image" and res["to"] == "now"
         # the diff's own snapshot leaves no image behind
         assert api.raw("GET", "/v1/images").json() == images
 
@@ -376,15 +381,11 @@ def test_microvm_checkpoint_diff_fork(vmapi):
         assert [c["name"] for c in info["checkpoints"]] == ["c1"]
 
         out(api, sid, "printf 'l1\\nL2\\nl3\\n' > /etc/conf && rm -r /w/sub && echo b > /new")
-        r = api.raw("GET", f"/v1/sandboxes/{sid}/diff?from=c1")
-        assert r.status == 200, r
-        ch = {c["path"]: c for c in r.json()["changes"]}
-        assert ch["/etc/conf"]["kind"] == "modified"
-        assert ch["/etc/conf"]["diff"] == ("--- a/etc/conf\n+++ b/etc/conf\n@@ -1,3 +1,3 @@\n"
-                                          " l1\n-l2\n+L2\n l3\n")
+        res, ch = diff_of(api, sid, "?from=c1")
+        assert ch["/etc/conf"]["kind"] == "modified" and ch["/etc/conf"]["diff"] == CONF_DIFF
         assert ch["/w/sub"]["kind"] == "deleted" and ch["/w/sub/k"]["kind"] == "deleted"
         assert ch["/new"]["kind"] == "added"
-        assert r.json()["summary"] == {"added": 1, "modified": 1, "deleted": 2}
+        assert res["summary"] == {"added": 1, "modified": 1, "deleted": 2}
         assert api.raw("POST", f"/v1/sandboxes/{sid}/checkpoints", {"name": "c2"}).status == 201
         r = api.raw("GET", f"/v1/sandboxes/{sid}/diff?from=c2&to=c1").json()
         kinds = {c["path"]: c["kind"] for c in r["changes"]}
