@@ -67,7 +67,8 @@ struct fexport
   size_t n_links, cap_links;
   uint8_t *out;
   size_t out_len, out_cap;
-  bool scrub; /* pack: leave out what wr_pack_scrubbed names */
+  bool scrub;         /* pack: leave out what wr_pack_scrubbed names */
+  uint64_t max, sent; /* the daemon's bound on the stream, bytes produced */
   uint64_t entries, bytes, skipped, scrubbed;
 };
 
@@ -178,7 +179,7 @@ xattrs_add (int dirfd, const char *name, char **pax, size_t *plen)
  * come along), then the ustar header. rel has no leading slash. */
 static int
 emit (struct fexport *x, int dirfd, const char *name, const char *rel, char type, uint64_t size,
-      const struct stat *st, const char *link)
+      const struct stat *st, const char *link, wr_err_t *err)
 {
   _cleanup_free_ char *pax = NULL;
   size_t plen = 0;
@@ -197,7 +198,16 @@ emit (struct fexport *x, int dirfd, const char *name, const char *rel, char type
   if (r == 0 && dirfd >= 0 && type != '1')
     r = xattrs_add (dirfd, name, &pax, &plen);
   if (r < 0 || out_room (x, 512 * 3 + plen) < 0)
-    return -ENOMEM;
+    return wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
+  /* what this entry adds to the stream, its data included: past the
+   * daemon's bound, the export fails here rather than the connection */
+  uint64_t adds = 512 * 3 + plen + (type == '0' ? size + 511 : 0);
+  if (x->sent + adds + 1024 > x->max) /* 1024: the end of the archive */
+    return wr_error (err, EFBIG, WR_E_TOO_LARGE,
+                     "the writable layer's stream would pass %llu bytes at %s (twice the "
+                     "sandbox's disk plus 64 MiB; sparse files count at their full size)",
+                     (unsigned long long)x->max, rel);
+  x->sent += adds;
   if (plen)
     {
       struct stat pst = { .st_mode = 0644 };
@@ -321,13 +331,16 @@ push_dir (struct fexport *x, int fd, size_t plen, wr_err_t *err)
 int
 ag_export_start (uint32_t stream, json_t *body, wr_err_t *err)
 {
-  json_t *scrub = json_object_get (body, "scrub");
+  json_t *scrub = json_object_get (body, "scrub"), *max = json_object_get (body, "max_bytes");
   if (scrub && !json_is_boolean (scrub))
     return wr_error (err, EINVAL, WR_E_INVALID, "\"scrub\" must be a boolean");
+  if (max && (!json_is_integer (max) || json_integer_value (max) < 0))
+    return wr_error (err, EINVAL, WR_E_INVALID, "\"max_bytes\" must be a positive integer");
   struct fexport *x = calloc (1, sizeof *x);
   if (x == NULL)
     return wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
   x->scrub = json_is_true (scrub);
+  x->max = max && json_integer_value (max) > 0 ? (uint64_t)json_integer_value (max) : UINT64_MAX;
   x->r.stream = stream;
   x->r.kind = AG_REQ_EXPORT;
   x->mnt_fd = -1;
@@ -355,9 +368,9 @@ ag_export_start (uint32_t stream, json_t *body, wr_err_t *err)
     {
       /* only guest tasks: never the agent, nor a container's delegated tree */
       x->frozen = x->mnt_fd >= 0 && ag_cg_freeze (true) > 0;
-      if (emit (x, -1, NULL, "./", '5', 0, &st, NULL) < 0
-          || (is_opaque (u) && emit (x, -1, NULL, "./.wh..wh..opq", '0', 0, &st, NULL) < 0))
-        r = wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
+      r = emit (x, -1, NULL, "./", '5', 0, &st, NULL, err);
+      if (r == 0 && is_opaque (u))
+        r = emit (x, -1, NULL, "./.wh..wh..opq", '0', 0, &st, NULL, err);
     }
   if (r == 0)
     r = push_dir (x, u, 0, err);
@@ -416,18 +429,18 @@ walk_one (struct fexport *x, wr_err_t *err)
       if (fd < 0)
         return wr_sys_error (err, "open %s", x->path);
       memcpy (x->path + top->plen + nl, "/", 2);
-      r = emit (x, dfd, name, x->path, '5', 0, &st, NULL);
+      r = emit (x, dfd, name, x->path, '5', 0, &st, NULL, err);
       if (r == 0 && is_opaque (fd))
         {
           char wh[sizeof x->path + 16];
           snprintf (wh, sizeof wh, "%s.wh..wh..opq", x->path);
           struct stat w = { .st_mode = 0644 };
-          r = emit (x, -1, NULL, wh, '0', 0, &w, NULL);
+          r = emit (x, -1, NULL, wh, '0', 0, &w, NULL, err);
         }
       if (r < 0)
         {
           close (fd);
-          return wr_error (err, -r, WR_E_INTERNAL, "out of memory");
+          return r;
         }
       return push_dir (x, fd, top->plen + nl + 1, err);
     }
@@ -437,9 +450,7 @@ walk_one (struct fexport *x, wr_err_t *err)
         {
           for (size_t i = 0; i < x->n_links; i++)
             if (x->links[i].dev == st.st_dev && x->links[i].ino == st.st_ino)
-              return emit (x, -1, NULL, x->path, '1', 0, &st, x->links[i].path) < 0
-                         ? wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory")
-                         : 0;
+              return emit (x, -1, NULL, x->path, '1', 0, &st, x->links[i].path, err);
           if (wr_grow (&x->links, &x->cap_links, x->n_links + 1, sizeof *x->links, 16) < 0
               || (x->links[x->n_links].path = strdup (x->path)) == NULL)
             return wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
@@ -450,10 +461,11 @@ walk_one (struct fexport *x, wr_err_t *err)
       int fd = openat (dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
       if (fd < 0)
         return wr_sys_error (err, "open %s", x->path);
-      if (emit (x, dfd, name, x->path, '0', (uint64_t)st.st_size, &st, NULL) < 0)
+      r = emit (x, dfd, name, x->path, '0', (uint64_t)st.st_size, &st, NULL, err);
+      if (r < 0)
         {
           close (fd);
-          return wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
+          return r;
         }
       x->file_fd = fd;
       x->file_left = (uint64_t)st.st_size;
@@ -468,7 +480,7 @@ walk_one (struct fexport *x, wr_err_t *err)
       if (n < 0)
         return wr_sys_error (err, "readlink %s", x->path);
       target[n] = '\0';
-      r = emit (x, dfd, name, x->path, '2', 0, &st, target);
+      r = emit (x, dfd, name, x->path, '2', 0, &st, target, err);
     }
   else if (S_ISCHR (st.st_mode) && st.st_rdev == makedev (0, 0))
     {
@@ -476,11 +488,11 @@ walk_one (struct fexport *x, wr_err_t *err)
       char wh[sizeof x->path + 8];
       snprintf (wh, sizeof wh, "%.*s.wh.%s", (int)top->plen, x->path, name);
       struct stat w = { .st_mode = 0644, .st_mtim = st.st_mtim };
-      r = emit (x, -1, NULL, wh, '0', 0, &w, NULL);
+      r = emit (x, -1, NULL, wh, '0', 0, &w, NULL, err);
     }
   else
     x->skipped++; /* sockets, fifos, devices */
-  return r < 0 ? wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory") : 0;
+  return r;
 }
 
 /* file data into x->out: at most one chunk */

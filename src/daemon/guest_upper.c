@@ -121,6 +121,18 @@ gsnap_free (struct gsnap *g)
 static void
 gsnap_finish (struct gsnap *g, wr_err_t *err)
 {
+  struct sandbox *sb = wrd_sandbox_find (g->d, g->id);
+  if (sb && sb->busy)
+    sb->busy--;
+  wr_err_t gone;
+  if (sb == NULL && err == NULL)
+    {
+      /* destroyed meanwhile: its checkpoints were dropped already, so this
+       * one must not outlive it */
+      wr_image_remove (g->d->store, g->ref, NULL);
+      wr_error (&gone, 0, WR_E_GONE, "sandbox %s was destroyed during the snapshot", g->id);
+      err = &gone;
+    }
   g->cb (g->d, g->ud, err ? NULL : &g->snap, err);
   gsnap_free (g);
 }
@@ -198,6 +210,7 @@ on_error (void *ud, const char *code, const char *message)
   const char *c = gone                                   ? WR_E_GONE
                   : strcmp (code, WR_E_UNSUPPORTED) == 0 ? WR_E_UNSUPPORTED
                   : strcmp (code, WR_E_EXHAUSTED) == 0   ? WR_E_EXHAUSTED
+                  : strcmp (code, WR_E_TOO_LARGE) == 0   ? WR_E_TOO_LARGE
                                                          : WR_E_INTERNAL;
   wr_error (&err, 0, c, "%s: %.400s",
             gone ? "the sandbox's agent went away during the export"
@@ -242,7 +255,10 @@ wrd_guest_snap_start (struct wrd *d, struct sandbox *sb, const char *ref, bool s
   g->max = wrd_guest_stream_max (d, sb);
   g->t0 = wr_now_ns ();
   static const struct agent_ops ops = { on_data, on_done, on_error };
-  json_t *body = json_pack ("{s:s,s:s,s:b}", "op", "export", "path", "/", "scrub", scrub);
+  /* an honest agent stops short of the bound and says why; only one that
+   * ignores it is cut off (agent_set_data_limit) */
+  json_t *body = json_pack ("{s:s,s:s,s:b,s:I}", "op", "export", "path", "/", "scrub", scrub,
+                            "max_bytes", (json_int_t)g->max);
   uint32_t stream = agent_request (sb->conn, WR_MSG_FILE, body, &ops, g);
   json_decref (body);
   if (stream == 0)
@@ -251,5 +267,6 @@ wrd_guest_snap_start (struct wrd *d, struct sandbox *sb, const char *ref, bool s
       return wr_error (err, 0, WR_E_GONE, "sandbox %s: its agent is not connected", sb->id);
     }
   agent_set_data_limit (sb->conn, stream, (size_t)g->max);
+  sb->busy++; /* no idle pause while the agent streams */
   return 0;
 }

@@ -363,6 +363,12 @@ def test_microvm_checkpoint_diff_fork(vmapi):
         # a long path (a pax header) and a file of many chunks
         out(api, sid, "d=/w/" + "x" * 60 + "/" + "y" * 60 + " && mkdir -p $d && echo deep > $d/f"
                       " && head -c 3000000 /dev/urandom > /w/big && md5sum /w/big > /w/big.md5")
+        # a sparse file counts at its full size: past the stream's bound
+        # (2x disk_mb + 64 MiB) the agent refuses, and the VM runs on
+        out(api, sid, "truncate -s 3G /sparse")
+        r = api.raw("POST", f"/v1/sandboxes/{sid}/checkpoints", {"name": "too-big"})
+        assert r.status == 413 and "sparse" in r.json()["error"]["message"], r
+        out(api, sid, "rm /sparse")
         res, ch = diff_of(api, sid)
         assert ch["/etc/conf"]["kind"] == "added" and ch["/etc/conf"]["size"] == 9, ch.get("/etc/conf")
         assert ch["/etc/passwd"]["kind"] == "deleted" and ch["/etc/passwd"]["size"] > 0

@@ -1510,6 +1510,16 @@ test_export (void)
   struct fres fe = fop (&a, "{\"op\":\"export\",\"path\":\"/etc\"}");
   TAP_OK (is_err (&fe, "invalid_argument"), "export: only of /");
   fres_free (&fe);
+  /* the daemon's bound: an honest agent stops short of it and says why */
+  fe = fop (&a, "{\"op\":\"export\",\"path\":\"/\",\"max_bytes\":1000000}");
+  TAP_OK (is_err (&fe, "payload_too_large") && fe.len < 1000000
+              && strstr (jstr (fe.error, "message"), "sparse"),
+          "export: max_bytes refused before it is passed (%zu bytes sent: %s)", fe.len,
+          fe.error ? jstr (fe.error, "message") : "-");
+  fres_free (&fe);
+  fe = fop (&a, "{\"op\":\"stat\",\"path\":\"/\"}");
+  TAP_OK (fe.result != NULL, "export: the agent serves requests after a refused export");
+  fres_free (&fe);
   json_decref (result);
   json_decref (error);
   free (data);
