@@ -37,6 +37,7 @@ enum ag_req_kind
   AG_REQ_WRITE,
   AG_REQ_WATCH,
   AG_REQ_EXPORT,
+  AG_REQ_APPLY,
 };
 
 /* A live request (one stream). Orphans belong to a lost connection: they
@@ -58,7 +59,7 @@ struct ag_state
   size_t outq_bytes;   /* queued towards the daemon */
   size_t stdin_bytes;  /* buffered for process stdins */
   int devnull;         /* O_RDONLY /dev/null for stdin, -1 if unavailable */
-  unsigned exporting;  /* FILE "export" requests live: new EXEC/FILE requests wait */
+  unsigned exporting;  /* FILE "export"/"apply" requests live: new EXEC/FILE requests wait */
 };
 
 extern struct ag_state ag;
@@ -144,6 +145,11 @@ int ag_export_start (uint32_t stream, json_t *body, wr_err_t *err);
 /* Produce DATA; returns true while more is to come. */
 bool ag_export_step (struct ag_req *r);
 void ag_export_orphan (struct ag_req *r);
+/* apply.c: the FILE op "apply" (a restore in place: a tar of the
+ * checkpoint's entries and .wh. deletions, written through the root) */
+int ag_apply_start (uint32_t stream, json_t *body, wr_err_t *err);
+void ag_apply_data (struct ag_req *r, const uint8_t *data, size_t len);
+void ag_apply_orphan (struct ag_req *r);
 
 /* users.c: accounts of the sandbox (its /etc/passwd and /etc/group) */
 #define AG_USER_MAX_GROUPS 64

@@ -282,6 +282,11 @@ ag_file_data (struct ag_req *r, const uint8_t *data, size_t len)
       ag_fwatch_stop (r);
       return;
     }
+  if (r->kind == AG_REQ_APPLY)
+    {
+      ag_apply_data (r, data, len);
+      return;
+    }
   if (r->kind != AG_REQ_WRITE)
     return;
   struct fwrite *f = (struct fwrite *)r;
@@ -313,6 +318,8 @@ ag_file_orphan (struct ag_req *r)
     ag_fwatch_orphan (r);
   else if (r->kind == AG_REQ_EXPORT)
     ag_export_orphan (r);
+  else if (r->kind == AG_REQ_APPLY)
+    ag_apply_orphan (r);
   else
     fread_free ((struct fread *)r);
 }
@@ -547,12 +554,14 @@ ag_file_start (uint32_t stream, json_t *body)
     wr_error (&err, EINVAL, WR_E_INVALID, "missing \"path\"");
   else if (ag_path_check (path, json_string_length (jp), &err) < 0)
     ;
-  else if (strcmp (op, "export") == 0)
+  else if (strcmp (op, "export") == 0 || strcmp (op, "apply") == 0)
     {
       if (strcmp (path, "/") != 0)
-        wr_error (&err, EINVAL, WR_E_INVALID, "export takes the path \"/\" (the whole layer)");
-      else
+        wr_error (&err, EINVAL, WR_E_INVALID, "%s takes the path \"/\" (the whole tree)", op);
+      else if (op[0] == 'e')
         ag_export_start (stream, body, &err);
+      else
+        ag_apply_start (stream, body, &err);
     }
   else if (strcmp (op, "read") == 0)
     op_read (stream, path, body, &err);

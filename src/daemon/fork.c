@@ -22,6 +22,7 @@
 #include <unistd.h>
 #include <linux/securebits.h>
 
+#include "common/proto.h"
 #include "common/util.h"
 #include "daemon/backends.h"
 #include "daemon/criu.h"
@@ -138,21 +139,7 @@ static int
 check_fs_ops (struct sandbox *sb, const char *what, wr_err_t *err)
 {
   if (sb->ops->upper_fd == NULL && wrd_guest_upper (sb))
-    {
-      if (strcmp (what, "restore") == 0)
-        /* docs/rl.md: a restore in place would change the file system
-         * under the guest kernel's caches; a reboot on the checkpoint is a
-         * new sandbox, which the checkpoint's image already gives */
-        return wr_error (err, 0, WR_E_UNSUPPORTED,
-                         "restore is not implemented on the %s backend: the guest kernel caches "
-                         "its writable layer, so a VM can only be restored by booting it again "
-                         "on the checkpoint's layers, without its processes; create that sandbox "
-                         "from the checkpoint's image instead (warren create --backend %s --image "
-                         "warren-checkpoint/%s:NAME; docs/rl.md, 'Checkpoints, restore and diff on "
-                         "microvm and vm')",
-                         sb->backend, sb->backend, sb->id);
-      return wrd_guest_upper_check (sb, what, err);
-    }
+    return wrd_guest_upper_check (sb, what, err);
   if (sb->ops->upper_fd == NULL)
     return wr_error (err, 0, WR_E_UNSUPPORTED,
                      "%s is not implemented on the %s backend: it cannot hand out its writable "
@@ -188,7 +175,12 @@ struct fjob
   struct pack_snap snap;
   bool have_snap;
   bool guest;        /* a VM: the snapshot is the agent's export (guest_upper.h) */
-  char tmp_ref[256]; /* a VM's "now" of a diff, untagged at the end */
+  char tmp_ref[256]; /* a VM's "now" of a diff or restore, untagged at the end */
+  /* a VM's restore: the patch (fsd_patch_tar) its agent applies */
+  int patch_fd;
+  off_t patch_off, patch_size;
+  uint32_t apply_stream;
+  bool pumping, applied;
   char ref[256];
   char name[140];
   struct wr_image *img;
@@ -220,6 +212,8 @@ fjob_free (struct fjob *j)
     wrd_log (WRD_LOG_WARN, "diff of %s: untag %s: %s\n", j->id, j->tmp_ref, e.msg);
   if (j->root_fd >= 0)
     close (j->root_fd);
+  if (j->patch_fd >= 0)
+    close (j->patch_fd);
   wr_image_free (j->img);
   free (j->from.layers);
   free (j->to.layers);
@@ -239,6 +233,7 @@ fjob_new (struct wrd *d, struct evhttp_request *req, struct sandbox *sb, enum jo
   j->req = req;
   j->kind = kind;
   j->root_fd = -1;
+  j->patch_fd = -1;
   j->t0 = wr_now_ns ();
   snprintf (j->id, sizeof j->id, "%s", sb->id);
   return j;
@@ -334,6 +329,25 @@ job_work (void *arg)
       json_object_set_new (j->result, "from", json_string (j->from.label));
       json_object_set_new (j->result, "to", json_string (j->to.label));
     }
+  else if (j->r == 0 && j->guest)
+    {
+      /* the guest's agent writes it, through its own root (apply.c) */
+      char tmp[1200];
+      snprintf (tmp, sizeof tmp, "%s/tmp", wr_store_root (d->store));
+      j->patch_fd = open (tmp, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+      if (j->patch_fd < 0)
+        j->r = wr_sys_error (&j->err, "restore: spool file in %s", tmp);
+      else
+        j->r = fsd_patch_tar (&b, &ch, j->patch_fd, &j->err);
+      struct stat pst;
+      if (j->r == 0 && fstat (j->patch_fd, &pst) < 0)
+        j->r = wr_sys_error (&j->err, "restore: stat the patch");
+      if (j->r == 0)
+        {
+          j->patch_size = pst.st_size;
+          j->result = json_pack ("{s:s,s:I}", "restored", j->name, "changes", (json_int_t)ch.n);
+        }
+    }
   else if (j->r == 0)
     {
       /* Write as the sandbox's root (a file the daemon's uid 0 made in the
@@ -363,6 +377,7 @@ job_work (void *arg)
 }
 
 static void fork_children (struct fjob *j);
+static void guest_apply (struct fjob *j);
 
 /* Checkpoints and restores are trajectory events, logged when the sandbox
  * is frozen (what ran before is in them, what runs after is not) and
@@ -415,6 +430,11 @@ job_done (void *arg)
       fork_children (j);
       return; /* replies when every child is there */
     case JOB_RESTORE:
+      if (j->guest)
+        {
+          guest_apply (j);
+          return; /* replies when the agent has applied it */
+        }
       log_done (j, json_pack ("{s:O}", "changes", json_object_get (j->result, "changes")));
       /* fall through */
     case JOB_DIFF:
@@ -434,6 +454,115 @@ job_start (struct fjob *j)
     }
 }
 
+/* ---- a VM's restore: the patch through its agent (FILE op "apply") ---- */
+
+static void
+apply_end (struct fjob *j, wr_err_t *err)
+{
+  j->applied = true;
+  if (err)
+    {
+      log_done (j, json_pack ("{s:{s:s?,s:s}}", "error", "code", err->code, "message", err->msg));
+      wrd_reply_error (j->req, err);
+    }
+  else
+    {
+      log_done (j, json_pack ("{s:O}", "changes", json_object_get (j->result, "changes")));
+      wrd_reply_json (j->req, 200, json_incref (j->result));
+    }
+  if (!j->pumping)
+    fjob_free (j);
+}
+
+static void
+apply_on_data (void *ud, uint8_t type, const uint8_t *data, size_t len)
+{
+  (void)ud, (void)type, (void)data, (void)len; /* an apply answers no data */
+}
+
+static void
+apply_on_done (void *ud, json_t *result)
+{
+  (void)result;
+  apply_end (ud, NULL);
+}
+
+static void
+apply_on_error (void *ud, const char *code, const char *message)
+{
+  wr_err_t err;
+  wr_error (&err, 0, strcmp (code, WR_E_GONE) == 0 ? WR_E_GONE : WR_E_INTERNAL,
+            "the guest's agent could not apply the restore: %.400s", message ? message : "failed");
+  apply_end (ud, &err);
+}
+
+/* Send the patch while the connection's queue is short; come back in a
+ * millisecond otherwise (the agent, not warrend, holds the bytes). */
+static void
+apply_pump (evutil_socket_t fd, short what, void *arg)
+{
+  (void)fd, (void)what;
+  struct fjob *j = arg;
+  j->pumping = false;
+  struct sandbox *sb = wrd_sandbox_find (j->d, j->id);
+  if (j->applied || sb == NULL || !agent_conn_alive (sb->conn))
+    {
+      if (j->applied)
+        fjob_free (j);
+      return; /* else the request fails "gone", which replies */
+    }
+  char buf[256 << 10];
+  while (j->patch_off < j->patch_size && agent_outq (sb->conn) < (1u << 20))
+    {
+      ssize_t n = pread (j->patch_fd, buf, sizeof buf, j->patch_off);
+      if (n <= 0)
+        {
+          agent_cancel (sb->conn, j->apply_stream);
+          wr_err_t err;
+          wr_error (&err, n < 0 ? errno : EIO, WR_E_INTERNAL, "restore: read the patch");
+          apply_end (j, &err);
+          return;
+        }
+      agent_send (sb->conn, j->apply_stream, WR_MSG_DATA, buf, (size_t)n);
+      j->patch_off += n;
+    }
+  if (j->patch_off < j->patch_size)
+    {
+      struct timeval tv = { 0, 1000 };
+      if (event_base_once (j->d->base, -1, EV_TIMEOUT, apply_pump, j, &tv) == 0)
+        {
+          j->pumping = true;
+          return;
+        }
+      agent_cancel (sb->conn, j->apply_stream);
+      wr_err_t err;
+      wr_error (&err, 0, WR_E_INTERNAL, "restore: cannot schedule the patch");
+      apply_end (j, &err);
+      return;
+    }
+  agent_send (sb->conn, j->apply_stream, WR_MSG_DATA, "", 0); /* the end */
+}
+
+static void
+guest_apply (struct fjob *j)
+{
+  struct sandbox *sb = wrd_sandbox_find (j->d, j->id);
+  static const struct agent_ops ops = { apply_on_data, apply_on_done, apply_on_error };
+  json_t *body = json_pack ("{s:s,s:s}", "op", "apply", "path", "/");
+  j->apply_stream = sb && agent_conn_alive (sb->conn)
+                        ? agent_request (sb->conn, WR_MSG_FILE, body, &ops, j)
+                        : 0;
+  json_decref (body);
+  if (j->apply_stream == 0)
+    {
+      wr_err_t err;
+      wr_error (&err, 0, WR_E_GONE, "sandbox %s is gone", j->id);
+      apply_end (j, &err);
+      return;
+    }
+  apply_pump (-1, 0, j);
+}
+
 /* A VM's export is committed (guest_upper.c): a checkpoint or fork goes on
  * as a container's does after its commit; a diff's "now" becomes the
  * layers of that image. */
@@ -450,7 +579,7 @@ guest_snap_done (struct wrd *d, void *ud, struct wrd_guest_snap *gs, wr_err_t *e
       return;
     }
   j->stats.files = gs->entries;
-  if (j->kind != JOB_DIFF)
+  if (j->kind == JOB_CHECKPOINT || j->kind == JOB_FORK)
     {
       j->img = gs->img;
       gs->img = NULL;
@@ -484,7 +613,7 @@ begin_snap (struct fjob *j, struct sandbox *sb, wr_err_t *err)
   if (sb->ops->upper_fd == NULL && wrd_guest_upper (sb))
     {
       const char *ref = j->ref;
-      if (j->kind == JOB_DIFF)
+      if (j->kind == JOB_DIFF || j->kind == JOB_RESTORE)
         {
           char rnd[13];
           wr_random_hex (rnd, 12);
@@ -651,8 +780,7 @@ http_restore (struct wrd *d, struct evhttp_request *req, struct sandbox *sb)
     goto fail;
   char path[64];
   snprintf (path, sizeof path, "/proc/%d/root", (int)sb->c.pid);
-  j->root_fd = open (path, O_PATH | O_DIRECTORY | O_CLOEXEC);
-  if (j->root_fd < 0)
+  if (!j->guest && (j->root_fd = open (path, O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
     {
       wr_sys_error (&err, "open the root of sandbox %s", sb->id);
       goto fail;
@@ -660,7 +788,8 @@ http_restore (struct wrd *d, struct evhttp_request *req, struct sandbox *sb)
   json_decref (body);
   ckpt_ref (j->ref, sizeof j->ref, sb->id, j->name);
   log_begin (j, sb, "restore");
-  job_start (j);
+  if (!j->guest)
+    job_start (j);
   return;
 fail:
   json_decref (body);

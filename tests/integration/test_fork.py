@@ -348,9 +348,9 @@ def test_microvm_checkpoint_diff_fork(vmapi):
     """A microvm's writable layer, exported by its agent and imported through
     the confined helper (docs/rl.md), makes the same checkpoints as a
     container's: diff against the image and between checkpoints, a pack a
-    container runs, forks that boot on it; restore answers 501 naming the
-    replacement. One VM and one fork child: each boot costs seconds under
-    TCG."""
+    container runs, forks that boot on it, and a restore in place through the
+    agent that keeps the processes. One VM and one fork child: each boot
+    costs seconds under TCG."""
     api = vmapi.api
     images = api.raw("GET", "/v1/images").json()
     sid = api.create(backend="microvm", memory_mb=256, cpus=1)
@@ -409,13 +409,6 @@ def test_microvm_checkpoint_diff_fork(vmapi):
         assert api.raw("DELETE", "/v1/images/vmpack:1").status in (200, 204)
         out(api, sid, "rm /root/.ash_history")
 
-        # restore: a clear 501 that names what to do instead
-        r = api.raw("POST", f"/v1/sandboxes/{sid}/restore", {"name": "c1"})
-        assert r.status == 501, r
-        e = r.json()["error"]
-        assert "microvm" in e["message"] and f"warren-checkpoint/{sid}:NAME" in e["message"], e
-        assert out(api, sid, "echo alive") == "alive\n"
-
         # a fork child boots on c2's state: the files, the deletions, the
         # opaque directory, hard link, symlink, owner and mode
         r = api.raw("POST", f"/v1/sandboxes/{sid}/fork", {"count": 1})
@@ -429,6 +422,24 @@ def test_microvm_checkpoint_diff_fork(vmapi):
         assert out(api, kid, "cd /w && md5sum -c big.md5 >/dev/null && echo ok") == "ok\n"
         assert out(api, kid, "cat /w/x*/y*/f") == "deep\n"
         api.delete(kid)
+
+        # restore in place, through the agent: files back, processes kept
+        pid = out(api, sid, "sh -c 'while :; do sleep 1; done' >/dev/null 2>&1 & echo $! | tee /tmp/pid")
+        out(api, sid, "echo z > /w/a && rm /w/link && mkdir /new2 && echo q > /new2/f")
+        r = api.raw("POST", f"/v1/sandboxes/{sid}/restore", {"name": "c1"})
+        assert r.status == 200, r
+        assert r.json()["restored"] == "c1" and r.json()["changes"] > 0, r.json()
+        assert out(api, sid, "cat /w/a /w/sub/k /w/link /etc/conf") == "one\nkeep\none\nl1\nl2\nl3\n"
+        assert out(api, sid, "test -e /new || test -e /new2 || test -e /etc/passwd || echo gone") \
+            == "gone\n"
+        assert out(api, sid, "stat -c '%a %u' /w/a; readlink /w/link; ls /etc/init.d") \
+            == "640 0\na\nonly\n"
+        assert out(api, sid, "cd /w && md5sum -c big.md5 >/dev/null && echo ok") == "ok\n"
+        # the pid file was written after c1: the process runs on, its file is gone
+        assert out(api, sid, f"test -e /tmp/pid || echo nofile; kill -0 {pid.strip()} && echo alive") \
+            == "nofile\nalive\n"
+        res, ch = diff_of(api, sid, "?from=c1")
+        assert ch == {} or set(ch) <= {"/tmp"}, ch
     finally:
         api.delete(sid)
     # the checkpoints go with their sandbox
