@@ -110,7 +110,7 @@ pax_parse (struct fapply *a)
           size_t kl = (size_t)(eq - key), vl = (size_t)(a->pax + off + n - 1 - (eq + 1));
           char *dst = kl == 4 && memcmp (key, "path", 4) == 0       ? a->pax_path
                       : kl == 8 && memcmp (key, "linkpath", 8) == 0 ? a->pax_link
-                                                                     : NULL;
+                                                                    : NULL;
           if (dst && vl < PATH_MAX)
             {
               memcpy (dst, eq + 1, vl);

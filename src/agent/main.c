@@ -45,7 +45,9 @@ static struct
   struct ag_watch w;
   bool dead; /* closed at the top of the next loop iteration */
   bool read_paused;
-  bool held; /* a new request waits in `in` until the exports end */
+  /* frames held while an export or apply runs (conn_parse), in order */
+  struct obuf *held_head, *held_tail;
+  size_t held_bytes;
   uint8_t *in;
   size_t in_len;
   struct obuf *oq_head, *oq_tail;
@@ -408,14 +410,74 @@ dispatch (const struct wr_frame *f)
     }
 }
 
-/* Dispatch the complete frames in `in`. While an export runs, a new EXEC
- * or FILE request (and everything after it, in order) waits: it comes
- * after the snapshot, as in a frozen container. */
+/* While an export or apply runs (ag.exporting), a new EXEC or FILE request
+ * waits, with every later frame of its stream, in arrival order: it comes
+ * after the snapshot, as in a frozen container. Frames of the requests
+ * already running (an apply's DATA above all) go on. */
+static bool
+stream_held (uint32_t stream)
+{
+  for (struct obuf *b = conn.held_head; b; b = b->next)
+    if ((b->data[4] | b->data[5] << 8 | b->data[6] << 16 | (uint32_t)b->data[7] << 24) == stream)
+      return true;
+  return false;
+}
+
+static bool
+hold (const uint8_t *frame, size_t len)
+{
+  struct obuf *b = malloc (sizeof *b + len);
+  if (b == NULL)
+    return false;
+  b->next = NULL;
+  b->len = len;
+  b->off = 0;
+  memcpy (b->data, frame, len);
+  if (conn.held_tail)
+    conn.held_tail->next = b;
+  else
+    conn.held_head = b;
+  conn.held_tail = b;
+  conn.held_bytes += len;
+  return true;
+}
+
+/* the held frames, once nothing holds them (again: one may start an export) */
+static void
+held_release (void)
+{
+  while (conn.held_head && !ag.exporting && !conn.dead)
+    {
+      struct obuf *b = conn.held_head;
+      conn.held_head = b->next;
+      if (conn.held_head == NULL)
+        conn.held_tail = NULL;
+      conn.held_bytes -= b->len;
+      struct wr_frame f;
+      if (wr_frame_parse (b->data, b->len, &f) > 0)
+        dispatch (&f);
+      free (b);
+    }
+}
+
+static void
+held_drop (void)
+{
+  while (conn.held_head)
+    {
+      struct obuf *b = conn.held_head;
+      conn.held_head = b->next;
+      free (b);
+    }
+  conn.held_tail = NULL;
+  conn.held_bytes = 0;
+}
+
+/* Dispatch the complete frames in `in`. */
 static void
 conn_parse (void)
 {
   size_t off = 0;
-  conn.held = false;
   while (!conn.dead)
     {
       struct wr_frame f;
@@ -427,12 +489,18 @@ conn_parse (void)
           conn.dead = true; /* cannot find the next frame boundary */
           return;
         }
-      if (ag.exporting && f.stream != 0 && (f.type == WR_MSG_EXEC || f.type == WR_MSG_FILE))
+      if (f.stream != 0
+          && ((ag.exporting && (f.type == WR_MSG_EXEC || f.type == WR_MSG_FILE))
+              || (conn.held_head && stream_held (f.stream))))
         {
-          conn.held = true;
-          break;
+          if (!hold (conn.in + off, (size_t)r))
+            {
+              conn.dead = true; /* a lost frame would desynchronize the stream */
+              return;
+            }
         }
-      dispatch (&f);
+      else
+        dispatch (&f);
       off += (size_t)r;
     }
   memmove (conn.in, conn.in + off, conn.in_len - off);
@@ -490,7 +558,7 @@ conn_close (void)
   ag_watch_close (&conn.w);
   conn.dead = false;
   conn.read_paused = false;
-  conn.held = false;
+  held_drop ();
   conn.in_len = 0;
   if (device_path)
     device_retry_at = wr_now_ms () + DEVICE_RETRY_MS;
@@ -1008,10 +1076,10 @@ main (int argc, char **argv)
           ag_fwatch_pause (congested);
         }
       bool more = ag_file_pump ();
-      if (conn.held && !ag.exporting && conn.w.fd >= 0 && !conn.dead)
-        conn_parse ();
-      conn.read_paused
-          = ag.outq_bytes > AG_OUTQ_STOP_READ || ag.stdin_bytes > AG_STDIN_STOP_READ || conn.held;
+      if (conn.held_head && !ag.exporting && conn.w.fd >= 0 && !conn.dead)
+        held_release ();
+      conn.read_paused = ag.outq_bytes > AG_OUTQ_STOP_READ || ag.stdin_bytes > AG_STDIN_STOP_READ
+                         || conn.held_bytes > AG_STDIN_STOP_READ;
       conn_update ();
       if (conn.dead)
         continue;

@@ -1539,6 +1539,147 @@ test_export (void)
   (void)!system (cmd);
 }
 
+/* ---- FILE "apply": a restore in place (src/agent/apply.c) ---- */
+
+static void
+tar_add (struct archive *w, const char *path, mode_t mode, unsigned uid, const char *data,
+         const char *link)
+{
+  struct archive_entry *e = archive_entry_new ();
+  archive_entry_set_pathname (e, path);
+  archive_entry_set_mode (e, mode);
+  archive_entry_set_uid (e, uid);
+  archive_entry_set_gid (e, uid);
+  archive_entry_set_mtime (e, 1000000000, 0);
+  archive_entry_set_size (e, data ? (la_int64_t)strlen (data) : 0);
+  if (link)
+    archive_entry_set_symlink (e, link);
+  archive_write_header (w, e);
+  if (data)
+    archive_write_data (w, data, strlen (data));
+  archive_entry_free (e);
+}
+
+static bool
+file_is (const char *dir, const char *rel, const char *want)
+{
+  char p[PATH_MAX], buf[64] = "";
+  snprintf (p, sizeof p, "%s/%s", dir, rel);
+  int fd = open (p, O_RDONLY | O_NOFOLLOW);
+  if (fd < 0)
+    return false;
+  ssize_t n = read (fd, buf, sizeof buf - 1);
+  close (fd);
+  buf[n > 0 ? n : 0] = '\0';
+  return strcmp (buf, want) == 0;
+}
+
+static void
+test_apply (void)
+{
+  char dir[] = "/tmp/wr-apply-XXXXXX";
+  if (mkdtemp (dir) == NULL)
+    abort ();
+  char cmd[PATH_MAX * 2];
+  snprintf (cmd, sizeof cmd,
+            "cd %s && echo old > keep && echo x > gone && mkdir -p olddir/sub wasdir"
+            " && echo y > olddir/sub/f && echo z > wasdir/f",
+            dir);
+  (void)!system (cmd);
+  char longname[200];
+  memset (longname, 'n', 150);
+  strcpy (longname + 150, "/deep");
+  size_t cap = 1 << 20, used = 0;
+  char *tar = malloc (cap);
+  struct archive *w = archive_write_new ();
+  archive_write_set_format_pax_restricted (w);
+  archive_write_open_memory (w, tar, cap, &used);
+  tar_add (w, ".wh.gone", S_IFREG | 0600, 0, NULL, NULL);
+  tar_add (w, ".wh.olddir", S_IFREG | 0600, 0, NULL, NULL);
+  tar_add (w, ".wh.nothere", S_IFREG | 0600, 0, NULL, NULL);
+  tar_add (w, "newdir", S_IFDIR | 0750, 1234, NULL, NULL);
+  tar_add (w, "newdir/f", S_IFREG | 0600, 1234, "abc", NULL);
+  tar_add (w, "keep", S_IFREG | 0644, 0, "new", NULL);
+  tar_add (w, "ln", S_IFLNK | 0777, 0, NULL, "keep");
+  tar_add (w, "wasdir", S_IFREG | 0644, 0, "file now", NULL);
+  tar_add (w, longname, S_IFREG | 0644, 0, NULL, NULL); /* parent missing: left out */
+  tar_add (w, "ok-dir-for-long", S_IFDIR | 0755, 0, NULL, NULL);
+  archive_write_close (w);
+  archive_write_free (w);
+
+  struct agent a = agent_start (dir, false, -1, true);
+  struct frame hello;
+  if (recv_frame (a.fd, &hello, 5000) == 1)
+    free (hello.data);
+  uint32_t s = next_stream++, s2 = next_stream++;
+  send_json (a.fd, s, WR_MSG_FILE, "{\"op\":\"apply\",\"path\":\"/\"}");
+  /* odd-sized frames: headers and data cut anywhere */
+  size_t off = 0;
+  bool sent_stat = false;
+  while (off < used)
+    {
+      size_t n = used - off < 700 ? used - off : 700;
+      wr_frame_write (a.fd, s, WR_MSG_DATA, tar + off, (uint32_t)n);
+      off += n;
+      if (!sent_stat)
+        {
+          /* held until the apply ends: it sees the restored tree */
+          send_json (a.fd, s2, WR_MSG_FILE, "{\"op\":\"stat\",\"path\":\"/keep\"}");
+          sent_stat = true;
+        }
+    }
+  wr_frame_write (a.fd, s, WR_MSG_DATA, "", 0);
+  json_t *result = NULL, *error = NULL, *st = NULL;
+  bool stat_first = false;
+  while (!((result || error) && st))
+    {
+      struct frame fr;
+      if (recv_frame (a.fd, &fr, 10000) <= 0)
+        break;
+      if (fr.stream == s && (fr.type == WR_MSG_RESULT || fr.type == WR_MSG_ERROR))
+        *(fr.type == WR_MSG_RESULT ? &result : &error) = json_loads (fr.data, 0, NULL);
+      else if (fr.stream == s2 && fr.type == WR_MSG_RESULT)
+        {
+          st = json_loads (fr.data, 0, NULL);
+          stat_first = result == NULL && error == NULL;
+        }
+      free (fr.data);
+    }
+  TAP_OK (result && !error, "apply: RESULT (%s)", error ? jstr (error, "message") : "ok");
+  TAP_OK (st && !stat_first && jint (st, "size") == 3,
+          "apply: a request sent during it is answered after it, on the restored tree");
+  char p[PATH_MAX];
+  struct stat sb;
+  snprintf (p, sizeof p, "%s/gone", dir);
+  bool gone = lstat (p, &sb) < 0;
+  snprintf (p, sizeof p, "%s/olddir", dir);
+  TAP_OK (gone && lstat (p, &sb) < 0, "apply: .wh. entries remove files and whole directories");
+  snprintf (p, sizeof p, "%s/newdir/f", dir);
+  TAP_OK (file_is (dir, "newdir/f", "abc") && lstat (p, &sb) == 0 && sb.st_uid == 1234
+              && (sb.st_mode & 07777) == 0600,
+          "apply: a new file with its owner and mode");
+  snprintf (p, sizeof p, "%s/newdir", dir);
+  TAP_OK (lstat (p, &sb) == 0 && S_ISDIR (sb.st_mode) && (sb.st_mode & 07777) == 0750
+              && sb.st_uid == 1234,
+          "apply: a new directory with its owner and mode");
+  TAP_OK (file_is (dir, "keep", "new"), "apply: a file replaced");
+  char target[64] = "";
+  snprintf (p, sizeof p, "%s/ln", dir);
+  (void)!readlink (p, target, sizeof target - 1);
+  TAP_OK (strcmp (target, "keep") == 0, "apply: a symlink");
+  TAP_OK (file_is (dir, "wasdir", "file now"), "apply: a directory replaced by a file");
+  snprintf (p, sizeof p, "%s/ok-dir-for-long", dir);
+  TAP_OK (lstat (p, &sb) == 0 && S_ISDIR (sb.st_mode),
+          "apply: entries after a long (pax) path whose parent is missing");
+  json_decref (result);
+  json_decref (error);
+  json_decref (st);
+  agent_stop (&a);
+  free (tar);
+  snprintf (cmd, sizeof cmd, "rm -rf %s", dir);
+  (void)!system (cmd);
+}
+
 int
 main (void)
 {
@@ -1586,6 +1727,7 @@ main (void)
   file_suite (true);
   test_connections ();
   test_export ();
+  test_apply ();
 
   return TAP_DONE ();
 }
