@@ -9,7 +9,13 @@
  * child holds its layers, and starts N children on it, each with its own
  * empty upper. Restore compares the live tree with the checkpoint
  * (fsdiff.c) and rewrites only the paths that differ, through the
- * sandbox's own root, with the sandbox frozen: its processes keep running. */
+ * sandbox's own root, with the sandbox frozen: its processes keep running.
+ *
+ * A microvm or vm has no upper the daemon can read: its agent exports it
+ * (guest_upper.c), committed as the same kind of image, which then stands
+ * for the snapshot (checkpoint, fork) or for "now" (diff, restore, under a
+ * temporary tag); a restore's changes go back as a tar its agent applies
+ * through the guest's root (fsd_patch_tar, FILE op "apply"). */
 #include "daemon/fork.h"
 
 #include <errno.h>
