@@ -461,16 +461,16 @@ held_release (void)
 }
 
 static void
-held_drop (void)
+obufs_free (struct obuf **head, struct obuf **tail, size_t *bytes)
 {
-  while (conn.held_head)
+  while (*head)
     {
-      struct obuf *b = conn.held_head;
-      conn.held_head = b->next;
+      struct obuf *b = *head;
+      *head = b->next;
       free (b);
     }
-  conn.held_tail = NULL;
-  conn.held_bytes = 0;
+  *tail = NULL;
+  *bytes = 0;
 }
 
 /* Dispatch the complete frames in `in`. */
@@ -547,18 +547,11 @@ conn_close (void)
       else
         ag_file_orphan (r);
     }
-  while (conn.oq_head)
-    {
-      struct obuf *b = conn.oq_head;
-      conn.oq_head = b->next;
-      free (b);
-    }
-  conn.oq_tail = NULL;
-  ag.outq_bytes = 0;
+  obufs_free (&conn.oq_head, &conn.oq_tail, &ag.outq_bytes);
   ag_watch_close (&conn.w);
   conn.dead = false;
   conn.read_paused = false;
-  held_drop ();
+  obufs_free (&conn.held_head, &conn.held_tail, &conn.held_bytes);
   conn.in_len = 0;
   if (device_path)
     device_retry_at = wr_now_ms () + DEVICE_RETRY_MS;

@@ -817,9 +817,10 @@ set_meta (int pfd, const char *name, const struct stat *st, uint32_t ub, uint32_
 static int copy_entry (int root_fd, const struct fsd_state *to, const char *path, uint32_t ub,
                        uint32_t gb, int depth, wr_err_t *err);
 
+/* fn on every entry of `to`'s merged directory at path, sorted, once each */
 static int
-copy_dir_children (int root_fd, const struct fsd_state *to, const char *path, uint32_t ub,
-                   uint32_t gb, int depth, wr_err_t *err)
+each_child (const struct fsd_state *to, const char *path, int (*fn) (void *ctx, const char *child),
+            void *ctx, wr_err_t *err)
 {
   struct names kids = { 0 };
   int r = add_merged_level (to, path, &kids, err);
@@ -831,10 +832,34 @@ copy_dir_children (int root_fd, const struct fsd_state *to, const char *path, ui
       if (prev && strcmp (prev, kids.v[i]) == 0)
         continue;
       prev = kids.v[i];
-      r = copy_entry (root_fd, to, kids.v[i], ub, gb, depth + 1, err);
+      r = fn (ctx, kids.v[i]);
     }
   names_free (&kids);
   return r;
+}
+
+struct copy_ctx
+{
+  int root_fd;
+  const struct fsd_state *to;
+  uint32_t ub, gb;
+  int depth;
+  wr_err_t *err;
+};
+
+static int
+copy_child (void *ctx, const char *child)
+{
+  struct copy_ctx *c = ctx;
+  return copy_entry (c->root_fd, c->to, child, c->ub, c->gb, c->depth + 1, c->err);
+}
+
+static int
+copy_dir_children (int root_fd, const struct fsd_state *to, const char *path, uint32_t ub,
+                   uint32_t gb, int depth, wr_err_t *err)
+{
+  struct copy_ctx c = { root_fd, to, ub, gb, depth, err };
+  return each_child (to, path, copy_child, &c, err);
 }
 
 /* Put `to`'s entry at path into the live tree, replacing what is there. */
@@ -976,24 +1001,27 @@ patch_write (struct archive *ar, struct archive_entry *e, const char *path, wr_e
   return 0;
 }
 
+struct patch_ctx
+{
+  struct archive *ar;
+  const struct fsd_state *to;
+  int depth;
+  wr_err_t *err;
+};
+
+static int
+patch_child (void *ctx, const char *child)
+{
+  struct patch_ctx *c = ctx;
+  return patch_entry (c->ar, c->to, child, c->depth + 1, c->err);
+}
+
 static int
 patch_dir_children (struct archive *ar, const struct fsd_state *to, const char *path, int depth,
                     wr_err_t *err)
 {
-  struct names kids = { 0 };
-  int r = add_merged_level (to, path, &kids, err);
-  if (r == 0)
-    qsort (kids.v, kids.n, sizeof *kids.v, cmp_str);
-  const char *prev = NULL;
-  for (size_t i = 0; r == 0 && i < kids.n; i++)
-    {
-      if (prev && strcmp (prev, kids.v[i]) == 0)
-        continue;
-      prev = kids.v[i];
-      r = patch_entry (ar, to, kids.v[i], depth + 1, err);
-    }
-  names_free (&kids);
-  return r;
+  struct patch_ctx c = { ar, to, depth, err };
+  return each_child (to, path, patch_child, &c, err);
 }
 
 /* `to`'s entry at path (a directory with everything under it), as
