@@ -60,6 +60,7 @@ struct ag_state
   size_t stdin_bytes;  /* buffered for process stdins */
   int devnull;         /* O_RDONLY /dev/null for stdin, -1 if unavailable */
   unsigned exporting;  /* FILE "export"/"apply" requests live: new EXEC/FILE requests wait */
+  unsigned applying;   /* FILE "apply" requests live: their DATA must be read */
 };
 
 extern struct ag_state ag;

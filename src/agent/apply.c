@@ -64,6 +64,7 @@ fapply_free (struct fapply *a)
   if (a->frozen)
     ag_cg_freeze (false);
   ag.exporting--;
+  ag.applying--;
   ag_defer_free (a);
 }
 
@@ -79,6 +80,7 @@ ag_apply_start (uint32_t stream, json_t *body, wr_err_t *err)
   a->fd = a->dir_fd = -1;
   snprintf (a->tmp, sizeof a->tmp, ".warren-restore-%d", (int)getpid ());
   ag.exporting++;
+  ag.applying++;
   a->frozen = ag_cg_freeze (true) > 0;
   ag_req_link (&a->r);
   return 0;

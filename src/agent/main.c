@@ -1071,8 +1071,10 @@ main (int argc, char **argv)
       bool more = ag_file_pump ();
       if (conn.held_head && !ag.exporting && conn.w.fd >= 0 && !conn.dead)
         held_release ();
-      conn.read_paused = ag.outq_bytes > AG_OUTQ_STOP_READ || ag.stdin_bytes > AG_STDIN_STOP_READ
-                         || conn.held_bytes > AG_STDIN_STOP_READ;
+      conn.read_paused = ag.outq_bytes > AG_OUTQ_STOP_READ
+                         || ag.stdin_bytes > AG_STDIN_STOP_READ
+                         /* an apply ends only with DATA still to read */
+                         || (conn.held_bytes > AG_STDIN_STOP_READ && !ag.applying);
       conn_update ();
       if (conn.dead)
         continue;
