@@ -36,6 +36,8 @@ enum ag_req_kind
   AG_REQ_READ,
   AG_REQ_WRITE,
   AG_REQ_WATCH,
+  AG_REQ_EXPORT,
+  AG_REQ_APPLY,
 };
 
 /* A live request (one stream). Orphans belong to a lost connection: they
@@ -57,6 +59,8 @@ struct ag_state
   size_t outq_bytes;   /* queued towards the daemon */
   size_t stdin_bytes;  /* buffered for process stdins */
   int devnull;         /* O_RDONLY /dev/null for stdin, -1 if unavailable */
+  unsigned exporting;  /* FILE "export"/"apply" requests live: new EXEC/FILE requests wait */
+  unsigned applying;   /* FILE "apply" requests live: their DATA must be read */
 };
 
 extern struct ag_state ag;
@@ -114,6 +118,10 @@ void ag_cg_exec_kill (const struct ag_exec_cg *c);
 /* 1 OOM-killed, 0 not, -1 cannot tell (no memory controller here) */
 int ag_cg_exec_oom (const struct ag_exec_cg *c);
 void ag_cg_exec_release (struct ag_exec_cg *c);
+/* Freeze (or thaw) every task process, where the agent owns the tree (a
+ * VM guest): 1 when frozen (waits a bounded time for it), 0 when there is
+ * nothing to freeze, negative on failure. */
+int ag_cg_freeze (bool frozen);
 
 /* vmnet.c: a networked VM's NIC, where the guest's init left it unset
  * (disk images); 1 when done (or already set), 0 while the NIC is not there */
@@ -134,6 +142,19 @@ void ag_fwatch_stop (struct ag_req *r);
 void ag_fwatch_orphan (struct ag_req *r);
 /* Stop (or resume) reading events while the daemon is not reading ours. */
 void ag_fwatch_pause (bool pause);
+
+/* upper.c: the FILE op "export" (the guest's writable layer as a tar
+ * stream); --upper DIR exports DIR instead (tests) */
+extern const char *ag_upper_dir;
+int ag_export_start (uint32_t stream, json_t *body, wr_err_t *err);
+/* Produce DATA; returns true while more is to come. */
+bool ag_export_step (struct ag_req *r);
+void ag_export_orphan (struct ag_req *r);
+/* apply.c: the FILE op "apply" (a restore in place: a tar of the
+ * checkpoint's entries and .wh. deletions, written through the root) */
+int ag_apply_start (uint32_t stream, json_t *body, wr_err_t *err);
+void ag_apply_data (struct ag_req *r, const uint8_t *data, size_t len);
+void ag_apply_orphan (struct ag_req *r);
 
 /* users.c: accounts of the sandbox (its /etc/passwd and /etc/group) */
 #define AG_USER_MAX_GROUPS 64

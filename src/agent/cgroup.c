@@ -38,7 +38,8 @@
 
 static struct
 {
-  int tasks_fd; /* O_PATH dir of tasks/, -1 when the agent owns no tree */
+  int tasks_fd;  /* O_PATH dir of tasks/, -1 when the agent owns no tree */
+  bool own_tree; /* tasks/ is ours (a VM guest), not a delegated container dir */
   unsigned long seq;
   char *linger[CG_MAX_LINGER];
   size_t n_linger;
@@ -107,6 +108,7 @@ ag_cg_init (void)
       return r;
     }
   cg.tasks_fd = tasks;
+  cg.own_tree = true;
   return 0;
 }
 
@@ -313,4 +315,31 @@ ag_cg_exec_release (struct ag_exec_cg *c)
   else
     unlinkat (cg.tasks_fd, c->name, AT_REMOVEDIR);
   c->name[0] = '\0';
+}
+
+int
+ag_cg_freeze (bool frozen)
+{
+  /* a delegated container dir holds the agent itself: never frozen here */
+  if (cg.tasks_fd < 0 || !cg.own_tree)
+    return 0;
+  int r = write_at (cg.tasks_fd, "cgroup.freeze", frozen ? "1" : "0");
+  if (r < 0 || !frozen)
+    return r;
+  /* frozen once every task left the kernel (a task in uninterruptible
+   * sleep delays it); 2 s at most, then the export goes on unfrozen */
+  for (int i = 0; i < 2000; i++)
+    {
+      char buf[256];
+      _cleanup_close_ int fd = openat (cg.tasks_fd, "cgroup.events", O_RDONLY | O_CLOEXEC);
+      ssize_t n = fd >= 0 ? read (fd, buf, sizeof buf - 1) : -1;
+      if (n <= 0)
+        break;
+      buf[n] = '\0';
+      if (strstr (buf, "frozen 1"))
+        return 1;
+      usleep (1000);
+    }
+  write_at (cg.tasks_fd, "cgroup.freeze", "0");
+  return 0;
 }

@@ -203,11 +203,11 @@ ag_file_pump (void)
       for (struct ag_req *r = ag.reqs, *next; r; r = next)
         {
           next = r->next;
-          if (r->kind != AG_REQ_READ)
+          if (r->kind != AG_REQ_READ && r->kind != AG_REQ_EXPORT)
             continue;
           if (ag.outq_bytes >= AG_OUTQ_LOW && !r->orphan)
             return false; /* resumed when the queue drains */
-          if (fread_step ((struct fread *)r))
+          if (r->kind == AG_REQ_EXPORT ? ag_export_step (r) : fread_step ((struct fread *)r))
             more = true;
         }
       if (!more)
@@ -282,6 +282,11 @@ ag_file_data (struct ag_req *r, const uint8_t *data, size_t len)
       ag_fwatch_stop (r);
       return;
     }
+  if (r->kind == AG_REQ_APPLY)
+    {
+      ag_apply_data (r, data, len);
+      return;
+    }
   if (r->kind != AG_REQ_WRITE)
     return;
   struct fwrite *f = (struct fwrite *)r;
@@ -311,6 +316,10 @@ ag_file_orphan (struct ag_req *r)
     fwrite_free ((struct fwrite *)r);
   else if (r->kind == AG_REQ_WATCH)
     ag_fwatch_orphan (r);
+  else if (r->kind == AG_REQ_EXPORT)
+    ag_export_orphan (r);
+  else if (r->kind == AG_REQ_APPLY)
+    ag_apply_orphan (r);
   else
     fread_free ((struct fread *)r);
 }
@@ -545,6 +554,15 @@ ag_file_start (uint32_t stream, json_t *body)
     wr_error (&err, EINVAL, WR_E_INVALID, "missing \"path\"");
   else if (ag_path_check (path, json_string_length (jp), &err) < 0)
     ;
+  else if (strcmp (op, "export") == 0 || strcmp (op, "apply") == 0)
+    {
+      if (strcmp (path, "/") != 0)
+        wr_error (&err, EINVAL, WR_E_INVALID, "%s takes the path \"/\" (the whole tree)", op);
+      else if (op[0] == 'e')
+        ag_export_start (stream, body, &err);
+      else
+        ag_apply_start (stream, body, &err);
+    }
   else if (strcmp (op, "read") == 0)
     op_read (stream, path, body, &err);
   else if (strcmp (op, "write") == 0)

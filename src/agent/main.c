@@ -45,6 +45,9 @@ static struct
   struct ag_watch w;
   bool dead; /* closed at the top of the next loop iteration */
   bool read_paused;
+  /* frames held while an export or apply runs (conn_parse), in order */
+  struct obuf *held_head, *held_tail;
+  size_t held_bytes;
   uint8_t *in;
   size_t in_len;
   struct obuf *oq_head, *oq_tail;
@@ -413,6 +416,103 @@ dispatch (const struct wr_frame *f)
     }
 }
 
+/* While an export or apply runs (ag.exporting), a new EXEC or FILE request
+ * waits, with every later frame of its stream, in arrival order: it comes
+ * after the snapshot, as in a frozen container. Frames of the requests
+ * already running (an apply's DATA above all) go on. */
+static bool
+stream_held (uint32_t stream)
+{
+  for (struct obuf *b = conn.held_head; b; b = b->next)
+    if ((b->data[4] | b->data[5] << 8 | b->data[6] << 16 | (uint32_t)b->data[7] << 24) == stream)
+      return true;
+  return false;
+}
+
+static bool
+hold (const uint8_t *frame, size_t len)
+{
+  struct obuf *b = malloc (sizeof *b + len);
+  if (b == NULL)
+    return false;
+  b->next = NULL;
+  b->len = len;
+  b->off = 0;
+  memcpy (b->data, frame, len);
+  if (conn.held_tail)
+    conn.held_tail->next = b;
+  else
+    conn.held_head = b;
+  conn.held_tail = b;
+  conn.held_bytes += len;
+  return true;
+}
+
+/* the held frames, once nothing holds them (again: one may start an export) */
+static void
+held_release (void)
+{
+  while (conn.held_head && !ag.exporting && !conn.dead)
+    {
+      struct obuf *b = conn.held_head;
+      conn.held_head = b->next;
+      if (conn.held_head == NULL)
+        conn.held_tail = NULL;
+      conn.held_bytes -= b->len;
+      struct wr_frame f;
+      if (wr_frame_parse (b->data, b->len, &f) > 0)
+        dispatch (&f);
+      free (b);
+    }
+}
+
+static void
+obufs_free (struct obuf **head, struct obuf **tail, size_t *bytes)
+{
+  while (*head)
+    {
+      struct obuf *b = *head;
+      *head = b->next;
+      free (b);
+    }
+  *tail = NULL;
+  *bytes = 0;
+}
+
+/* Dispatch the complete frames in `in`. */
+static void
+conn_parse (void)
+{
+  size_t off = 0;
+  while (!conn.dead)
+    {
+      struct wr_frame f;
+      int r = wr_frame_parse (conn.in + off, conn.in_len - off, &f);
+      if (r == 0)
+        break;
+      if (r < 0)
+        {
+          conn.dead = true; /* cannot find the next frame boundary */
+          return;
+        }
+      if (f.stream != 0
+          && ((ag.exporting && (f.type == WR_MSG_EXEC || f.type == WR_MSG_FILE))
+              || (conn.held_head && stream_held (f.stream))))
+        {
+          if (!hold (conn.in + off, (size_t)r))
+            {
+              conn.dead = true; /* a lost frame would desynchronize the stream */
+              return;
+            }
+        }
+      else
+        dispatch (&f);
+      off += (size_t)r;
+    }
+  memmove (conn.in, conn.in + off, conn.in_len - off);
+  conn.in_len -= off;
+}
+
 static void
 conn_read (void)
 {
@@ -426,23 +526,7 @@ conn_read (void)
       return;
     }
   conn.in_len += (size_t)n;
-  size_t off = 0;
-  while (!conn.dead)
-    {
-      struct wr_frame f;
-      int r = wr_frame_parse (conn.in + off, conn.in_len - off, &f);
-      if (r == 0)
-        break;
-      if (r < 0)
-        {
-          conn.dead = true; /* cannot find the next frame boundary */
-          return;
-        }
-      dispatch (&f);
-      off += (size_t)r;
-    }
-  memmove (conn.in, conn.in + off, conn.in_len - off);
-  conn.in_len -= off;
+  conn_parse ();
 }
 
 static void
@@ -469,17 +553,11 @@ conn_close (void)
       else
         ag_file_orphan (r);
     }
-  while (conn.oq_head)
-    {
-      struct obuf *b = conn.oq_head;
-      conn.oq_head = b->next;
-      free (b);
-    }
-  conn.oq_tail = NULL;
-  ag.outq_bytes = 0;
+  obufs_free (&conn.oq_head, &conn.oq_tail, &ag.outq_bytes);
   ag_watch_close (&conn.w);
   conn.dead = false;
   conn.read_paused = false;
+  obufs_free (&conn.held_head, &conn.held_tail, &conn.held_bytes);
   conn.in_len = 0;
   if (device_path)
     device_retry_at = wr_now_ms () + DEVICE_RETRY_MS;
@@ -566,7 +644,7 @@ static void
 usage (void)
 {
   fputs ("usage: warren-agent [--listen-fd N] [--conn-fd N] [--device PATH] [--root DIR] "
-         "[--no-openat2] [--keep-fd N] [--cgroup-fd N]\n",
+         "[--no-openat2] [--keep-fd N] [--cgroup-fd N] [--upper DIR]\n",
          stderr);
   exit (2);
 }
@@ -927,6 +1005,7 @@ main (int argc, char **argv)
     { "no-openat2", no_argument, NULL, 'N' },
     { "keep-fd", required_argument, NULL, 'k' },
     { "cgroup-fd", required_argument, NULL, 'g' },
+    { "upper", required_argument, NULL, 'u' },
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 },
   };
@@ -968,6 +1047,9 @@ main (int argc, char **argv)
         if ((cgroup_fd = parse_fd (optarg)) < 0)
           usage ();
         break;
+      case 'u':
+        ag_upper_dir = optarg;
+        break;
       default:
         usage ();
       }
@@ -994,7 +1076,12 @@ main (int argc, char **argv)
           ag_fwatch_pause (congested);
         }
       bool more = ag_file_pump ();
-      conn.read_paused = ag.outq_bytes > AG_OUTQ_STOP_READ || ag.stdin_bytes > AG_STDIN_STOP_READ;
+      if (conn.held_head && !ag.exporting && conn.w.fd >= 0 && !conn.dead)
+        held_release ();
+      conn.read_paused = ag.outq_bytes > AG_OUTQ_STOP_READ
+                         || ag.stdin_bytes > AG_STDIN_STOP_READ
+                         /* an apply ends only with DATA still to read */
+                         || (conn.held_bytes > AG_STDIN_STOP_READ && !ag.applying);
       conn_update ();
       if (conn.dead)
         continue;

@@ -66,6 +66,11 @@ enum wr_msg
    *   watch  {"recursive":bool,"entry":bool} -> DATA {"ready":true}, then DATA
    *          {"events":[{"name","type":"create|write|remove|rename|chmod","entry"}]}
    *          until the daemon sends any DATA frame -> RESULT {}
+   *   export {"scrub":bool} (path "/") -> DATA frames: the guest's writable layer as a
+   *          pax tar (whiteouts as OCI .wh. entries), then RESULT
+   *          {"entries","bytes","skipped","scrubbed","frozen"} (VM guests; docs/protocol.md)
+   *   apply {} (path "/")          then DATA frames of a tar (".wh." removals), empty
+   *                                     DATA = end -> RESULT {"entries","frozen"}
    * stat object: {"name","type":"file|dir|symlink|other","size","mode","mtime","uid","gid"}
    *   (a non-UTF-8 name is base64 with "name_encoding":"base64")
    * Paths are resolved inside the sandbox root: ".." and symlinks never leave it. */

@@ -241,3 +241,18 @@ wr_opendir_dup (int dfd)
     wr_closep (&dup); /* keeps errno */
   return d;
 }
+
+bool
+wr_pack_scrubbed (const char *dir, const char *name)
+{
+  static const char *const history[]
+      = { ".bash_history",   ".ash_history", ".sh_history", ".zsh_history",
+          ".python_history", ".lesshst",     ".wget-hsts",  ".viminfo" };
+  for (size_t i = 0; i < WR_ARRAY_SIZE (history); i++)
+    if (strcmp (name, history[i]) == 0)
+      return true;
+  /* X11 sockets and locks */
+  if (strcmp (dir, "tmp") == 0 && strncmp (name, ".X", 2) == 0)
+    return true;
+  return false;
+}

@@ -113,5 +113,10 @@ DIR *wr_opendir_dup (int dfd);
  * Python SDK (warren._common.check_id). s need not be NUL terminated. */
 #define WR_ID_MAX 64
 bool wr_id_valid (const char *s, size_t n);
+/* What a pack leaves out of a layer (docs/images.md, Pack): shell and tool
+ * histories anywhere, X11 sockets and locks in /tmp. dir is the entry's
+ * directory relative to the root, without slashes at either end ("" for
+ * the root itself). */
+bool wr_pack_scrubbed (const char *dir, const char *name);
 
 #endif

@@ -130,6 +130,7 @@ vm_freeze (struct wrd *d, struct wr_container *c, bool frozen, wr_err_t *err)
 
 static const struct wrd_backend microvm_backend = {
   .name = "microvm",
+  .flags = WRD_BACKEND_GUEST_UPPER,
   .max_layers = WR_MICROVM_MAX_LAYERS,
   .create = mvm_create,
   .destroy = vm_destroy,
@@ -140,6 +141,7 @@ static const struct wrd_backend microvm_backend = {
 
 static const struct wrd_backend vm_backend = {
   .name = "vm",
+  .flags = WRD_BACKEND_GUEST_UPPER,
   .max_layers = WR_VM_MAX_LAYERS,
   .create = fvm_create,
   .destroy = vm_destroy,

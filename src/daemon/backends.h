@@ -12,6 +12,9 @@ enum
 {
   /* create may run on a builder thread (off the event loop) */
   WRD_BACKEND_THREADED_CREATE = 1u << 0,
+  /* the writable layer is exported by the agent from inside a guest
+   * (guest_upper.h), not handed over as a host directory (upper_fd) */
+  WRD_BACKEND_GUEST_UPPER = 1u << 1,
 };
 
 struct wrd_backend

@@ -9,7 +9,13 @@
  * child holds its layers, and starts N children on it, each with its own
  * empty upper. Restore compares the live tree with the checkpoint
  * (fsdiff.c) and rewrites only the paths that differ, through the
- * sandbox's own root, with the sandbox frozen: its processes keep running. */
+ * sandbox's own root, with the sandbox frozen: its processes keep running.
+ *
+ * A microvm or vm has no upper the daemon can read: its agent exports it
+ * (guest_upper.c), committed as the same kind of image, which then stands
+ * for the snapshot (checkpoint, fork) or for "now" (diff, restore, under a
+ * temporary tag); a restore's changes go back as a tar its agent applies
+ * through the guest's root (fsd_patch_tar, FILE op "apply"). */
 #include "daemon/fork.h"
 
 #include <errno.h>
@@ -22,10 +28,12 @@
 #include <unistd.h>
 #include <linux/securebits.h>
 
+#include "common/proto.h"
 #include "common/util.h"
 #include "daemon/backends.h"
 #include "daemon/criu.h"
 #include "daemon/fsdiff.h"
+#include "daemon/guest_upper.h"
 #include "daemon/http_util.h"
 #include "daemon/images.h"
 #include "daemon/log.h"
@@ -33,6 +41,7 @@
 
 #define CKPT_PREFIX "warren-checkpoint/"
 #define FORK_PREFIX "warren-fork/"
+#define DIFF_PREFIX "warren-diff/" /* a VM's "now", for one diff */
 #define FORK_MAX 256
 
 /* checkpoint names are image tags: [A-Za-z0-9_.-]{1,128} */
@@ -135,16 +144,12 @@ wrd_checkpoints_drop (struct wrd *d, const char *id)
 static int
 check_fs_ops (struct sandbox *sb, const char *what, wr_err_t *err)
 {
+  if (sb->ops->upper_fd == NULL && wrd_guest_upper (sb))
+    return wrd_guest_upper_check (sb, what, err);
   if (sb->ops->upper_fd == NULL)
-    /* docs/rl.md: a consistent copy needs the guest to flush and freeze
-     * its upper first, and its content is read in the guest, never by a
-     * host mount of guest-written ext4; neither is built yet */
     return wr_error (err, 0, WR_E_UNSUPPORTED,
-                     "%s is not implemented on the %s backend: its writable layer is an ext4 "
-                     "disk image inside the guest, which needs a guest-side flush and freeze "
-                     "before a copy and a guest-side reader for a diff (docs/rl.md, "
-                     "'Checkpoints, restore and diff on microvm and vm'); container sandboxes "
-                     "support it",
+                     "%s is not implemented on the %s backend: it cannot hand out its writable "
+                     "layer (docs/rl.md); container, microvm and vm sandboxes support it",
                      what, sb->backend);
   return 0;
 }
@@ -175,6 +180,13 @@ struct fjob
   char id[33];
   struct pack_snap snap;
   bool have_snap;
+  bool guest;        /* a VM: the snapshot is the agent's export (guest_upper.h) */
+  char tmp_ref[256]; /* a VM's "now" of a diff or restore, untagged at the end */
+  /* a VM's restore: the patch (fsd_patch_tar) its agent applies */
+  int patch_fd;
+  off_t patch_off, patch_size;
+  uint32_t apply_stream;
+  bool pumping, applied;
   char ref[256];
   char name[140];
   struct wr_image *img;
@@ -201,8 +213,13 @@ fjob_free (struct fjob *j)
 {
   if (j->have_snap)
     wrd_pack_end (j->d, &j->snap);
+  wr_err_t e;
+  if (j->tmp_ref[0] && wr_image_remove (j->d->store, j->tmp_ref, &e) < 0)
+    wrd_log (WRD_LOG_WARN, "diff of %s: untag %s: %s\n", j->id, j->tmp_ref, e.msg);
   if (j->root_fd >= 0)
     close (j->root_fd);
+  if (j->patch_fd >= 0)
+    close (j->patch_fd);
   wr_image_free (j->img);
   free (j->from.layers);
   free (j->to.layers);
@@ -222,6 +239,7 @@ fjob_new (struct wrd *d, struct evhttp_request *req, struct sandbox *sb, enum jo
   j->req = req;
   j->kind = kind;
   j->root_fd = -1;
+  j->patch_fd = -1;
   j->t0 = wr_now_ns ();
   snprintf (j->id, sizeof j->id, "%s", sb->id);
   return j;
@@ -293,7 +311,7 @@ job_work (void *arg)
 {
   struct fjob *j = arg;
   struct wrd *d = j->d;
-  if (j->kind == JOB_CHECKPOINT || j->kind == JOB_FORK)
+  if ((j->kind == JOB_CHECKPOINT || j->kind == JOB_FORK) && !j->guest)
     {
       j->r = wrd_pack_commit (d->store, &j->snap, j->ref, NULL, &j->stats, &j->img, &j->err);
       j->t_snap = wr_now_ns ();
@@ -316,6 +334,25 @@ job_work (void *arg)
       j->result = fsd_changes_json (&a, &b, &ch, j->prefix[0] ? j->prefix : NULL, j->text);
       json_object_set_new (j->result, "from", json_string (j->from.label));
       json_object_set_new (j->result, "to", json_string (j->to.label));
+    }
+  else if (j->r == 0 && j->guest)
+    {
+      /* the guest's agent writes it, through its own root (apply.c) */
+      char tmp[1200];
+      snprintf (tmp, sizeof tmp, "%s/tmp", wr_store_root (d->store));
+      j->patch_fd = open (tmp, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+      if (j->patch_fd < 0)
+        j->r = wr_sys_error (&j->err, "restore: spool file in %s", tmp);
+      else
+        j->r = fsd_patch_tar (&b, &ch, j->patch_fd, &j->err);
+      struct stat pst;
+      if (j->r == 0 && fstat (j->patch_fd, &pst) < 0)
+        j->r = wr_sys_error (&j->err, "restore: stat the patch");
+      if (j->r == 0)
+        {
+          j->patch_size = pst.st_size;
+          j->result = json_pack ("{s:s,s:I}", "restored", j->name, "changes", (json_int_t)ch.n);
+        }
     }
   else if (j->r == 0)
     {
@@ -346,6 +383,7 @@ job_work (void *arg)
 }
 
 static void fork_children (struct fjob *j);
+static void guest_apply (struct fjob *j);
 
 /* Checkpoints and restores are trajectory events, logged when the sandbox
  * is frozen (what ran before is in them, what runs after is not) and
@@ -398,6 +436,11 @@ job_done (void *arg)
       fork_children (j);
       return; /* replies when every child is there */
     case JOB_RESTORE:
+      if (j->guest)
+        {
+          guest_apply (j);
+          return; /* replies when the agent has applied it */
+        }
       log_done (j, json_pack ("{s:O}", "changes", json_object_get (j->result, "changes")));
       /* fall through */
     case JOB_DIFF:
@@ -417,9 +460,181 @@ job_start (struct fjob *j)
     }
 }
 
+/* ---- a VM's restore: the patch through its agent (FILE op "apply") ---- */
+
+static void
+apply_end (struct fjob *j, wr_err_t *err)
+{
+  j->applied = true;
+  if (err)
+    {
+      log_done (j, json_pack ("{s:{s:s?,s:s}}", "error", "code", err->code, "message", err->msg));
+      wrd_reply_error (j->req, err);
+    }
+  else
+    {
+      log_done (j, json_pack ("{s:O}", "changes", json_object_get (j->result, "changes")));
+      wrd_reply_json (j->req, 200, json_incref (j->result));
+    }
+  if (!j->pumping)
+    fjob_free (j);
+}
+
+static void
+apply_on_data (void *ud, uint8_t type, const uint8_t *data, size_t len)
+{
+  (void)ud, (void)type, (void)data, (void)len; /* an apply answers no data */
+}
+
+static void
+apply_on_done (void *ud, json_t *result)
+{
+  (void)result;
+  apply_end (ud, NULL);
+}
+
+static void
+apply_on_error (void *ud, const char *code, const char *message)
+{
+  wr_err_t err;
+  wr_error (&err, 0, strcmp (code, WR_E_GONE) == 0 ? WR_E_GONE : WR_E_INTERNAL,
+            "the guest's agent could not apply the restore: %.400s", message ? message : "failed");
+  apply_end (ud, &err);
+}
+
+/* Send the patch while the connection's queue is short; come back in a
+ * millisecond otherwise (the agent, not warrend, holds the bytes). */
+static void
+apply_pump (evutil_socket_t fd, short what, void *arg)
+{
+  (void)fd, (void)what;
+  struct fjob *j = arg;
+  j->pumping = false;
+  struct sandbox *sb = wrd_sandbox_find (j->d, j->id);
+  if (j->applied || sb == NULL || !agent_conn_alive (sb->conn))
+    {
+      if (j->applied)
+        fjob_free (j);
+      return; /* else the request fails "gone", which replies */
+    }
+  char buf[256 << 10];
+  while (j->patch_off < j->patch_size && agent_outq (sb->conn) < (1u << 20))
+    {
+      ssize_t n = pread (j->patch_fd, buf, sizeof buf, j->patch_off);
+      if (n <= 0)
+        {
+          agent_cancel (sb->conn, j->apply_stream);
+          wr_err_t err;
+          wr_error (&err, n < 0 ? errno : EIO, WR_E_INTERNAL, "restore: read the patch");
+          apply_end (j, &err);
+          return;
+        }
+      agent_send (sb->conn, j->apply_stream, WR_MSG_DATA, buf, (size_t)n);
+      j->patch_off += n;
+    }
+  if (j->patch_off < j->patch_size)
+    {
+      struct timeval tv = { 0, 1000 };
+      if (event_base_once (j->d->base, -1, EV_TIMEOUT, apply_pump, j, &tv) == 0)
+        {
+          j->pumping = true;
+          return;
+        }
+      agent_cancel (sb->conn, j->apply_stream);
+      wr_err_t err;
+      wr_error (&err, 0, WR_E_INTERNAL, "restore: cannot schedule the patch");
+      apply_end (j, &err);
+      return;
+    }
+  agent_send (sb->conn, j->apply_stream, WR_MSG_DATA, "", 0); /* the end */
+}
+
+static void
+guest_apply (struct fjob *j)
+{
+  struct sandbox *sb = wrd_sandbox_find (j->d, j->id);
+  static const struct agent_ops ops = { apply_on_data, apply_on_done, apply_on_error };
+  json_t *body = json_pack ("{s:s,s:s}", "op", "apply", "path", "/");
+  j->apply_stream = sb && agent_conn_alive (sb->conn)
+                        ? agent_request (sb->conn, WR_MSG_FILE, body, &ops, j)
+                        : 0;
+  json_decref (body);
+  if (j->apply_stream == 0)
+    {
+      wr_err_t err;
+      wr_error (&err, 0, WR_E_GONE, "sandbox %s is gone", j->id);
+      apply_end (j, &err);
+      return;
+    }
+  apply_pump (-1, 0, j);
+}
+
+/* A VM's export is committed (guest_upper.c): a checkpoint or fork goes on
+ * as a container's does after its commit; a diff's "now" becomes the
+ * layers of that image. */
+static void
+guest_snap_done (struct wrd *d, void *ud, struct wrd_guest_snap *gs, wr_err_t *err)
+{
+  struct fjob *j = ud;
+  j->t_snap = wr_now_ns ();
+  if (gs == NULL)
+    {
+      j->r = -1;
+      j->err = *err;
+      job_done (j);
+      return;
+    }
+  j->stats.files = gs->entries;
+  if (j->kind == JOB_CHECKPOINT || j->kind == JOB_FORK)
+    {
+      j->img = gs->img;
+      gs->img = NULL;
+      job_done (j);
+      return;
+    }
+  struct side *sides[2] = { &j->from, &j->to };
+  for (int i = 0; i < 2; i++)
+    if (sides[i]->now)
+      {
+        sides[i]->now = false;
+        free (sides[i]->layers);
+        sides[i]->layers = NULL;
+        if (side_layers (sides[i], gs->img->layers, gs->img->n_layers, &j->err) < 0)
+          {
+            j->r = -1;
+            job_done (j);
+            return;
+          }
+      }
+  job_start (j);
+}
+
+/* Freeze the sandbox and take hold of its writable layer: a container's
+ * upper directory (pack.c), or a VM's export committed as image ref (a
+ * diff's own temporary one when ref is NULL); the job goes on from
+ * guest_snap_done then. */
 static int
 begin_snap (struct fjob *j, struct sandbox *sb, wr_err_t *err)
 {
+  if (sb->ops->upper_fd == NULL && wrd_guest_upper (sb))
+    {
+      const char *ref = j->ref;
+      if (j->kind == JOB_DIFF || j->kind == JOB_RESTORE)
+        {
+          char rnd[13];
+          wr_random_hex (rnd, 12);
+          snprintf (j->tmp_ref, sizeof j->tmp_ref, DIFF_PREFIX "%s:%s", sb->id, rnd);
+          ref = j->tmp_ref;
+        }
+      int r = wrd_guest_snap_start (j->d, sb, ref, false, guest_snap_done, j, err);
+      if (r < 0)
+        {
+          j->tmp_ref[0] = '\0';
+          return r;
+        }
+      j->guest = true;
+      return 0;
+    }
   int r = wrd_pack_begin (j->d, sb, &j->snap, err);
   if (r < 0)
     return r;
@@ -502,7 +717,8 @@ http_checkpoint (struct wrd *d, struct evhttp_request *req, struct sandbox *sb)
       return;
     }
   log_begin (j, sb, "checkpoint");
-  job_start (j);
+  if (!j->guest)
+    job_start (j);
 }
 
 /* A side of a diff or restore: "image", "now" or a checkpoint name. */
@@ -570,8 +786,7 @@ http_restore (struct wrd *d, struct evhttp_request *req, struct sandbox *sb)
     goto fail;
   char path[64];
   snprintf (path, sizeof path, "/proc/%d/root", (int)sb->c.pid);
-  j->root_fd = open (path, O_PATH | O_DIRECTORY | O_CLOEXEC);
-  if (j->root_fd < 0)
+  if (!j->guest && (j->root_fd = open (path, O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
     {
       wr_sys_error (&err, "open the root of sandbox %s", sb->id);
       goto fail;
@@ -579,7 +794,8 @@ http_restore (struct wrd *d, struct evhttp_request *req, struct sandbox *sb)
   json_decref (body);
   ckpt_ref (j->ref, sizeof j->ref, sb->id, j->name);
   log_begin (j, sb, "restore");
-  job_start (j);
+  if (!j->guest)
+    job_start (j);
   return;
 fail:
   json_decref (body);
@@ -613,7 +829,8 @@ http_diff (struct wrd *d, struct evhttp_request *req, struct sandbox *sb, struct
     goto fail;
   if ((j->from.now || j->to.now) && begin_snap (j, sb, &err) < 0)
     goto fail;
-  job_start (j);
+  if (!j->guest)
+    job_start (j);
   return;
 fail:
   wrd_reply_error (req, &err);
@@ -781,7 +998,8 @@ http_fork (struct wrd *d, struct evhttp_request *req, struct sandbox *sb)
   /* the fork point: the parent's events before it are in the children */
   j->fork_seq = wrd_traj_lifecycle (d, sb, "fork", json_pack ("{s:I}", "count", count_v));
   json_decref (body);
-  job_start (j);
+  if (!j->guest)
+    job_start (j);
   return;
 fail:
   json_decref (body);

@@ -17,6 +17,8 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 #include <linux/openat2.h>
+#include <archive.h>
+#include <archive_entry.h>
 
 #include "common/util.h"
 
@@ -815,9 +817,10 @@ set_meta (int pfd, const char *name, const struct stat *st, uint32_t ub, uint32_
 static int copy_entry (int root_fd, const struct fsd_state *to, const char *path, uint32_t ub,
                        uint32_t gb, int depth, wr_err_t *err);
 
+/* fn on every entry of `to`'s merged directory at path, sorted, once each */
 static int
-copy_dir_children (int root_fd, const struct fsd_state *to, const char *path, uint32_t ub,
-                   uint32_t gb, int depth, wr_err_t *err)
+each_child (const struct fsd_state *to, const char *path, int (*fn) (void *ctx, const char *child),
+            void *ctx, wr_err_t *err)
 {
   struct names kids = { 0 };
   int r = add_merged_level (to, path, &kids, err);
@@ -829,10 +832,34 @@ copy_dir_children (int root_fd, const struct fsd_state *to, const char *path, ui
       if (prev && strcmp (prev, kids.v[i]) == 0)
         continue;
       prev = kids.v[i];
-      r = copy_entry (root_fd, to, kids.v[i], ub, gb, depth + 1, err);
+      r = fn (ctx, kids.v[i]);
     }
   names_free (&kids);
   return r;
+}
+
+struct copy_ctx
+{
+  int root_fd;
+  const struct fsd_state *to;
+  uint32_t ub, gb;
+  int depth;
+  wr_err_t *err;
+};
+
+static int
+copy_child (void *ctx, const char *child)
+{
+  struct copy_ctx *c = ctx;
+  return copy_entry (c->root_fd, c->to, child, c->ub, c->gb, c->depth + 1, c->err);
+}
+
+static int
+copy_dir_children (int root_fd, const struct fsd_state *to, const char *path, uint32_t ub,
+                   uint32_t gb, int depth, wr_err_t *err)
+{
+  struct copy_ctx c = { root_fd, to, ub, gb, depth, err };
+  return each_child (to, path, copy_child, &c, err);
 }
 
 /* Put `to`'s entry at path into the live tree, replacing what is there. */
@@ -958,4 +985,154 @@ fsd_apply (int root_fd, const struct fsd_state *to, const struct fsd_changes *c,
         return r;
     }
   return 0;
+}
+
+/* ---- a restore as a tar, for a guest's agent to apply (fsdiff.h) ---- */
+
+static int patch_entry (struct archive *ar, const struct fsd_state *to, const char *path, int depth,
+                        wr_err_t *err);
+
+static int
+patch_write (struct archive *ar, struct archive_entry *e, const char *path, wr_err_t *err)
+{
+  if (archive_write_header (ar, e) != ARCHIVE_OK)
+    return wr_error (err, 0, WR_E_INTERNAL, "restore: tar header of /%s: %s", path,
+                     archive_error_string (ar));
+  return 0;
+}
+
+struct patch_ctx
+{
+  struct archive *ar;
+  const struct fsd_state *to;
+  int depth;
+  wr_err_t *err;
+};
+
+static int
+patch_child (void *ctx, const char *child)
+{
+  struct patch_ctx *c = ctx;
+  return patch_entry (c->ar, c->to, child, c->depth + 1, c->err);
+}
+
+static int
+patch_dir_children (struct archive *ar, const struct fsd_state *to, const char *path, int depth,
+                    wr_err_t *err)
+{
+  struct patch_ctx c = { ar, to, depth, err };
+  return each_child (to, path, patch_child, &c, err);
+}
+
+/* `to`'s entry at path (a directory with everything under it), as
+ * copy_entry would put it in place */
+static int
+patch_entry (struct archive *ar, const struct fsd_state *to, const char *path, int depth,
+             wr_err_t *err)
+{
+  if (depth > MAX_DEPTH)
+    return wr_error (err, 0, WR_E_INVALID, "%s: nested too deep", path);
+  struct stat st;
+  const char *sname;
+  int sfd = lookup (to, path, &st, &sname);
+  if (sfd < 0)
+    return 0; /* hidden in the target: nothing to copy */
+  _cleanup_close_ int src_dir = sfd;
+  if (!S_ISDIR (st.st_mode) && !S_ISREG (st.st_mode) && !S_ISLNK (st.st_mode))
+    return 0; /* fifos, devices, sockets: not restored in a guest */
+  struct archive_entry *e = archive_entry_new ();
+  if (e == NULL)
+    return wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
+  archive_entry_set_pathname (e, path);
+  archive_entry_set_mode (e, st.st_mode);
+  archive_entry_set_uid (e, st.st_uid);
+  archive_entry_set_gid (e, st.st_gid);
+  archive_entry_set_mtime (e, st.st_mtim.tv_sec, 0);
+  int r = 0;
+  _cleanup_close_ int in = -1;
+  if (S_ISREG (st.st_mode))
+    {
+      in = openat (src_dir, sname, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+      if (in < 0)
+        r = wr_sys_error (err, "restore: open /%s", path);
+      archive_entry_set_size (e, st.st_size);
+    }
+  else if (S_ISLNK (st.st_mode))
+    {
+      char target[4096];
+      ssize_t n = readlinkat (src_dir, sname, target, sizeof target - 1);
+      if (n < 0)
+        r = wr_sys_error (err, "restore: readlink /%s", path);
+      else
+        {
+          target[n] = '\0';
+          archive_entry_set_symlink (e, target);
+        }
+    }
+  if (r == 0)
+    r = patch_write (ar, e, path, err);
+  archive_entry_free (e);
+  if (r < 0)
+    return r;
+  if (S_ISDIR (st.st_mode))
+    return patch_dir_children (ar, to, path, depth, err);
+  if (in >= 0)
+    {
+      char buf[65536];
+      ssize_t n;
+      off_t left = st.st_size;
+      while (left > 0 && (n = wr_read_all (in, buf, sizeof buf)) > 0)
+        {
+          if (n > left)
+            n = (ssize_t)left;
+          if (archive_write_data (ar, buf, (size_t)n) < 0)
+            return wr_error (err, 0, WR_E_INTERNAL, "restore: tar data of /%s: %s", path,
+                             archive_error_string (ar));
+          left -= n;
+        }
+    }
+  return 0;
+}
+
+int
+fsd_patch_tar (const struct fsd_state *to, const struct fsd_changes *c, int out_fd, wr_err_t *err)
+{
+  struct archive *ar = archive_write_new ();
+  if (ar == NULL)
+    return wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
+  int r = 0;
+  if (archive_write_set_format_pax_restricted (ar) != ARCHIVE_OK
+      || archive_write_open_fd (ar, out_fd) != ARCHIVE_OK)
+    r = wr_error (err, 0, WR_E_INTERNAL, "restore: tar: %s", archive_error_string (ar));
+  /* removals first, as fsd_apply does: a path that goes, or changes type */
+  for (size_t i = 0; r == 0 && i < c->n; i++)
+    {
+      const struct fsd_change *x = &c->v[i];
+      if (x->kind != FSD_DELETED
+          && !(x->kind == FSD_MODIFIED
+               && (x->old_st.st_mode & S_IFMT) != (x->new_st.st_mode & S_IFMT)))
+        continue;
+      char wh[4200];
+      const char *slash = strrchr (x->path, '/');
+      snprintf (wh, sizeof wh, "%.*s%s.wh.%s", slash ? (int)(slash - x->path) : 0, x->path,
+                slash ? "/" : "", slash ? slash + 1 : x->path);
+      struct archive_entry *e = archive_entry_new ();
+      if (e == NULL)
+        r = wr_error (err, ENOMEM, WR_E_INTERNAL, "out of memory");
+      else
+        {
+          archive_entry_set_pathname (e, wh);
+          archive_entry_set_mode (e, S_IFREG | 0600);
+          archive_entry_set_size (e, 0);
+          r = patch_write (ar, e, x->path, err);
+          archive_entry_free (e);
+        }
+    }
+  for (size_t i = 0; r == 0 && i < c->n; i++)
+    if (c->v[i].kind != FSD_DELETED)
+      r = patch_entry (ar, to, c->v[i].path, 0, err);
+  if (archive_write_close (ar) != ARCHIVE_OK && r == 0)
+    r = wr_error (err, 0, WR_E_INTERNAL, "restore: tar: %s", archive_error_string (ar));
+  archive_write_free (ar);
+  return r;
 }

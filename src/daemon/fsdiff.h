@@ -73,6 +73,13 @@ char *fsd_unified_diff (const char *a, size_t alen, const char *b, size_t blen, 
 int fsd_apply (int root_fd, const struct fsd_state *to, const struct fsd_changes *c,
                uint32_t uid_base, uint32_t gid_base, wr_err_t *err);
 
+/* What fsd_apply would write, as a pax tar at out_fd for an agent to apply
+ * inside a guest (the FILE op "apply", docs/protocol.md): first an OCI
+ * ".wh.NAME" entry for every path that goes or changes type, then `to`'s
+ * entries (directories with all they hold), ids as `to` has them. */
+int fsd_patch_tar (const struct fsd_state *to, const struct fsd_changes *c, int out_fd,
+                   wr_err_t *err);
+
 /* A diff path filter: absolute or relative, no "..", no empty or "."
  * components beyond slashes; normalised into buf without leading slash. */
 int fsd_path_normalise (const char *in, char *buf, size_t len, wr_err_t *err);

@@ -23,6 +23,7 @@
 
 #include "common/util.h"
 #include "daemon/backends.h"
+#include "daemon/guest_upper.h"
 #include "daemon/http_util.h"
 
 #ifndef SYS_pidfd_getfd
@@ -144,21 +145,6 @@ struct copy
   size_t n_links, cap_links;
 };
 
-static bool
-scrubbed (const char *rel, const char *name)
-{
-  static const char *const history[]
-      = { ".bash_history",   ".ash_history", ".sh_history", ".zsh_history",
-          ".python_history", ".lesshst",     ".wget-hsts",  ".viminfo" };
-  for (size_t i = 0; i < WR_ARRAY_SIZE (history); i++)
-    if (strcmp (name, history[i]) == 0)
-      return true;
-  /* X11 sockets and locks */
-  if (strcmp (rel, "tmp") == 0 && strncmp (name, ".X", 2) == 0)
-    return true;
-  return false;
-}
-
 static int
 copy_xattrs (int sfd, int dfd, const char *rel, wr_err_t *err)
 {
@@ -271,7 +257,7 @@ copy_dir (struct copy *c, int sfd, int dfd, const char *rel, int depth, wr_err_t
       struct stat st;
       if (fstatat (sfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
         return wr_sys_error (err, "stat %s", sub);
-      if (!c->p->keep_all && scrubbed (rel, name))
+      if (!c->p->keep_all && wr_pack_scrubbed (rel, name))
         {
           c->st->scrubbed++;
           continue;
@@ -442,10 +428,8 @@ pack_work (void *arg)
 }
 
 static void
-pack_done (void *arg)
+pack_reply (struct pack_job *j)
 {
-  struct pack_job *j = arg;
-  wrd_pack_end (j->d, &j->snap);
   json_t *res = NULL;
   if (j->r == 0)
     {
@@ -458,6 +442,36 @@ pack_done (void *arg)
   wrd_stream_finish (j->st, j->r, &j->err, res, 201);
   wr_image_free (j->img);
   free (j);
+}
+
+static void
+pack_done (void *arg)
+{
+  struct pack_job *j = arg;
+  wrd_pack_end (j->d, &j->snap);
+  pack_reply (j);
+}
+
+/* a VM: its agent's export, committed (guest_upper.c) */
+static void
+pack_guest_done (struct wrd *d, void *ud, struct wrd_guest_snap *gs, wr_err_t *err)
+{
+  struct pack_job *j = ud;
+  if (gs == NULL)
+    {
+      j->r = -1;
+      j->err = *err;
+    }
+  else
+    {
+      j->img = gs->img;
+      gs->img = NULL;
+      j->stats = (struct pack_stats){ .files = gs->entries,
+                                      .scrubbed = gs->scrubbed,
+                                      .skipped = gs->skipped };
+      wrd_stream_progress (j->st, "pack", 1, 1);
+    }
+  pack_reply (j);
 }
 
 void
@@ -492,6 +506,18 @@ wrd_http_pack (struct wrd *d, struct evhttp_request *req, struct sandbox *sb)
   snprintf (j->name, sizeof j->name, "%s", name);
   bool stream = json_is_true (sv);
   json_decref (body);
+  if (sb->ops->upper_fd == NULL && wrd_guest_upper (sb))
+    {
+      if (wrd_guest_snap_start (d, sb, j->name, true, pack_guest_done, j, &err) < 0)
+        {
+          free (j);
+          wrd_reply_error (req, &err);
+          return;
+        }
+      j->st = wrd_stream_new (d, req, stream);
+      wrd_stream_progress (j->st, "pack", 0, 1);
+      return;
+    }
   if (wrd_pack_begin (d, sb, &j->snap, &err) < 0)
     {
       free (j);

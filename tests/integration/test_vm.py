@@ -319,6 +319,13 @@ def test_vm_backend_q35(vmd):
         r = api.raw("PUT", f"/v1/sandboxes/{sid}/files?path=/x", b"vm-file")
         assert r.status in (200, 201, 204)
         assert api.raw("GET", f"/v1/sandboxes/{sid}/files?path=/x").body == b"vm-file"
+        # its writable layer is laid out as a microvm's: checkpoints and
+        # diffs work the same (test_fork.py has the full set on microvm)
+        r = api.raw("POST", f"/v1/sandboxes/{sid}/checkpoints", {"name": "q"})
+        assert r.status == 201, r
+        r = api.raw("GET", f"/v1/sandboxes/{sid}/diff?from=image&to=q")
+        assert r.status == 200, r
+        assert {c["path"]: c["kind"] for c in r.json()["changes"]}.get("/x") == "added", r.json()
     finally:
         api.delete(sid)
 
@@ -403,6 +410,9 @@ def test_vm_disk_image_overlays(vmd, bb_disk):
     r = api.sh(b, "hostname; cat /root/mark 2>&1 || echo absent")
     assert r["stdout"].splitlines() == [b, "cat: can't open '/root/mark': No such file or directory",
                                         "absent"], r
+    # no separate writable layer to export: a checkpoint says so, nothing frozen
+    r = api.raw("POST", f"/v1/sandboxes/{b}/checkpoints", {"name": "c"})
+    assert r.status == 501 and "disk image" in r.json()["error"]["message"], r
     # files API over the same agent
     r = api.raw("PUT", f"/v1/sandboxes/{b}/files?path=/tmp/f.bin", b"\x00\x01disk")
     assert r.status in (200, 201, 204), r

@@ -22,10 +22,15 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <archive.h>
+#include <archive_entry.h>
+#include <sys/sysmacros.h>
+#include <sys/xattr.h>
 
 #include "tap.h"
 
 static char agent_bin[PATH_MAX];
+static const char *agent_upper; /* --upper DIR for the next agent_start */
 
 static uint64_t
 now_ms (void)
@@ -84,6 +89,11 @@ agent_start (const char *root, bool no_openat2, int listen_fd, bool with_conn)
         }
       if (no_openat2)
         args[n++] = "--no-openat2";
+      if (agent_upper)
+        {
+          args[n++] = "--upper";
+          args[n++] = agent_upper;
+        }
       args[n] = NULL;
       execv (agent_bin, (char **)args);
       _exit (127);
@@ -1321,6 +1331,355 @@ file_suite (bool no_openat2)
     abort ();
 }
 
+/* ---- FILE "export": a writable layer as a pax stream (src/agent/upper.c) ---- */
+
+struct tar_entry
+{
+  char name[512], link[512];
+  int type; /* AE_IF* */
+  int64_t size;
+  bool hardlink, xattr;
+  unsigned char md[16];
+  uint64_t sum;
+};
+
+static size_t
+tar_list (const char *data, size_t len, struct tar_entry *v, size_t max)
+{
+  struct archive *a = archive_read_new ();
+  archive_read_support_format_tar (a);
+  size_t n = 0;
+  if (archive_read_open_memory (a, data, len) != ARCHIVE_OK)
+    {
+      archive_read_free (a);
+      return 0;
+    }
+  struct archive_entry *e;
+  while (n < max && archive_read_next_header (a, &e) == ARCHIVE_OK)
+    {
+      struct tar_entry *t = &v[n++];
+      memset (t, 0, sizeof *t);
+      snprintf (t->name, sizeof t->name, "%s", archive_entry_pathname (e));
+      t->type = (int)archive_entry_filetype (e);
+      t->size = archive_entry_size (e);
+      const char *l = archive_entry_hardlink (e);
+      t->hardlink = l != NULL;
+      if (l == NULL)
+        l = archive_entry_symlink (e);
+      snprintf (t->link, sizeof t->link, "%s", l ? l : "");
+      const char *xn;
+      const void *xv;
+      size_t xl;
+      archive_entry_xattr_reset (e);
+      while (archive_entry_xattr_next (e, &xn, &xv, &xl) == ARCHIVE_OK)
+        t->xattr = t->xattr || (strcmp (xn, "user.k") == 0 && xl == 1 && memcmp (xv, "v", 1) == 0);
+      char buf[65536];
+      la_ssize_t got;
+      while ((got = archive_read_data (a, buf, sizeof buf)) > 0)
+        for (la_ssize_t i = 0; i < got; i++)
+          t->sum = t->sum * 31 + (unsigned char)buf[i];
+    }
+  archive_read_free (a);
+  return n;
+}
+
+static const struct tar_entry *
+tar_find (const struct tar_entry *v, size_t n, const char *name)
+{
+  for (size_t i = 0; i < n; i++)
+    if (strcmp (v[i].name, name) == 0)
+      return &v[i];
+  return NULL;
+}
+
+static void
+test_export (void)
+{
+  char dir[] = "/tmp/wr-export-XXXXXX";
+  if (mkdtemp (dir) == NULL)
+    abort ();
+  char p[PATH_MAX], longdir[300];
+  snprintf (p, sizeof p, "%s/f", dir);
+  FILE *f = fopen (p, "w");
+  fputs ("hello", f);
+  fclose (f);
+  chmod (p, 0640);
+  char p2[PATH_MAX];
+  snprintf (p2, sizeof p2, "%s/x", dir);
+  f = fopen (p2, "w");
+  fputs ("hello", f);
+  fclose (f);
+  bool user_xattrs = setxattr (p2, "user.k", "v", 1, 0) == 0;
+  snprintf (p2, sizeof p2, "%s/hl", dir);
+  link (p, p2);
+  snprintf (p2, sizeof p2, "%s/sym", dir);
+  symlink ("f", p2);
+  snprintf (p2, sizeof p2, "%s/sub", dir);
+  mkdir (p2, 0755);
+  bool opaque = setxattr (p2, "user.overlay.opaque", "y", 1, 0) == 0;
+  setxattr (p2, "user.overlay.origin", "x", 1, 0); /* bookkeeping: stays behind */
+  snprintf (p2, sizeof p2, "%s/sub/g", dir);
+  close (open (p2, O_WRONLY | O_CREAT, 0644));
+  snprintf (p2, sizeof p2, "%s/gone", dir);
+  bool whiteout = mknod (p2, S_IFCHR | 0600, makedev (0, 0)) == 0;
+  snprintf (p2, sizeof p2, "%s/fifo", dir);
+  mkfifo (p2, 0600);
+  memset (longdir, 'd', 150);
+  longdir[150] = '\0';
+  snprintf (p2, sizeof p2, "%s/%s", dir, longdir);
+  mkdir (p2, 0755);
+  snprintf (p2, sizeof p2, "%s/%s/long", dir, longdir);
+  close (open (p2, O_WRONLY | O_CREAT, 0644));
+  /* many chunks, so the stat below arrives while the export still runs */
+  snprintf (p2, sizeof p2, "%s/big", dir);
+  size_t big = (6u << 20) + 123;
+  char *bd = malloc (big);
+  uint64_t want_sum = 0;
+  for (size_t i = 0; i < big; i++)
+    {
+      bd[i] = (char)(i * 7 + i / 4096);
+      want_sum = want_sum * 31 + (unsigned char)bd[i];
+    }
+  int bfd = open (p2, O_WRONLY | O_CREAT, 0600);
+  (void)!write (bfd, bd, big);
+  close (bfd);
+  free (bd);
+
+  agent_upper = dir;
+  struct agent a = agent_start (NULL, false, -1, true);
+  agent_upper = NULL;
+  struct frame hello;
+  if (recv_frame (a.fd, &hello, 5000) == 1)
+    free (hello.data);
+  uint32_t s = next_stream++, s2 = next_stream++;
+  send_json (a.fd, s, WR_MSG_FILE, "{\"op\":\"export\",\"path\":\"/\"}");
+  send_json (a.fd, s2, WR_MSG_FILE, "{\"op\":\"stat\",\"path\":\"/\"}");
+  char *data = NULL;
+  size_t len = 0;
+  append (&data, &len, "", 0);
+  json_t *result = NULL, *error = NULL;
+  bool stat_after = false, stat_early = false;
+  for (;;)
+    {
+      struct frame fr;
+      if (recv_frame (a.fd, &fr, 20000) <= 0)
+        break;
+      if (fr.stream == s2 && fr.type == WR_MSG_RESULT)
+        {
+          stat_after = result != NULL;
+          stat_early = result == NULL;
+        }
+      else if (fr.stream == s && fr.type == WR_MSG_DATA)
+        append (&data, &len, fr.data, fr.len);
+      else if (fr.stream == s && (fr.type == WR_MSG_RESULT || fr.type == WR_MSG_ERROR))
+        *(fr.type == WR_MSG_RESULT ? &result : &error) = json_loads (fr.data, 0, NULL);
+      free (fr.data);
+      if ((result || error) && (stat_after || stat_early))
+        break;
+    }
+  TAP_OK (result && !error, "export: RESULT (error: %s)", error ? jstr (error, "message") : "-");
+  TAP_OK (stat_after && !stat_early, "export: a request sent during it is answered after it");
+  TAP_OK (len % 512 == 0 && len > big, "export: %zu bytes of tar", len);
+  static struct tar_entry v[64];
+  size_t n = tar_list (data, len, v, 64);
+  const struct tar_entry *t;
+  TAP_OK ((t = tar_find (v, n, "./")) && t->type == AE_IFDIR, "export: the root entry");
+  TAP_OK ((t = tar_find (v, n, "x")) && t->type == AE_IFREG && t->size == 5
+              && (t->xattr || !user_xattrs),
+          "export: a file with its user xattr");
+  TAP_OK ((t = tar_find (v, n, "hl")) && t->hardlink && strcmp (t->link, "f") == 0
+              ? true
+              : ((t = tar_find (v, n, "f")) && t->hardlink && strcmp (t->link, "hl") == 0),
+          "export: a hard link as a link entry");
+  TAP_OK ((t = tar_find (v, n, "sym")) && t->type == AE_IFLNK && strcmp (t->link, "f") == 0,
+          "export: a symlink");
+  TAP_OK (tar_find (v, n, "sub/") && tar_find (v, n, "sub/g"), "export: a directory and its file");
+  TAP_OK (!opaque || tar_find (v, n, "sub/.wh..wh..opq"), "export: an opaque dir as .wh..wh..opq");
+  TAP_OK (!whiteout || (tar_find (v, n, ".wh.gone") && !tar_find (v, n, "gone")),
+          "export: a whiteout as .wh.NAME");
+  TAP_OK (!tar_find (v, n, "fifo"), "export: a fifo is left out");
+  snprintf (p2, sizeof p2, "%s/long", longdir);
+  TAP_OK (tar_find (v, n, p2) != NULL, "export: a 155-byte path (pax)");
+  TAP_OK ((t = tar_find (v, n, "big")) && t->size == (int64_t)big && t->sum == want_sum,
+          "export: %zu bytes of file data intact", big);
+  TAP_OK (result && jint (result, "entries") == (json_int_t)n - (opaque ? 0 : 0)
+              && jint (result, "skipped") == 1
+              && !json_is_true (json_object_get (result, "frozen")),
+          "export: RESULT counts entries (%lld of %zu) and the skipped fifo",
+          result ? (long long)jint (result, "entries") : -1, n);
+  struct fres fe = fop (&a, "{\"op\":\"export\",\"path\":\"/etc\"}");
+  TAP_OK (is_err (&fe, "invalid_argument"), "export: only of /");
+  fres_free (&fe);
+  /* the daemon's bound: an honest agent stops short of it and says why */
+  fe = fop (&a, "{\"op\":\"export\",\"path\":\"/\",\"max_bytes\":1000000}");
+  TAP_OK (is_err (&fe, "payload_too_large") && fe.len < 1000000
+              && strstr (jstr (fe.error, "message"), "sparse"),
+          "export: max_bytes refused before it is passed (%zu bytes sent: %s)", fe.len,
+          fe.error ? jstr (fe.error, "message") : "-");
+  fres_free (&fe);
+  fe = fop (&a, "{\"op\":\"stat\",\"path\":\"/\"}");
+  TAP_OK (fe.result != NULL, "export: the agent serves requests after a refused export");
+  fres_free (&fe);
+  json_decref (result);
+  json_decref (error);
+  free (data);
+  agent_stop (&a);
+  /* an agent without --upper (not a VM guest): a clear refusal */
+  a = agent_start (NULL, false, -1, true);
+  if (recv_frame (a.fd, &hello, 5000) == 1)
+    free (hello.data);
+  fe = fop (&a, "{\"op\":\"export\",\"path\":\"/\"}");
+  TAP_OK (is_err (&fe, "unsupported") && strstr (jstr (fe.error, "message"), "wupper"),
+          "export: no writable layer disk is 'unsupported' (%s)",
+          fe.error ? jstr (fe.error, "message") : "-");
+  fres_free (&fe);
+  agent_stop (&a);
+  char cmd[PATH_MAX + 16];
+  snprintf (cmd, sizeof cmd, "rm -rf %s", dir);
+  (void)!system (cmd);
+}
+
+/* ---- FILE "apply": a restore in place (src/agent/apply.c) ---- */
+
+static void
+tar_add (struct archive *w, const char *path, mode_t mode, unsigned uid, const char *data,
+         const char *link)
+{
+  struct archive_entry *e = archive_entry_new ();
+  archive_entry_set_pathname (e, path);
+  archive_entry_set_mode (e, mode);
+  archive_entry_set_uid (e, uid);
+  archive_entry_set_gid (e, uid);
+  archive_entry_set_mtime (e, 1000000000, 0);
+  archive_entry_set_size (e, data ? (la_int64_t)strlen (data) : 0);
+  if (link)
+    archive_entry_set_symlink (e, link);
+  archive_write_header (w, e);
+  if (data)
+    archive_write_data (w, data, strlen (data));
+  archive_entry_free (e);
+}
+
+static bool
+file_is (const char *dir, const char *rel, const char *want)
+{
+  char p[PATH_MAX], buf[64] = "";
+  snprintf (p, sizeof p, "%s/%s", dir, rel);
+  int fd = open (p, O_RDONLY | O_NOFOLLOW);
+  if (fd < 0)
+    return false;
+  ssize_t n = read (fd, buf, sizeof buf - 1);
+  close (fd);
+  buf[n > 0 ? n : 0] = '\0';
+  return strcmp (buf, want) == 0;
+}
+
+static void
+test_apply (void)
+{
+  char dir[] = "/tmp/wr-apply-XXXXXX";
+  if (mkdtemp (dir) == NULL)
+    abort ();
+  char cmd[PATH_MAX * 2];
+  snprintf (cmd, sizeof cmd,
+            "cd %s && echo old > keep && echo x > gone && mkdir -p olddir/sub wasdir"
+            " && echo y > olddir/sub/f && echo z > wasdir/f",
+            dir);
+  (void)!system (cmd);
+  char longname[200];
+  memset (longname, 'n', 150);
+  strcpy (longname + 150, "/deep");
+  size_t cap = 1 << 20, used = 0;
+  char *tar = malloc (cap);
+  struct archive *w = archive_write_new ();
+  archive_write_set_format_pax_restricted (w);
+  archive_write_open_memory (w, tar, cap, &used);
+  tar_add (w, ".wh.gone", S_IFREG | 0600, 0, NULL, NULL);
+  tar_add (w, ".wh.olddir", S_IFREG | 0600, 0, NULL, NULL);
+  tar_add (w, ".wh.nothere", S_IFREG | 0600, 0, NULL, NULL);
+  tar_add (w, "newdir", S_IFDIR | 0750, 1234, NULL, NULL);
+  tar_add (w, "newdir/f", S_IFREG | 0600, 1234, "abc", NULL);
+  tar_add (w, "keep", S_IFREG | 0644, 0, "new", NULL);
+  tar_add (w, "ln", S_IFLNK | 0777, 0, NULL, "keep");
+  tar_add (w, "wasdir", S_IFREG | 0644, 0, "file now", NULL);
+  tar_add (w, longname, S_IFREG | 0644, 0, NULL, NULL); /* parent missing: left out */
+  tar_add (w, "ok-dir-for-long", S_IFDIR | 0755, 0, NULL, NULL);
+  archive_write_close (w);
+  archive_write_free (w);
+
+  struct agent a = agent_start (dir, false, -1, true);
+  struct frame hello;
+  if (recv_frame (a.fd, &hello, 5000) == 1)
+    free (hello.data);
+  uint32_t s = next_stream++, s2 = next_stream++;
+  send_json (a.fd, s, WR_MSG_FILE, "{\"op\":\"apply\",\"path\":\"/\"}");
+  /* odd-sized frames: headers and data cut anywhere */
+  size_t off = 0;
+  bool sent_stat = false;
+  while (off < used)
+    {
+      size_t n = used - off < 700 ? used - off : 700;
+      wr_frame_write (a.fd, s, WR_MSG_DATA, tar + off, (uint32_t)n);
+      off += n;
+      if (!sent_stat)
+        {
+          /* held until the apply ends: it sees the restored tree */
+          send_json (a.fd, s2, WR_MSG_FILE, "{\"op\":\"stat\",\"path\":\"/keep\"}");
+          sent_stat = true;
+        }
+    }
+  wr_frame_write (a.fd, s, WR_MSG_DATA, "", 0);
+  json_t *result = NULL, *error = NULL, *st = NULL;
+  bool stat_first = false;
+  while (!((result || error) && st))
+    {
+      struct frame fr;
+      if (recv_frame (a.fd, &fr, 10000) <= 0)
+        break;
+      if (fr.stream == s && (fr.type == WR_MSG_RESULT || fr.type == WR_MSG_ERROR))
+        *(fr.type == WR_MSG_RESULT ? &result : &error) = json_loads (fr.data, 0, NULL);
+      else if (fr.stream == s2 && fr.type == WR_MSG_RESULT)
+        {
+          st = json_loads (fr.data, 0, NULL);
+          stat_first = result == NULL && error == NULL;
+        }
+      free (fr.data);
+    }
+  TAP_OK (result && !error, "apply: RESULT (%s)", error ? jstr (error, "message") : "ok");
+  TAP_OK (st && !stat_first && jint (st, "size") == 3,
+          "apply: a request sent during it is answered after it, on the restored tree");
+  char p[PATH_MAX];
+  struct stat sb;
+  snprintf (p, sizeof p, "%s/gone", dir);
+  bool gone = lstat (p, &sb) < 0;
+  snprintf (p, sizeof p, "%s/olddir", dir);
+  TAP_OK (gone && lstat (p, &sb) < 0, "apply: .wh. entries remove files and whole directories");
+  snprintf (p, sizeof p, "%s/newdir/f", dir);
+  TAP_OK (file_is (dir, "newdir/f", "abc") && lstat (p, &sb) == 0 && sb.st_uid == 1234
+              && (sb.st_mode & 07777) == 0600,
+          "apply: a new file with its owner and mode");
+  snprintf (p, sizeof p, "%s/newdir", dir);
+  TAP_OK (lstat (p, &sb) == 0 && S_ISDIR (sb.st_mode) && (sb.st_mode & 07777) == 0750
+              && sb.st_uid == 1234,
+          "apply: a new directory with its owner and mode");
+  TAP_OK (file_is (dir, "keep", "new"), "apply: a file replaced");
+  char target[64] = "";
+  snprintf (p, sizeof p, "%s/ln", dir);
+  (void)!readlink (p, target, sizeof target - 1);
+  TAP_OK (strcmp (target, "keep") == 0, "apply: a symlink");
+  TAP_OK (file_is (dir, "wasdir", "file now"), "apply: a directory replaced by a file");
+  snprintf (p, sizeof p, "%s/ok-dir-for-long", dir);
+  TAP_OK (lstat (p, &sb) == 0 && S_ISDIR (sb.st_mode),
+          "apply: entries after a long (pax) path whose parent is missing");
+  json_decref (result);
+  json_decref (error);
+  json_decref (st);
+  agent_stop (&a);
+  free (tar);
+  snprintf (cmd, sizeof cmd, "rm -rf %s", dir);
+  (void)!system (cmd);
+}
+
 int
 main (void)
 {
@@ -1367,6 +1726,8 @@ main (void)
   file_suite (false);
   file_suite (true);
   test_connections ();
+  test_export ();
+  test_apply ();
 
   return TAP_DONE ();
 }

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "common/util.h"
+#include "daemon/guest_upper.h"
 #include "tap.h"
 
 static char base[256]; /* scratch dir for everything */
@@ -1091,6 +1092,97 @@ test_limits (struct wr_store *s, sqlite3 *db)
   wr_image_remove (s, "lim:2", NULL);
 }
 
+/* A VM guest's exported layer (src/daemon/guest_upper.c) is hostile input:
+ * the archives test_hostile and test_limits refuse are refused through the
+ * daemon's guest path too, with nothing left behind, and a well-formed
+ * stream with OCI whiteouts becomes one layer over the base. */
+static void
+test_guest_layer (struct wr_store *s, sqlite3 *db)
+{
+  char tar[600], tmp[400], layers[400];
+  snprintf (tmp, sizeof tmp, "%s/tmp", root);
+  snprintf (layers, sizeof layers, "%s/layers/sha256", root);
+  struct wr_image *baseimg = NULL;
+  wr_err_t err;
+  snprintf (tar, sizeof tar, "%s/lim/ok.tar", base);
+  if (wr_image_import (s, "guest-base:1", tar, &baseimg, &err) < 0)
+    {
+      TAP_OK (0, "guest layer: base image (%s)", err.msg);
+      return;
+    }
+  int nlayers = count_entries (layers), rows = count_rows (db, "layers");
+  static const struct
+  {
+    const char *file, *code;
+  } bad[] = {
+    { "hostile/dotdot.tar", WR_E_INVALID },
+    { "hostile/abs.tar", WR_E_INVALID },
+    { "hostile/symlink-sentinel.tar", WR_E_INVALID },
+    { "hostile/hardlink-dotdot.tar", WR_E_INVALID },
+    { "hostile/garbage.bin", WR_E_INVALID },
+    { "lim/big.tar", WR_E_TOO_LARGE },
+    { "lim/many.tar", WR_E_TOO_LARGE },
+  };
+  struct wr_store_limits dflt, l;
+  wr_store_get_limits (s, &dflt);
+  l = dflt;
+  l.layer_bytes = 1 << 20;
+  l.entries = 50;
+  wr_store_set_limits (s, &l);
+  for (size_t i = 0; i < WR_ARRAY_SIZE (bad); i++)
+    {
+      snprintf (tar, sizeof tar, "%s/%s", base, bad[i].file);
+      int fd = open (tar, O_RDONLY | O_CLOEXEC);
+      struct wr_image *img = NULL;
+      int r = wrd_guest_layer_commit (s, fd, "warren-checkpoint/g:x", baseimg->layers,
+                                      baseimg->n_layers, NULL, &img, &err);
+      close (fd);
+      TAP_OK (TAP_C_LT (r, 0) && TAP_C_EQ_STR (err.code, bad[i].code),
+              "guest layer: %s refused (%s)", bad[i].file, r < 0 ? err.msg : "COMMITTED");
+      wr_image_free (img);
+    }
+  wr_store_set_limits (s, &dflt);
+  struct wr_image *none = NULL;
+  TAP_OK (TAP_C_EQ (count_entries (tmp), 0) && TAP_C_EQ (count_entries (layers), nlayers)
+              && TAP_C_EQ (count_rows (db, "layers"), rows)
+              && TAP_C_LT (wr_image_resolve (s, "warren-checkpoint/g:x", &none, &err), 0),
+          "guest layer: nothing left behind by the refusals");
+  char d[400];
+  snprintf (d, sizeof d, "%s/guest", base);
+  TAP_EQ (sh ("set -e; d=%s; rm -rf $d; mkdir -p $d/t/sub; echo hi > $d/t/new;"
+              " : > $d/t/.wh.f; : > $d/t/sub/.wh..wh..opq; tar -C $d/t -cf $d/g.tar .",
+              d),
+          0, "guest layer: made a stream with whiteouts");
+  snprintf (tar, sizeof tar, "%s/g.tar", d);
+  int fd = open (tar, O_RDONLY | O_CLOEXEC);
+  struct wr_image *img = NULL;
+  int r = wrd_guest_layer_commit (s, fd, "warren-checkpoint/g:ok", baseimg->layers,
+                                  baseimg->n_layers, NULL, &img, &err);
+  close (fd);
+  bool wh = false, opq = false;
+  if (r == 0)
+    {
+      const char *dir;
+      if (wr_layer_acquire (s, img->layers[img->n_layers - 1], &dir, &err) == 0)
+        {
+          char p[4200], v[4];
+          struct stat st;
+          snprintf (p, sizeof p, "%s/f", dir);
+          wh = lstat (p, &st) == 0 && S_ISCHR (st.st_mode) && st.st_rdev == 0;
+          snprintf (p, sizeof p, "%s/sub", dir);
+          opq = getxattr (p, "user.overlay.opaque", v, sizeof v) == 1 && v[0] == 'y';
+          wr_layer_release (s, img->layers[img->n_layers - 1]);
+        }
+    }
+  TAP_OK (TAP_C_EQ (r, 0) && TAP_C_EQ (img ? img->n_layers : 0, baseimg->n_layers + 1) && wh && opq,
+          "guest layer: committed over the base, whiteout and opaque dir kept (%s)",
+          r ? err.msg : "ok");
+  wr_image_free (img);
+  wr_image_free (baseimg);
+  wr_image_remove (s, "warren-checkpoint/g:ok", NULL);
+  wr_image_remove (s, "guest-base:1", NULL);
+}
+
 int
 main (void)
 {
@@ -1126,6 +1218,7 @@ main (void)
       test_resolve_list (s);
       test_hostile (s, db);
       test_limits (s, db);
+      test_guest_layer (s, db);
       test_remove_gc (s, db);
       test_mount_variants (s, db); /* closes s */
       test_recovery (db);
