@@ -21,6 +21,9 @@ struct pending
    * until its EXIT/RESULT/ERROR, and a shed connection would orphan it
    * (close its stdin): the connection is not idle until then */
   bool cancelled;
+  struct event *idle; /* agent_set_idle_timeout: fires when the agent is silent */
+  unsigned idle_ms;
+  struct agent_conn *conn;
   struct pending *next;
 };
 
@@ -108,6 +111,14 @@ find_pending (struct agent_conn *c, uint32_t stream, struct pending ***ret_link)
   return NULL;
 }
 
+static void
+pending_free (struct pending *p)
+{
+  if (p && p->idle)
+    event_free (p->idle);
+  free (p);
+}
+
 static struct pending *
 unlink_pending (struct agent_conn *c, uint32_t stream)
 {
@@ -127,7 +138,7 @@ fail_all (struct agent_conn *c, const char *msg)
       c->pending = p->next;
       if (!p->cancelled && p->ops.on_error)
         p->ops.on_error (p->ud, "gone", msg);
-      free (p);
+      pending_free (p);
     }
 }
 
@@ -167,8 +178,13 @@ dispatch (struct agent_conn *c, const struct wr_frame *f)
     {
       /* its frames are dropped; its end makes the connection idle again */
       if (f->type == WR_MSG_EXIT || f->type == WR_MSG_RESULT || f->type == WR_MSG_ERROR)
-        free (unlink_pending (c, f->stream));
+        pending_free (unlink_pending (c, f->stream));
       return;
+    }
+  if (p->idle)
+    {
+      struct timeval tv = { p->idle_ms / 1000, (p->idle_ms % 1000) * 1000 };
+      evtimer_add (p->idle, &tv); /* it spoke: the silence starts again */
     }
   switch (f->type)
     {
@@ -217,7 +233,7 @@ dispatch (struct agent_conn *c, const struct wr_frame *f)
   else if (p->ops.on_done)
     p->ops.on_done (p->ud, j);
   json_decref (j);
-  free (p);
+  pending_free (p);
 }
 
 static void read_frames (struct agent_conn *c, struct evbuffer *in);
@@ -587,6 +603,33 @@ agent_set_data_limit (struct agent_conn *c, uint32_t stream, size_t max)
     p->max_data = max;
 }
 
+static void
+idle_fired (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
+{
+  struct pending *p = arg;
+  struct agent_ops ops = p->ops;
+  char msg[128];
+  snprintf (msg, sizeof msg, "the sandbox agent sent nothing on this request for %u s",
+            p->idle_ms / 1000);
+  agent_cancel (p->conn, p->stream); /* kept until the agent ends it */
+  if (ops.on_error)
+    ops.on_error (p->ud, "timeout", msg);
+}
+
+void
+agent_set_idle_timeout (struct agent_conn *c, uint32_t stream, unsigned ms)
+{
+  struct pending *p = c ? find_pending (c, stream, NULL) : NULL;
+  if (p == NULL || p->cancelled || g.base == NULL)
+    return;
+  if (p->idle == NULL && (p->idle = evtimer_new (g.base, idle_fired, p)) == NULL)
+    return;
+  p->idle_ms = ms;
+  p->conn = c;
+  struct timeval tv = { ms / 1000, (ms % 1000) * 1000 };
+  evtimer_add (p->idle, &tv);
+}
+
 void
 agent_cancel (struct agent_conn *c, uint32_t stream)
 {
@@ -595,6 +638,8 @@ agent_cancel (struct agent_conn *c, uint32_t stream)
     return;
   p->cancelled = true;
   memset (&p->ops, 0, sizeof p->ops);
+  if (p->idle)
+    evtimer_del (p->idle);
   p->max_data = SIZE_MAX;
 }
 

@@ -77,6 +77,12 @@ int agent_send (struct agent_conn *c, uint32_t stream, uint8_t type, const void 
  * request: an EXEC's stdout_cap + stderr_cap, a FILE read's max_bytes, else
  * WRD_AGENT_DATA_MAX. */
 void agent_set_data_limit (struct agent_conn *c, uint32_t stream, size_t max);
+/* Fail a request whose agent sends nothing on it for ms: on_error gets
+ * "timeout" and the request is cancelled (a hung or hostile guest agent
+ * cannot hold a client's request forever). Any frame on the stream starts
+ * the silence again; call it again to restart it after the daemon's own
+ * sending (an upload the agent answers only at its end). */
+void agent_set_idle_timeout (struct agent_conn *c, uint32_t stream, unsigned ms);
 /* Forget a request: its callbacks are never called again (the
  * connection stays busy until the agent ends the request). */
 void agent_cancel (struct agent_conn *c, uint32_t stream);

@@ -497,7 +497,10 @@ static void
 apply_on_error (void *ud, const char *code, const char *message)
 {
   wr_err_t err;
-  wr_error (&err, 0, strcmp (code, WR_E_GONE) == 0 ? WR_E_GONE : WR_E_INTERNAL,
+  wr_error (&err, 0,
+            strcmp (code, WR_E_GONE) == 0      ? WR_E_GONE
+            : strcmp (code, WR_E_TIMEOUT) == 0 ? WR_E_TIMEOUT
+                                               : WR_E_INTERNAL,
             "the guest's agent could not apply the restore: %.400s", message ? message : "failed");
   apply_end (ud, &err);
 }
@@ -547,6 +550,8 @@ apply_pump (evutil_socket_t fd, short what, void *arg)
       return;
     }
   agent_send (sb->conn, j->apply_stream, WR_MSG_DATA, "", 0); /* the end */
+  /* the agent answers once it has applied it all */
+  agent_set_idle_timeout (sb->conn, j->apply_stream, WRD_GUEST_IDLE_MS);
 }
 
 static void

@@ -211,6 +211,7 @@ on_error (void *ud, const char *code, const char *message)
                   : strcmp (code, WR_E_UNSUPPORTED) == 0 ? WR_E_UNSUPPORTED
                   : strcmp (code, WR_E_EXHAUSTED) == 0   ? WR_E_EXHAUSTED
                   : strcmp (code, WR_E_TOO_LARGE) == 0   ? WR_E_TOO_LARGE
+                  : strcmp (code, WR_E_TIMEOUT) == 0     ? WR_E_TIMEOUT
                                                          : WR_E_INTERNAL;
   wr_error (&err, 0, c, "%s: %.400s",
             gone ? "the sandbox's agent went away during the export"
@@ -267,6 +268,7 @@ wrd_guest_snap_start (struct wrd *d, struct sandbox *sb, const char *ref, bool s
       return wr_error (err, 0, WR_E_GONE, "sandbox %s: its agent is not connected", sb->id);
     }
   agent_set_data_limit (sb->conn, stream, (size_t)g->max);
+  agent_set_idle_timeout (sb->conn, stream, WRD_GUEST_IDLE_MS);
   sb->busy++; /* no idle pause while the agent streams */
   return 0;
 }

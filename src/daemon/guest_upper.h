@@ -10,6 +10,11 @@
 
 #include "daemon/daemon.h"
 
+/* A guest agent silent this long on an export or an apply fails the request
+ * with "timeout" (agent_set_idle_timeout): a hung or hostile guest cannot
+ * hold a checkpoint, diff, fork or restore forever. */
+#define WRD_GUEST_IDLE_MS 120000
+
 /* Does sb's writable layer come from its agent (a VM backend)? */
 bool wrd_guest_upper (const struct sandbox *sb);
 /* 0 when sb can export its layer now, else why not (WR_E_UNSUPPORTED for a

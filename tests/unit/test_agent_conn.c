@@ -402,6 +402,47 @@ test_shedding (void)
   /* the base stays: the sweep's timer was armed on it */
 }
 
+/* says nothing on its request */
+static void
+silent (int fd)
+{
+  (void)fd;
+}
+
+/* 30 DATA frames 100 ms apart (3 s in all), then the end */
+static void
+trickle (int fd)
+{
+  for (int i = 0; i < 30; i++)
+    {
+      usleep (100 * 1000);
+      frame (fd, 1, WR_MSG_STDOUT, "x", 1);
+    }
+  frame (fd, 1, WR_MSG_EXIT, "{\"exit_code\":0}", 15);
+}
+
+static void
+test_idle_timeout (void)
+{
+  struct rig g;
+  rig_start (&g, silent);
+  agent_set_idle_timeout (g.c, g.sid, 300);
+  run_until (g.base, &g.r.failed, &g.r.done);
+  TAP_OK (g.r.failed && TAP_C_EQ_STR (g.r.code, "timeout") && !g.r.done,
+          "a request its agent never answers fails with \"timeout\"");
+  TAP_OK (!g.lost && agent_conn_alive (g.c), "the connection stays (the request is cancelled)");
+  rig_stop (&g);
+
+  /* each frame starts the silence again: 3 s of output 100 ms apart under
+   * a 2 s idle timeout completes */
+  rig_start (&g, trickle);
+  agent_set_idle_timeout (g.c, g.sid, 2000);
+  run_until (g.base, &g.r.failed, &g.r.done);
+  TAP_OK (g.r.done && !g.r.failed && g.r.data == 30,
+          "a request whose agent keeps talking is not timed out (%zu bytes)", g.r.data);
+  rig_stop (&g);
+}
+
 int
 main (void)
 {
@@ -411,5 +452,6 @@ main (void)
   test_output_default_limit ();
   test_garbage ();
   test_shedding ();
+  test_idle_timeout ();
   return TAP_DONE ();
 }
