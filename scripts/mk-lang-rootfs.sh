@@ -26,10 +26,13 @@ here=$(cd "$(dirname "$0")" && pwd)
 packages() {
   case "$1" in
     python | bash | c | cpp) echo "" ;;
-    go | go_test) echo "golang-go" ;;
-    java | junit) echo "default-jdk-headless" ;;
-    nodejs | jest) echo "nodejs" ;;
-    typescript) echo "nodejs,node-typescript" ;;
+    go) echo "golang-go" ;;
+    go_test) echo "golang-go,golang-github-stretchr-testify-dev" ;; # testify, in GOPATH mode
+    java) echo "default-jdk-headless" ;;
+    junit) echo "default-jdk-headless,junit5" ;; # the console launcher
+    nodejs) echo "nodejs" ;;
+    jest) echo "nodejs,jest,node-babel7" ;; # babel-jest's TypeScript preset
+    typescript) echo "nodejs,ts-node" ;;        # ts-node pulls node-typescript
     rust) echo "rustc,cargo" ;;
     php) echo "php-cli" ;;
     ruby) echo "ruby" ;;

@@ -63,6 +63,15 @@
  * command, the artifacts a compile leaves, and whether plain runs may use
  * the Python zygote. Commands follow sandbox/runners/major.py and minor.py;
  * "c" is Warren's own addition (SandboxFusion has only cpp). */
+/* The call's address-space limit (memory_mb) leaves G1's reservations and
+ * the default 1 GB class space no room for a thread stack: a JVM did not
+ * start; the serial collector and smaller reservations fit. SF_JVM_J
+ * passes them through a launcher (javac, scalac, scala). */
+#define SF_JVM "-XX:+UseSerialGC -XX:CompressedClassSpaceSize=64m -XX:ReservedCodeCacheSize=64m"
+#define SF_JVM_J                                                                                   \
+  "-J-XX:+UseSerialGC -J-XX:CompressedClassSpaceSize=64m -J-XX:ReservedCodeCacheSize=64m"
+#define SF_JUNIT "/usr/share/java/junit-platform-console-standalone.jar"
+
 struct sf_lang
 {
   const char *name, *src, *compile, *run, *artifacts;
@@ -81,18 +90,45 @@ static const struct sf_lang langs[] = {
   /* stripped: a 4 MB unstripped hello world travels twice (out of the
    * compile stage, into the run stage) for nothing */
   { "rust", "main.rs", "rustc -C strip=symbols main.rs -o test", "./test", "test", false },
-  /* the call's address-space limit (memory_mb) leaves G1's reservations
-   * and the default 1 GB class space no room for a thread stack: the JVM
-   * did not start; the serial collector and smaller reservations fit */
-  { "java", "Main.java",
-    "javac -J-XX:+UseSerialGC -J-XX:CompressedClassSpaceSize=64m -J-XX:ReservedCodeCacheSize=64m "
-    "-J-XX:TieredStopAtLevel=1 Main.java",
-    "java -XX:+UseSerialGC -XX:CompressedClassSpaceSize=64m -XX:ReservedCodeCacheSize=64m -ea Main",
-    "*.class", false },
+  /* SF_JVM: see above */
+  { "java", "Main.java", "javac " SF_JVM_J " -J-XX:TieredStopAtLevel=1 Main.java",
+    "java " SF_JVM " -ea Main", "*.class", false },
+  /* JUnit 5's console launcher (Debian's junit5); the source file is named
+   * after its public class, as SandboxFusion does */
+  { "junit", "Main.java",
+    "n=$(sed -nE 's/.*\\bpublic\\s+(abstract\\s+|final\\s+)?class\\s+(\\w+).*/\\2/p' Main.java | "
+    "head -n 1)\n"
+    "[ -z \"$n\" ] || [ \"$n\" = Main ] || mv Main.java \"$n.java\"\n"
+    "javac " SF_JVM_J " -J-XX:TieredStopAtLevel=1 -cp .:" SF_JUNIT " *.java",
+    "java " SF_JVM " -jar " SF_JUNIT " --class-path . --scan-class-path", "*.class", false },
   { "php", "main.php", NULL, "php -f main.php", NULL, false },
   { "lua", "main.lua", NULL, "lua main.lua", NULL, false },
   { "ruby", "main.rb", NULL, "ruby main.rb", NULL, false },
   { "R", "main.R", NULL, "Rscript main.R", NULL, false },
+  /* go test's file-list mode; SandboxFusion's go.mod and module cache are
+   * not here: Debian's Go libraries (testify) resolve in GOPATH mode */
+  { "go_test", "main_test.go", NULL,
+    "env GO111MODULE=off GOPATH=/usr/share/gocode go test main_test.go", NULL, false },
+  /* ts-node without type checks, as SandboxFusion's tsx (not in bookworm) */
+  { "typescript", "main.ts", NULL, "ts-node --transpile-only main.ts", NULL, false },
+  /* Mono for SandboxFusion's dotnet (not in bookworm): mcs compiles every
+   * .cs file, as `dotnet run` does a project's; a failed Debug.Assert is
+   * reported on stderr (Mono's does not stop the program) */
+  { "csharp", "Program.cs", "mcs -d:DEBUG -out:Program.exe *.cs",
+    "env MONO_TRACE_LISTENER=Console.Error mono Program.exe", "Program.exe", false },
+  /* the main object is the source's first `object NAME` (SandboxFusion's
+   * rule), named in the jar's manifest so the run needs no source */
+  { "scala", "main.scala",
+    "n=$(sed -nE 's/.*object\\s+(\\w+).*/\\1/p' main.scala | head -n 1)\n"
+    "[ -n \"$n\" ] || { echo 'Object name not found.' >&2; exit 1; }\n"
+    "scalac " SF_JVM_J " -d main.jar -Xmain-class \"$n\" main.scala",
+    "scala " SF_JVM_J " main.jar", "main.jar", false },
+  { "racket", "main.rkt", NULL, "racket main.rkt", NULL, false },
+  /* ldc's dmd-compatible driver for SandboxFusion's dmd */
+  { "D_ut", "main.d", "ldmd2 main.d -unittest -of=test", "./test", "test", false },
+  { "verilog", "main.sv",
+    "iverilog -Wall -Winfloop -Wno-timescale -g2012 -s tb -o test.vvp main.sv", "vvp -n test.vvp",
+    "test.vvp", false },
 };
 
 struct sf_image
@@ -652,15 +688,15 @@ static void
 stage_start (struct sf_req *r, enum sf_stage stage)
 {
   r->stage = stage;
-  char script[1024];
+  char script[2048];
   json_t *body;
   int rc = 0;
   if (stage == STAGE_COMPILE)
     {
       body = call_body (r, r->compile_timeout);
       /* the compiler's stdout joins its stderr: stdout carries the artifacts */
-      snprintf (script, sizeof script, "tar xf - && %s 1>&2 && exec tar cf - %s", r->lang->compile,
-                r->lang->artifacts);
+      snprintf (script, sizeof script, "tar xf - && { %s\n} 1>&2 && exec tar cf - %s",
+                r->lang->compile, r->lang->artifacts);
       rc = set_stage_input (r, body, false);
     }
   else if (stage == STAGE_FETCH_RUN)
