@@ -125,12 +125,15 @@ static const struct sf_lang langs[] = {
   { "csharp", "Program.cs", "mcs -d:DEBUG -out:Program.exe *.cs",
     "env MONO_TRACE_LISTENER=Console.Error mono Program.exe", "Program.exe", false },
   /* the main object is the source's first `object NAME` (SandboxFusion's
-   * rule), named in the jar's manifest so the run needs no source */
+   * rule), named in the jar's manifest so the run needs no source. glibc's
+   * per-thread malloc arenas (64 MB of address space each, up to 8 per
+   * core) took what the heap left of the limit: scalac failed to start */
   { "scala", "main.scala",
     "n=$(sed -nE 's/.*object\\s+(\\w+).*/\\1/p' main.scala | head -n 1)\n"
     "[ -n \"$n\" ] || { echo 'Object name not found.' >&2; exit 1; }\n"
-    "scalac " SF_JVM_J " -d main.jar -Xmain-class \"$n\" main.scala",
-    "scala " SF_JVM_J " main.jar", "main.jar", false },
+    "env MALLOC_ARENA_MAX=2 scalac " SF_JVM_J " -J-XX:TieredStopAtLevel=1 -d main.jar "
+    "-Xmain-class \"$n\" main.scala",
+    "env MALLOC_ARENA_MAX=2 scala " SF_JVM_J " main.jar", "main.jar", false },
   { "racket", "main.rkt", NULL, "racket main.rkt", NULL, false },
   /* ldc's dmd-compatible driver for SandboxFusion's dmd */
   { "D_ut", "main.d", "ldmd2 main.d -unittest -of=test", "./test", "test", false },
