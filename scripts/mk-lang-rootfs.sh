@@ -9,6 +9,8 @@
 #   scripts/mk-lang-rootfs.sh --packages LANG -> prints LANG's extra packages
 #                                                (empty: LANG is in the base)
 #   scripts/mk-lang-rootfs.sh --list          -> the known languages
+#   scripts/mk-lang-rootfs.sh --image LANG    -> the language whose image LANG
+#                                                runs in (go_test: go)
 #   scripts/mk-lang-rootfs.sh --cached LANG   -> the layer's path if it is
 #                                                cached, else exit 1 (builds
 #                                                nothing but a missing base)
@@ -23,16 +25,16 @@ here=$(cd "$(dirname "$0")" && pwd)
 # SandboxFusion's languages (sandbox/runners) and the Debian bookworm
 # packages that run them. python, bash, c, cpp (and pytest via python3) are
 # in base:bookworm; julia, swift and lean have no bookworm package.
+# A test framework runs in its language's image, as SandboxFusion's runtime/
+# go, java and node directories serve both: testify (go_test, in GOPATH
+# mode), JUnit 5's console launcher, ts-node (typescript) and jest with
+# babel's TypeScript preset.
 packages() {
   case "$1" in
     python | bash | c | cpp) echo "" ;;
-    go) echo "golang-go" ;;
-    go_test) echo "golang-go,golang-github-stretchr-testify-dev" ;; # testify, in GOPATH mode
-    java) echo "default-jdk-headless" ;;
-    junit) echo "default-jdk-headless,junit5" ;; # the console launcher
-    nodejs) echo "nodejs" ;;
-    jest) echo "nodejs,jest,node-babel7" ;; # babel-jest's TypeScript preset
-    typescript) echo "nodejs,ts-node" ;;        # ts-node pulls node-typescript
+    go | go_test) echo "golang-go,golang-github-stretchr-testify-dev" ;;
+    java | junit) echo "default-jdk-headless,junit5" ;;
+    nodejs | typescript | jest) echo "nodejs,ts-node,jest,node-babel7" ;;
     rust) echo "rustc,cargo" ;;
     php) echo "php-cli" ;;
     ruby) echo "ruby" ;;
@@ -48,6 +50,14 @@ packages() {
     *) return 1 ;;
   esac
 }
+image_of() {
+  case "$1" in
+    go_test) echo go ;;
+    junit) echo java ;;
+    typescript | jest) echo nodejs ;;
+    *) echo "$1" ;;
+  esac
+}
 LANGS="python bash c cpp go go_test java junit nodejs jest typescript rust php ruby lua perl r csharp scala kotlin d racket verilog"
 
 case "${1:-}" in
@@ -55,11 +65,15 @@ case "${1:-}" in
   --packages)
     packages "${2:-}" || { echo "mk-lang-rootfs: unknown language '${2:-}' (known: $LANGS)" >&2; exit 2; }
     exit 0 ;;
+  --image)
+    packages "${2:-}" >/dev/null || { echo "mk-lang-rootfs: unknown language '${2:-}' (known: $LANGS)" >&2; exit 2; }
+    image_of "$2"
+    exit 0 ;;
   --cached) only_cached=1; shift ;;
-  "" | -*) echo "usage: mk-lang-rootfs.sh LANG | --cached LANG | --packages LANG | --list" >&2; exit 2 ;;
+  "" | -*) echo "usage: mk-lang-rootfs.sh LANG | --cached LANG | --packages LANG | --image LANG | --list" >&2; exit 2 ;;
 esac
-lang=${1:-}
-pkgs=$(packages "$lang") || { echo "mk-lang-rootfs: unknown language '$lang' (known: $LANGS)" >&2; exit 2; }
+pkgs=$(packages "${1:-}") || { echo "mk-lang-rootfs: unknown language '${1:-}' (known: $LANGS)" >&2; exit 2; }
+lang=$(image_of "$1")
 [ -n "$pkgs" ] || { echo "mk-lang-rootfs: $lang is in the base image" >&2; exit 2; }
 
 base=$(bash "$here/mk-debian-rootfs.sh")

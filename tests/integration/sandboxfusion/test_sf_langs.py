@@ -20,9 +20,10 @@ import pytest
 from sfclient import lang_layer, start
 
 # SandboxFusion language -> scripts/mk-lang-rootfs.sh's name for its image
+# (`mk-lang-rootfs.sh --image LANG`: a test framework runs in its language's)
 IMAGE_LANG = {"go": "go", "java": "java", "nodejs": "nodejs", "rust": "rust", "php": "php",
-              "lua": "lua", "ruby": "ruby", "R": "r", "perl": "perl", "go_test": "go_test",
-              "junit": "junit", "typescript": "typescript", "jest": "jest", "csharp": "csharp",
+              "lua": "lua", "ruby": "ruby", "R": "r", "perl": "perl", "go_test": "go",
+              "junit": "java", "typescript": "nodejs", "jest": "nodejs", "csharp": "csharp",
               "scala": "scala", "racket": "racket", "D_ut": "d", "verilog": "verilog",
               "kotlin_script": "kotlin"}
 COMPILED = ("go", "java", "rust", "junit", "csharp", "scala", "D_ut", "verilog")
