@@ -43,7 +43,7 @@ packages() {
     r) echo "r-base-core" ;;
     csharp) echo "mono-mcs" ;;
     scala) echo "scala" ;;
-    kotlin) echo "kotlin" ;;
+    kotlin) echo "kotlin,default-jre-headless" ;;
     d) echo "ldc" ;;
     racket) echo "racket" ;;
     verilog) echo "iverilog" ;;

@@ -127,6 +127,15 @@ static const struct sf_lang langs[] = {
     "-Xmain-class \"$n\" main.scala",
     "env MALLOC_ARENA_MAX=2 scala " SF_JVM_J " main.jar", "main.jar", false },
   { "racket", "main.rkt", NULL, "racket main.rkt", NULL, false },
+  /* Debian's Kotlin 1.3: `kotlin main.kts` is "not yet supported" there,
+   * `kotlinc -script` runs a script; the JVM's limits as scala's, and a
+   * 256 MB heap: with the JVM's default the compiler's jar mappings found
+   * no room under the address-space limit ("Map failed") */
+  { "kotlin_script", "main.kts", NULL,
+    "env MALLOC_ARENA_MAX=2 JAVA_OPTS='" SF_JVM
+    " -XX:TieredStopAtLevel=1 -Xmx256m' kotlinc -script "
+    "main.kts",
+    NULL, false },
   /* ldc's dmd-compatible driver for SandboxFusion's dmd */
   { "D_ut", "main.d", "ldmd2 main.d -unittest -of=test", "./test", "test", false },
   { "verilog", "main.sv",

@@ -201,6 +201,10 @@ SUITES = {
     ),
 }
 
+# The first case's setup imports every built image (up to 17 toolchains,
+# GBs of layers, on two shared cores): more than tests/run's 300 s per case
+pytestmark = pytest.mark.timeout(1800)
+
 _layers = {}
 
 
