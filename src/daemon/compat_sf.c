@@ -59,10 +59,6 @@
 #define SF_FETCH_SLACK_S 10.0                  /* unpacking and packing around a fetch-mode run */
 #define SF_JUPYTER_MARK "\x1eWR-JUPYTER-RESULT\x1e"
 
-/* Per language: source file, compile command (NULL: interpreted), run
- * command, the artifacts a compile leaves, and whether plain runs may use
- * the Python zygote. Commands follow sandbox/runners/major.py and minor.py;
- * "c" is Warren's own addition (SandboxFusion has only cpp). */
 /* The call's address-space limit (memory_mb) leaves G1's reservations and
  * the default 1 GB class space no room for a thread stack: a JVM did not
  * start; the serial collector and smaller reservations fit. SF_JVM_J
@@ -72,6 +68,10 @@
   "-J-XX:+UseSerialGC -J-XX:CompressedClassSpaceSize=64m -J-XX:ReservedCodeCacheSize=64m"
 #define SF_JUNIT "/usr/share/java/junit-platform-console-standalone.jar"
 
+/* Per language: source file, compile command (NULL: interpreted), run
+ * command, the artifacts a compile leaves, and whether plain runs may use
+ * the Python zygote. Commands follow sandbox/runners/major.py and minor.py;
+ * "c" is Warren's own addition (SandboxFusion has only cpp). */
 struct sf_lang
 {
   const char *name, *src, *compile, *run, *artifacts;
@@ -132,9 +132,8 @@ static const struct sf_lang langs[] = {
    * 256 MB heap: with the JVM's default the compiler's jar mappings found
    * no room under the address-space limit ("Map failed") */
   { "kotlin_script", "main.kts", NULL,
-    "env MALLOC_ARENA_MAX=2 JAVA_OPTS='" SF_JVM
-    " -XX:TieredStopAtLevel=1 -Xmx256m' kotlinc -script "
-    "main.kts",
+    "env MALLOC_ARENA_MAX=2 JAVA_OPTS='" SF_JVM " -XX:TieredStopAtLevel=1 -Xmx256m' "
+    "kotlinc -script main.kts",
     NULL, false },
   /* ldc's dmd-compatible driver for SandboxFusion's dmd */
   { "D_ut", "main.d", "ldmd2 main.d -unittest -of=test", "./test", "test", false },
