@@ -27,14 +27,17 @@ here=$(cd "$(dirname "$0")" && pwd)
 # in base:bookworm; julia, swift and lean have no bookworm package.
 # A test framework runs in its language's image, as SandboxFusion's runtime/
 # go, java and node directories serve both: testify (go_test, in GOPATH
-# mode), JUnit 5's console launcher, ts-node (typescript). jest is not
-# here: debootstrap fails to configure Debian's jest (node-istanbul).
+# mode), JUnit 5's console launcher, ts-node (typescript), jest with babel's
+# TypeScript preset. node-tape, node-n3 and node-read-pkg are there for
+# jest: they provide virtual packages its dependencies name
+# (node-for-each, node-queue-microtask, node-type-fest), which debootstrap
+# does not resolve: without them it failed to configure jest.
 packages() {
   case "$1" in
     python | bash | c | cpp) echo "" ;;
     go | go_test) echo "golang-go,golang-github-stretchr-testify-dev" ;;
     java | junit) echo "default-jdk-headless,junit5" ;;
-    nodejs | typescript) echo "nodejs,ts-node" ;;
+    nodejs | typescript | jest) echo "nodejs,ts-node,jest,node-babel7,node-tape,node-n3,node-read-pkg" ;;
     rust) echo "rustc,cargo" ;;
     php) echo "php-cli" ;;
     ruby) echo "ruby" ;;
@@ -54,11 +57,11 @@ image_of() {
   case "$1" in
     go_test) echo go ;;
     junit) echo java ;;
-    typescript) echo nodejs ;;
+    typescript | jest) echo nodejs ;;
     *) echo "$1" ;;
   esac
 }
-LANGS="python bash c cpp go go_test java junit nodejs typescript rust php ruby lua perl r csharp scala kotlin d racket verilog"
+LANGS="python bash c cpp go go_test java junit nodejs typescript jest rust php ruby lua perl r csharp scala kotlin d racket verilog"
 
 case "${1:-}" in
   --list) echo "$LANGS"; exit 0 ;;

@@ -111,6 +111,14 @@ static const struct sf_lang langs[] = {
     "env GO111MODULE=off GOPATH=/usr/share/gocode go test main_test.go", NULL, false },
   /* ts-node without type checks, as SandboxFusion's tsx (not in bookworm) */
   { "typescript", "main.ts", NULL, "ts-node --transpile-only main.ts", NULL, false },
+  /* SandboxFusion's package.json and babel.config.js (preset-env for the
+   * running node, preset-typescript) as jest's --config */
+  { "jest", "main.test.ts", NULL,
+    "env FORCE_COLOR=0 jest --config '{\"transform\": {\"[.][jt]sx?$\": [\"babel-jest\", "
+    "{\"presets\": "
+    "[[\"@babel/preset-env\", {\"targets\": {\"node\": \"current\"}}], "
+    "\"@babel/preset-typescript\"]}]}}'",
+    NULL, false },
   /* Mono for SandboxFusion's dotnet (not in bookworm): mcs compiles every
    * .cs file, as `dotnet run` does a project's; a failed Debug.Assert is
    * reported on stderr (Mono's does not stop the program) */

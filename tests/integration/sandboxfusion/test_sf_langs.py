@@ -23,7 +23,7 @@ from sfclient import lang_layer, start
 # (`mk-lang-rootfs.sh --image LANG`: a test framework runs in its language's)
 IMAGE_LANG = {"go": "go", "java": "java", "nodejs": "nodejs", "rust": "rust", "php": "php",
               "lua": "lua", "ruby": "ruby", "R": "r", "perl": "perl", "go_test": "go",
-              "junit": "java", "typescript": "nodejs", "csharp": "csharp",
+              "junit": "java", "typescript": "nodejs", "jest": "nodejs", "csharp": "csharp",
               "scala": "scala", "racket": "racket", "D_ut": "d", "verilog": "verilog",
               "kotlin_script": "kotlin"}
 COMPILED = ("go", "java", "rust", "junit", "csharp", "scala", "D_ut", "verilog")
@@ -169,6 +169,11 @@ PROGRAMS = {
         'func TestSleep(t *testing.T) { time.Sleep(time.Hour) }\n',
         None,
     ),
+    "jest": (
+        None, None, None,
+        "test('sleeps', () => new Promise<void>((r) => setTimeout(r, 3600e3)), 7200e3);\n",
+        None,
+    ),
     "junit": (
         None, None, None,
         'import org.junit.jupiter.api.Test;\n'
@@ -180,7 +185,7 @@ PROGRAMS = {
 # Test frameworks: (a passing suite, the same suite failing, what the
 # failure's report says on stdout or stderr). The suites are shaped as
 # SandboxFusion's own: testify for go_test, a public class named apart
-# from its file for junit, unittest blocks for D_ut.
+# from its file for junit, TypeScript for jest, unittest blocks for D_ut.
 SUITES = {
     "go_test": (
         'package main\nimport ("testing"; "github.com/stretchr/testify/assert")\n'
@@ -193,6 +198,12 @@ SUITES = {
         'public class Adder { static int add(int a, int b) { return a %s b; } }\n'
         'class AdderTest { @Test void adds() { assertEquals(3, Adder.add(1, 2)); } }\n',
         "expected: <3> but was: <-1>",
+    ),
+    "jest": (
+        "import { describe, expect, test } from '@jest/globals';\n"
+        "function add(a: number, b: number): number { return a %s b; }\n"
+        "describe('add', () => { test('adds', () => { expect(add(1, 2)).toBe(3); }); });\n",
+        "Expected: 3",
     ),
     "D_ut": (
         'int add(int a, int b) { return a %s b; }\nunittest { assert(add(1, 2) == 3); }\n'
