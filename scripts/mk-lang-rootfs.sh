@@ -9,6 +9,8 @@
 #   scripts/mk-lang-rootfs.sh --packages LANG -> prints LANG's extra packages
 #                                                (empty: LANG is in the base)
 #   scripts/mk-lang-rootfs.sh --list          -> the known languages
+#   scripts/mk-lang-rootfs.sh --image LANG    -> the language whose image LANG
+#                                                runs in (go_test: go)
 #   scripts/mk-lang-rootfs.sh --cached LANG   -> the layer's path if it is
 #                                                cached, else exit 1 (builds
 #                                                nothing but a missing base)
@@ -23,13 +25,19 @@ here=$(cd "$(dirname "$0")" && pwd)
 # SandboxFusion's languages (sandbox/runners) and the Debian bookworm
 # packages that run them. python, bash, c, cpp (and pytest via python3) are
 # in base:bookworm; julia, swift and lean have no bookworm package.
+# A test framework runs in its language's image, as SandboxFusion's runtime/
+# go, java and node directories serve both: testify (go_test, in GOPATH
+# mode), JUnit 5's console launcher, ts-node (typescript), jest with babel's
+# TypeScript preset. node-tape, node-n3 and node-read-pkg are there for
+# jest: they provide virtual packages its dependencies name
+# (node-for-each, node-queue-microtask, node-type-fest), which debootstrap
+# does not resolve: without them it failed to configure jest.
 packages() {
   case "$1" in
     python | bash | c | cpp) echo "" ;;
-    go | go_test) echo "golang-go" ;;
-    java | junit) echo "default-jdk-headless" ;;
-    nodejs | jest) echo "nodejs" ;;
-    typescript) echo "nodejs,node-typescript" ;;
+    go | go_test) echo "golang-go,golang-github-stretchr-testify-dev" ;;
+    java | junit) echo "default-jdk-headless,junit5" ;;
+    nodejs | typescript | jest) echo "nodejs,ts-node,jest,node-babel7,node-tape,node-n3,node-read-pkg" ;;
     rust) echo "rustc,cargo" ;;
     php) echo "php-cli" ;;
     ruby) echo "ruby" ;;
@@ -38,25 +46,37 @@ packages() {
     r) echo "r-base-core" ;;
     csharp) echo "mono-mcs" ;;
     scala) echo "scala" ;;
-    kotlin) echo "kotlin" ;;
+    kotlin) echo "kotlin,default-jre-headless" ;;
     d) echo "ldc" ;;
     racket) echo "racket" ;;
     verilog) echo "iverilog" ;;
     *) return 1 ;;
   esac
 }
-LANGS="python bash c cpp go go_test java junit nodejs jest typescript rust php ruby lua perl r csharp scala kotlin d racket verilog"
+image_of() {
+  case "$1" in
+    go_test) echo go ;;
+    junit) echo java ;;
+    typescript | jest) echo nodejs ;;
+    *) echo "$1" ;;
+  esac
+}
+LANGS="python bash c cpp go go_test java junit nodejs typescript jest rust php ruby lua perl r csharp scala kotlin d racket verilog"
 
 case "${1:-}" in
   --list) echo "$LANGS"; exit 0 ;;
   --packages)
     packages "${2:-}" || { echo "mk-lang-rootfs: unknown language '${2:-}' (known: $LANGS)" >&2; exit 2; }
     exit 0 ;;
+  --image)
+    packages "${2:-}" >/dev/null || { echo "mk-lang-rootfs: unknown language '${2:-}' (known: $LANGS)" >&2; exit 2; }
+    image_of "$2"
+    exit 0 ;;
   --cached) only_cached=1; shift ;;
-  "" | -*) echo "usage: mk-lang-rootfs.sh LANG | --cached LANG | --packages LANG | --list" >&2; exit 2 ;;
+  "" | -*) echo "usage: mk-lang-rootfs.sh LANG | --cached LANG | --packages LANG | --image LANG | --list" >&2; exit 2 ;;
 esac
-lang=${1:-}
-pkgs=$(packages "$lang") || { echo "mk-lang-rootfs: unknown language '$lang' (known: $LANGS)" >&2; exit 2; }
+pkgs=$(packages "${1:-}") || { echo "mk-lang-rootfs: unknown language '${1:-}' (known: $LANGS)" >&2; exit 2; }
+lang=$(image_of "$1")
 [ -n "$pkgs" ] || { echo "mk-lang-rootfs: $lang is in the base image" >&2; exit 2; }
 
 base=$(bash "$here/mk-debian-rootfs.sh")

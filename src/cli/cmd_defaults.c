@@ -245,11 +245,13 @@ import_lang (warren_client_t *c, const char *dir, const char *lang, const json_t
   return tag_marker (c, name, marker);
 }
 
-/* Split LIST (comma-separated) into langs; each must be known to
- * mk-lang-rootfs.sh. Languages in the base image are dropped. Returns the
- * count, or -1 after printing why. */
+/* Split LIST (comma-separated) into the images its languages run in; each
+ * must be known to mk-lang-rootfs.sh, which names a language's image
+ * (go_test runs in go's, --image). Languages in the base image are dropped,
+ * an image named twice is imported once. Returns the count (langs[] owned
+ * by the caller), or -1 after printing why. */
 static int
-parse_langs (const char *dir, char *list, const char **langs)
+parse_langs (const char *dir, char *list, char **langs)
 {
   int n = 0;
   for (char *save = NULL, *l = strtok_r (list, ",", &save); l; l = strtok_r (NULL, ",", &save))
@@ -257,7 +259,7 @@ parse_langs (const char *dir, char *list, const char **langs)
       if (strspn (l, "abcdefghijklmnopqrstuvwxyz0123456789_") != strlen (l))
         {
           cli_usage ("image defaults", "bad language name '%.64s'", l);
-          return -1;
+          goto fail;
         }
       int st;
       _cleanup_free_ char *pkgs = run_script (dir, "mk-lang-rootfs.sh", "--packages", l, &st);
@@ -265,21 +267,38 @@ parse_langs (const char *dir, char *list, const char **langs)
         {
           cli_usage ("image defaults", "unknown language '%.64s' (warren image defaults --list)",
                      l);
-          return -1;
+          goto fail;
+        }
+      if (*pkgs == '\0')
+        continue; /* python, bash, c, cpp: in the base image */
+      char *image = run_script (dir, "mk-lang-rootfs.sh", "--image", l, &st);
+      if (image == NULL || st != 0 || *image == '\0')
+        {
+          free (image);
+          cli_errorf ("mk-lang-rootfs.sh names no image for '%.64s'", l);
+          goto fail;
         }
       bool dup = false;
       for (int k = 0; k < n; k++)
-        dup |= strcmp (langs[k], l) == 0;
-      if (*pkgs == '\0' || dup)
-        continue; /* python, bash, c, cpp: in the base image */
+        dup |= strcmp (langs[k], image) == 0;
+      if (dup)
+        {
+          free (image);
+          continue;
+        }
       if (n == MAX_LANGS)
         {
+          free (image);
           cli_usage ("image defaults", "at most %d languages", MAX_LANGS);
-          return -1;
+          goto fail;
         }
-      langs[n++] = l;
+      langs[n++] = image;
     }
   return n;
+fail:
+  while (n > 0)
+    free (langs[--n]);
+  return -1;
 }
 
 int
@@ -330,16 +349,18 @@ cli_image_defaults (cli_t *cli, int argc, char **argv)
       puts (all);
       return 0;
     }
-  const char *langs[MAX_LANGS];
+  char *langs[MAX_LANGS];
   int n = 0;
   if (list && (n = parse_langs (dir, list, langs)) < 0)
     return CLI_EXIT_USAGE;
   warren_client_t *c = cli_client (cli);
-  if (c == NULL)
-    return CLI_EXIT_FAIL;
+  int r = CLI_EXIT_FAIL;
   json_auto_t *base = NULL;
-  int r = import_base (c, dir, quiet, &base);
+  if (c)
+    r = import_base (c, dir, quiet, &base);
   for (int i = 0; i < n && r == 0; i++)
     r = import_lang (c, dir, langs[i], base, quiet);
+  for (int i = 0; i < n; i++)
+    free (langs[i]);
   return r;
 }

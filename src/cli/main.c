@@ -86,8 +86,9 @@ static const struct help helps[] = {
     "Usage: warren image defaults [--lang LIST] [--list] [--quiet]\n"
     "Build (cached, from Debian packages) and import base:bookworm and, for each language\n"
     "of LIST (comma-separated, e.g. go,java,nodejs,rust), lang-LANG:bookworm: the base plus\n"
-    "that toolchain's layer. python, bash, c and cpp are in the base. A second run imports\n"
-    "nothing. --list: the known languages.\n" },
+    "that toolchain's layer. python, bash, c and cpp are in the base; a test framework runs\n"
+    "in its language's image (go_test in lang-go, junit in lang-java, typescript and jest\n"
+    "in lang-nodejs). A second run imports nothing. --list: the known languages.\n" },
   { "image tag",
     "Usage: warren image tag SRC DST [--json]\nPoint DST (NAME[:TAG]) at SRC's manifest.\n" },
   { "image pull",

@@ -59,6 +59,15 @@
 #define SF_FETCH_SLACK_S 10.0                  /* unpacking and packing around a fetch-mode run */
 #define SF_JUPYTER_MARK "\x1eWR-JUPYTER-RESULT\x1e"
 
+/* The call's address-space limit (memory_mb) leaves G1's reservations and
+ * the default 1 GB class space no room for a thread stack: a JVM did not
+ * start; the serial collector and smaller reservations fit. SF_JVM_J
+ * passes them through a launcher (javac, scalac, scala). */
+#define SF_JVM "-XX:+UseSerialGC -XX:CompressedClassSpaceSize=64m -XX:ReservedCodeCacheSize=64m"
+#define SF_JVM_J                                                                                   \
+  "-J-XX:+UseSerialGC -J-XX:CompressedClassSpaceSize=64m -J-XX:ReservedCodeCacheSize=64m"
+#define SF_JUNIT "/usr/share/java/junit-platform-console-standalone.jar"
+
 /* Per language: source file, compile command (NULL: interpreted), run
  * command, the artifacts a compile leaves, and whether plain runs may use
  * the Python zygote. Commands follow sandbox/runners/major.py and minor.py;
@@ -81,18 +90,64 @@ static const struct sf_lang langs[] = {
   /* stripped: a 4 MB unstripped hello world travels twice (out of the
    * compile stage, into the run stage) for nothing */
   { "rust", "main.rs", "rustc -C strip=symbols main.rs -o test", "./test", "test", false },
-  /* the call's address-space limit (memory_mb) leaves G1's reservations
-   * and the default 1 GB class space no room for a thread stack: the JVM
-   * did not start; the serial collector and smaller reservations fit */
-  { "java", "Main.java",
-    "javac -J-XX:+UseSerialGC -J-XX:CompressedClassSpaceSize=64m -J-XX:ReservedCodeCacheSize=64m "
-    "-J-XX:TieredStopAtLevel=1 Main.java",
-    "java -XX:+UseSerialGC -XX:CompressedClassSpaceSize=64m -XX:ReservedCodeCacheSize=64m -ea Main",
-    "*.class", false },
+  /* SF_JVM: see above */
+  { "java", "Main.java", "javac " SF_JVM_J " -J-XX:TieredStopAtLevel=1 Main.java",
+    "java " SF_JVM " -ea Main", "*.class", false },
+  /* JUnit 5's console launcher (Debian's junit5); the source file is named
+   * after its public class, as SandboxFusion does */
+  { "junit", "Main.java",
+    "n=$(sed -nE 's/.*\\bpublic\\s+(abstract\\s+|final\\s+)?class\\s+(\\w+).*/\\2/p' Main.java | "
+    "head -n 1)\n"
+    "[ -z \"$n\" ] || [ \"$n\" = Main ] || mv Main.java \"$n.java\"\n"
+    "javac " SF_JVM_J " -J-XX:TieredStopAtLevel=1 -cp .:" SF_JUNIT " *.java",
+    "java " SF_JVM " -jar " SF_JUNIT " --class-path . --scan-class-path", "*.class", false },
   { "php", "main.php", NULL, "php -f main.php", NULL, false },
   { "lua", "main.lua", NULL, "lua main.lua", NULL, false },
   { "ruby", "main.rb", NULL, "ruby main.rb", NULL, false },
   { "R", "main.R", NULL, "Rscript main.R", NULL, false },
+  /* go test's file-list mode; SandboxFusion's go.mod and module cache are
+   * not here: Debian's Go libraries (testify) resolve in GOPATH mode */
+  { "go_test", "main_test.go", NULL,
+    "env GO111MODULE=off GOPATH=/usr/share/gocode go test main_test.go", NULL, false },
+  /* ts-node without type checks, as SandboxFusion's tsx (not in bookworm) */
+  { "typescript", "main.ts", NULL, "ts-node --transpile-only main.ts", NULL, false },
+  /* SandboxFusion's package.json and babel.config.js (preset-env for the
+   * running node, preset-typescript) as jest's --config */
+  { "jest", "main.test.ts", NULL,
+    "env FORCE_COLOR=0 jest --config '{\"transform\": {\"[.][jt]sx?$\": [\"babel-jest\", "
+    "{\"presets\": "
+    "[[\"@babel/preset-env\", {\"targets\": {\"node\": \"current\"}}], "
+    "\"@babel/preset-typescript\"]}]}}'",
+    NULL, false },
+  /* Mono for SandboxFusion's dotnet (not in bookworm): mcs compiles every
+   * .cs file, as `dotnet run` does a project's; a failed Debug.Assert is
+   * reported on stderr (Mono's does not stop the program) */
+  { "csharp", "Program.cs", "mcs -d:DEBUG -out:Program.exe *.cs",
+    "env MONO_TRACE_LISTENER=Console.Error mono Program.exe", "Program.exe", false },
+  /* the main object is the source's first `object NAME` (SandboxFusion's
+   * rule), named in the jar's manifest so the run needs no source. glibc's
+   * per-thread malloc arenas (64 MB of address space each, up to 8 per
+   * core) took what the heap left of the limit: scalac failed to start */
+  { "scala", "main.scala",
+    "n=$(sed -nE 's/.*object\\s+(\\w+).*/\\1/p' main.scala | head -n 1)\n"
+    "[ -n \"$n\" ] || { echo 'Object name not found.' >&2; exit 1; }\n"
+    "env MALLOC_ARENA_MAX=2 scalac " SF_JVM_J " -J-XX:TieredStopAtLevel=1 -d main.jar "
+    "-Xmain-class \"$n\" main.scala",
+    "env MALLOC_ARENA_MAX=2 scala " SF_JVM_J " main.jar", "main.jar", false },
+  { "racket", "main.rkt", NULL, "racket main.rkt", NULL, false },
+  /* Debian's Kotlin 1.3: `kotlin main.kts` is "not yet supported" there,
+   * `kotlinc -script` runs a script; the JVM's limits as scala's, and a
+   * 256 MB heap: with the JVM's default the compiler's jar mappings found
+   * no room under the address-space limit ("Map failed") */
+  { "kotlin_script", "main.kts", NULL,
+    "env MALLOC_ARENA_MAX=2 JAVA_OPTS='" SF_JVM " -XX:TieredStopAtLevel=1 -Xmx256m' "
+    "kotlinc -script main.kts",
+    NULL, false },
+  /* ldc's dmd-compatible driver for SandboxFusion's dmd */
+  { "D_ut", "main.d", "ldmd2 main.d -unittest -of=test", "./test", "test", false },
+  { "verilog", "main.sv",
+    "iverilog -Wall -Winfloop -Wno-timescale -g2012 -s tb -o test.vvp main.sv", "vvp -n test.vvp",
+    "test.vvp", false },
 };
 
 struct sf_image
@@ -652,15 +707,15 @@ static void
 stage_start (struct sf_req *r, enum sf_stage stage)
 {
   r->stage = stage;
-  char script[1024];
+  char script[2048];
   json_t *body;
   int rc = 0;
   if (stage == STAGE_COMPILE)
     {
       body = call_body (r, r->compile_timeout);
       /* the compiler's stdout joins its stderr: stdout carries the artifacts */
-      snprintf (script, sizeof script, "tar xf - && %s 1>&2 && exec tar cf - %s", r->lang->compile,
-                r->lang->artifacts);
+      snprintf (script, sizeof script, "tar xf - && { %s\n} 1>&2 && exec tar cf - %s",
+                r->lang->compile, r->lang->artifacts);
       rc = set_stage_input (r, body, false);
     }
   else if (stage == STAGE_FETCH_RUN)

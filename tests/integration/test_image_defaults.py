@@ -64,10 +64,20 @@ def test_lang_argument_parsing(d):
     for lang in ("python", "bash", "c", "cpp", "go", "java", "nodejs", "rust"):
         assert lang in known, known
     script = os.path.join(REPO, "scripts", "mk-lang-rootfs.sh")
-    for lang, pkgs in (("python", ""), ("cpp", ""), ("go", "golang-go"), ("rust", "rustc,cargo"),
-                       ("java", "default-jdk-headless"), ("nodejs", "nodejs")):
+    go, java = "golang-go,golang-github-stretchr-testify-dev", "default-jdk-headless,junit5"
+    node = "nodejs,ts-node,jest,node-babel7,node-tape,node-n3,node-read-pkg"
+    for lang, pkgs in (("python", ""), ("cpp", ""), ("go", go), ("rust", "rustc,cargo"),
+                       ("java", java), ("nodejs", node), ("go_test", go), ("junit", java),
+                       ("typescript", node), ("jest", node), ("verilog", "iverilog")):
         out = subprocess.run(["bash", script, "--packages", lang], capture_output=True, text=True)
         assert out.returncode == 0 and out.stdout.strip() == pkgs, (lang, out)
+    # a test framework runs in its language's image
+    for lang, image in (("go_test", "go"), ("junit", "java"), ("typescript", "nodejs"),
+                        ("jest", "nodejs"), ("go", "go"), ("d", "d")):
+        out = subprocess.run(["bash", script, "--image", lang], capture_output=True, text=True)
+        assert out.returncode == 0 and out.stdout.strip() == image, (lang, out)
+    out = subprocess.run(["bash", script, "--image", "nope"], capture_output=True, text=True)
+    assert out.returncode == 2, out
     # nothing was imported by a refused command line
     assert not any(n.startswith(("base:", "lang-", "warren-defaults")) for n in images(d))
 
