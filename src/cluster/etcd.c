@@ -282,6 +282,30 @@ tls_open (struct conn *c, const struct endpoint *ep)
     }
 }
 
+/* The member closed the connection while we wrote: under TLS 1.3 a refused
+ * client certificate shows only after the handshake, as an alert that may
+ * still wait in the socket. Read it, so the error says why. */
+static void
+tls_closed (struct conn *c)
+{
+  if (c->tls_err[0])
+    return;
+  char b[1];
+  int r = SSL_read (c->ssl, b, 1);
+  unsigned long e = r <= 0 ? ERR_peek_error () : 0;
+  if (e)
+    {
+      char m[120];
+      ERR_error_string_n (e, m, sizeof m);
+      snprintf (c->tls_err, sizeof c->tls_err, "TLS: %s", m);
+    }
+  else
+    snprintf (c->tls_err, sizeof c->tls_err,
+              "TLS: the member closed the connection after the handshake (did it refuse the "
+              "client certificate?)");
+  ERR_clear_error ();
+}
+
 static void
 conn_close (struct conn *c)
 {
@@ -349,6 +373,8 @@ conn_send (struct conn *c, const char *p, size_t n)
               continue;
             }
           int r = tls_wait (c, w);
+          if (r == -EPIPE || r == -ECONNRESET)
+            tls_closed (c);
           if (r < 0)
             return r;
           continue;
@@ -384,9 +410,12 @@ conn_fill (struct conn *c)
           if (r > 0)
             {
               c->len = (size_t)r;
+              c->got_any = true;
               return 0;
             }
           int w = tls_wait (c, r);
+          if ((w == -EPIPE || w == -ECONNRESET) && !c->got_any)
+            tls_closed (c);
           if (w < 0)
             return w;
           continue;
