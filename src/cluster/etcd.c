@@ -178,6 +178,7 @@ struct conn
   int fd;
   SSL *ssl;             /* https endpoints */
   char tls_err[160];    /* why the handshake failed */
+  bool got_any;         /* a byte of the answer arrived */
   uint64_t deadline_ms; /* 0: none (watch streams) */
   const volatile bool *stop;
   char buf[16384];
