@@ -505,27 +505,28 @@ main (int argc, char **argv)
         wrd_log (WRD_LOG_ERROR, "%s", err.msg);
         return 1;
       }
+  struct event *sigint = NULL, *sigterm = NULL;
   /* cluster mode: before pools fill, so every id carries the node name */
   if (wrd_cluster_start (&d, &err) < 0)
     {
       wrd_log (WRD_LOG_ERROR, "cluster: %s", err.msg);
-      return 2;
+      goto failed;
     }
   wrd_pools_load (&d, NULL);
   if (wrd_fncall_init (&d, &fcfg, &err) < 0)
     {
       wrd_log (WRD_LOG_ERROR, "fncall: %s", err.msg);
-      return 2;
+      goto failed;
     }
   if (sfcfg.listen && wrd_compat_sf_start (&d, &sfcfg, &err) < 0) /* SandboxFusion API */
     {
       wrd_log (WRD_LOG_ERROR, "--listen-compat: %s", err.msg);
-      return 2;
+      goto failed;
     }
   if (e2b_listen && wrd_compat_e2b_start (&d, e2b_listen, &err) < 0) /* E2B API */
     {
       wrd_log (WRD_LOG_ERROR, "--listen-e2b: %s", err.msg);
-      return 2;
+      goto failed;
     }
   for (size_t i = 0; i < n_fn_pools; i++)
     if (wrd_fncall_pool_arg (&d, fn_pools[i], &err) < 0)
@@ -538,18 +539,28 @@ main (int argc, char **argv)
       if (eq == NULL)
         {
           wrd_log (WRD_LOG_ERROR, "--pool wants REF=N");
-          return 2;
+          goto failed;
         }
       *eq = '\0';
       if (wrd_pool_set (&d, ref, (unsigned)atoi (eq + 1), &err) < 0)
         wrd_log (WRD_LOG_WARN, "pool %s: %s", ref, err.msg);
     }
-  struct event *sigint = evsignal_new (d.base, SIGINT, on_signal, &d);
-  struct event *sigterm = evsignal_new (d.base, SIGTERM, on_signal, &d);
+  sigint = evsignal_new (d.base, SIGINT, on_signal, &d);
+  sigterm = evsignal_new (d.base, SIGTERM, on_signal, &d);
   evsignal_add (sigint, NULL);
   evsignal_add (sigterm, NULL);
   wrd_log (WRD_LOG_INFO, "serving %s (root %s, node %s)", listens[0], d.root, d.node);
   event_base_dispatch (d.base);
+  int exit_code = 0;
+  if (0)
+    {
+    failed:
+      /* a start that failed once the runtime existed: what this daemon made
+       * goes (its cgroups, listeners, sockets), as at a stop; sandboxes
+       * adopted from an earlier run stay for the next daemon */
+      exit_code = 2;
+      sigint = sigterm = NULL;
+    }
   d.stopping = true;
   wrd_cluster_stop (&d); /* cluster mode: leave at once */
   /* SandboxFusion API */
@@ -565,12 +576,14 @@ main (int argc, char **argv)
   wr_runtime_free (d.rt);
   wrd_zram_teardown (&zram); /* pause */
   sqlite3_close (d.db);
-  event_free (sigint);
-  event_free (sigterm);
+  if (sigint)
+    event_free (sigint);
+  if (sigterm)
+    event_free (sigterm);
   event_base_free (d.base);
   free (d.table);
   for (size_t i = 0; i < n_listen; i++)
     if (strncmp (listens[i], "unix:", 5) == 0)
       unlink (listens[i] + 5);
-  return 0;
+  return exit_code;
 }

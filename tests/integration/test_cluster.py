@@ -179,7 +179,14 @@ class Gateway:
             "--node-token-file", os.path.join(tokdir, "node")] + list(extra),
             stdout=open(self.log_path, "ab"), stderr=subprocess.STDOUT)
         self.api = Http(self.port, ADMIN)
-        wait_for("gateway healthy and synced", self.synced, timeout=30)
+        try:
+            wait_for("gateway healthy and synced", self.synced, timeout=30)
+        except AssertionError as e:
+            # never leave it running: the test fails with its log
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            raise AssertionError(f"{e}; gateway log: " + open(self.log_path).read()[-2000:])
 
     def synced(self):
         if self.proc.poll() is not None:
