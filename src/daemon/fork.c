@@ -893,7 +893,10 @@ static void
 fork_children (struct fjob *j)
 {
   j->children = json_array ();
-  j->pending = j->count;
+  /* one more than the children while this loop runs: a create may finish,
+   * and call child_built, before wrd_sandbox_create_async returns (the
+   * last one would then free j under the loop) */
+  j->pending = j->count + 1;
   for (unsigned i = 0; i < j->count; i++)
     {
       wr_err_t err;
@@ -905,13 +908,11 @@ fork_children (struct fjob *j)
           /* no callback for this one */
           if (j->failed++ == 0)
             j->child_err = err;
-          if (--j->pending == 0)
-            {
-              fork_reply (j);
-              return;
-            }
+          j->pending--;
         }
     }
+  if (--j->pending == 0)
+    fork_reply (j);
 }
 
 static void

@@ -154,7 +154,10 @@ list_done (struct gw *g, struct evhttp_request *req, int status, struct evbuffer
       job_reply (j);
       return;
     }
-  j->pending = n;
+  /* one more while this loop runs: op_done may be called before
+   * gw_forward returns (a node without a usable address), and the last one
+   * would free j under the loop */
+  j->pending = n + 1;
   json_t *id;
   json_array_foreach (j->ids, i, id)
   {
@@ -171,6 +174,8 @@ list_done (struct gw *g, struct evhttp_request *req, int status, struct evbuffer
     snprintf (uri, sizeof uri, "/v1/sandboxes/%s/%s", sid, j->pause ? "pause" : "resume");
     gw_forward (g, nd, req, EVHTTP_REQ_POST, uri, evbuffer_new (), op_done, j);
   }
+  if (--j->pending == 0)
+    job_reply (j);
 }
 
 void
