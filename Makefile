@@ -186,14 +186,18 @@ $(FB)/fuzz_agent: $(call fuzzobj,$(filter-out src/agent/main.c src/agent/exec.c,
 
 fuzz-build: $(FUZZ_BINS)
 
+# Absolute corpus and artifact paths: a target that changes its working
+# directory (fuzz_agent runs FILE ops for real) made libFuzzer exit with
+# "No such file or directory: build-fuzz/corpus/agent" when it next saved an
+# input, which is how CI's fuzz_agent failed.
 fuzz: fuzz-build
 	@failed=; for t in $(FUZZ_NAMES); do \
 	  mkdir -p $(FB)/corpus/$$t $(FB)/artifacts; \
 	  echo "fuzz: $$t for $(FUZZ_SECONDS)s"; \
-	  dict=; [ -f tests/fuzz/$$t.dict ] && dict=-dict=tests/fuzz/$$t.dict; \
+	  dict=; [ -f tests/fuzz/$$t.dict ] && dict=-dict=$(CURDIR)/tests/fuzz/$$t.dict; \
 	  if $(FB)/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 \
-	    -print_final_stats=1 -artifact_prefix=$(FB)/artifacts/$$t- $$dict \
-	    $(FB)/corpus/$$t tests/fuzz/corpus/$$t 2>$(FB)/$$t.log; then \
+	    -print_final_stats=1 -artifact_prefix=$(abspath $(FB))/artifacts/$$t- $$dict \
+	    $(abspath $(FB))/corpus/$$t $(CURDIR)/tests/fuzz/corpus/$$t 2>$(FB)/$$t.log; then \
 	    grep -E '^stat::number_of_executed_units' $(FB)/$$t.log; \
 	  else \
 	    tail -n 60 $(FB)/$$t.log; echo "fuzz: $$t FAILED (log $(FB)/$$t.log)"; failed="$$failed $$t"; \

@@ -44,11 +44,13 @@ fuzz_exec_start (uint32_t stream, json_t *body)
 }
 
 static char root[] = "/tmp/warren-fuzz-agent-XXXXXX";
+static int cwdfd = -1; /* the agent's watch op ends in chdir ("/"): back after each input */
 
 int
 LLVMFuzzerInitialize (int *argc, char ***argv)
 {
   fuzz_tmpdir (root);
+  cwdfd = open (".", O_PATH | O_DIRECTORY | O_CLOEXEC);
   ag.rootfd = open (root, O_PATH | O_DIRECTORY | O_CLOEXEC);
   ag.use_openat2 = ag_openat2_works (ag.rootfd);
   ag.devnull = open ("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -120,5 +122,7 @@ LLVMFuzzerTestOneInput (const uint8_t *data, size_t size)
   run_deferred ();
   close (sv[1]);
   wipe_root ();
+  if (cwdfd >= 0 && fchdir (cwdfd) < 0)
+    abort ();
   return 0;
 }
