@@ -34,6 +34,7 @@ struct agent_conn
   void *ud;
   uint32_t next_stream;
   bool ready;
+  bool heard; /* any frame yet (a boot's HELLO, a restored clone's PONG) */
   bool dead;
   bool shed;                    /* closed while idle; reopened by reconnect on the next request */
   unsigned holds;               /* agent_conn_hold */
@@ -161,6 +162,7 @@ conn_lost (struct agent_conn *c, const char *msg)
 static void
 dispatch (struct agent_conn *c, const struct wr_frame *f)
 {
+  c->heard = true;
   if (f->stream == 0)
     {
       if (f->type == WR_MSG_HELLO)
@@ -512,6 +514,19 @@ bool
 agent_conn_alive (struct agent_conn *c)
 {
   return c && !c->dead;
+}
+
+bool
+agent_conn_heard (struct agent_conn *c)
+{
+  return c && c->heard;
+}
+
+void
+agent_conn_fail (struct agent_conn *c, const char *msg)
+{
+  if (c)
+    conn_lost (c, msg);
 }
 
 bool

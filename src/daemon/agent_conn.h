@@ -64,6 +64,10 @@ void agent_conns_stats (struct agent_conns_stats *ret);
 /* Alive, shed or not (a shed connection is reopened by the next request). */
 bool agent_conn_alive (struct agent_conn *c);
 bool agent_conn_ready (struct agent_conn *c); /* HELLO received */
+bool agent_conn_heard (struct agent_conn *c); /* any frame received */
+/* The connection is given up: every request on it fails with msg (as "gone")
+ * and the lost callback runs, as when the agent's socket closes. */
+void agent_conn_fail (struct agent_conn *c, const char *msg);
 
 /* Start a request (EXEC or FILE) with a JSON body; returns the stream id (>0)
  * or 0 when the connection is down. */

@@ -50,6 +50,8 @@ struct sandbox
   struct sandbox *reap_next;   /* in wrd.reaping while SB_DESTROYING */
   struct sandbox **reap_pprev; /* unlinked in O(1) when its exit is reaped */
   struct event *reap_ev;
+  struct event *boot_ev; /* a VM until its agent first speaks (boot watchdog) */
+  char *dead_reason;     /* why SB_DEAD, when more is known than "its agent exited" */
   unsigned reap_tries;
   uint64_t oom_seen;
   bool from_pool;            /* handed out by a warm pool */
@@ -77,6 +79,8 @@ struct pool
 };
 
 #define WRD_EXEC_BUCKETS 14
+/* --vm-boot-timeout's default: a TCG boot here takes 5-15 s */
+#define WRD_VM_BOOT_TIMEOUT_S 120
 struct wrd_metrics
 {
   uint64_t creations, creations_pooled, create_failures, destroys, execs, exec_failures;
@@ -85,6 +89,7 @@ struct wrd_metrics
   uint64_t http_requests, files;
   /* TCP connections refused: bad token, over the limit, too slow or idle */
   uint64_t http_unauthorized, http_busy, http_timeouts;
+  uint64_t vm_boot_timeouts; /* guests lost to the boot watchdog (sandbox.c) */
   double create_sum_s;
 };
 
@@ -137,6 +142,7 @@ struct wrd
   /* --net-dns-min-ttl, --net-dns-max-ttl: the bounds of a re-resolved
    * name's TTL in seconds (docs/network.md, "DNS"; 0: 5 and 300) */
   unsigned net_dns_ttl_min, net_dns_ttl_max;
+  unsigned vm_boot_timeout_s; /* --vm-boot-timeout; 0 = WRD_VM_BOOT_TIMEOUT_S */
   bool stopping;
 };
 
@@ -151,6 +157,7 @@ int wrd_sandbox_create_async (struct wrd *d, json_t *req, wrd_create_cb cb, void
 int wrd_sandbox_destroy (struct wrd *d, struct sandbox *sb, wr_err_t *err);
 struct sandbox *wrd_sandbox_find (struct wrd *d, const char *id);
 json_t *wrd_sandbox_json (struct wrd *d, struct sandbox *sb, bool detail);
+const char *wrd_sandbox_dead_reason (const struct sandbox *sb); /* why it is SB_DEAD */
 int wrd_sandbox_pause (struct wrd *d, struct sandbox *sb, bool pause, wr_err_t *err);
 /* Pause's reclaim runs on a worker after wrd_sandbox_pause returned: call
  * cb on the loop once it ended (sb NULL: destroyed meanwhile) and return 1,

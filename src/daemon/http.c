@@ -780,7 +780,8 @@ static int
 sandbox_usable (struct sandbox *sb, wr_err_t *err)
 {
   if (sb->state == SB_DEAD || !agent_conn_alive (sb->conn))
-    return wr_error (err, 0, WR_E_GONE, "sandbox %s is dead (its agent exited); delete it", sb->id);
+    return wr_error (err, 0, WR_E_GONE, "sandbox %s is dead (%s); delete it", sb->id,
+                     wrd_sandbox_dead_reason (sb));
   /* paused (by hand, a job or idle-pause): resumed first, transparently */
   return wrd_sandbox_wake (sb->d, sb, err);
 }

@@ -47,7 +47,8 @@ usage (FILE *f)
       "               [--no-agent-zygote] [--no-cgroup-favordynmods]\n"
       "               [--net-default-egress-kbps KBPS]\n"
       "               [--net-default-connections N]\n"
-      "               [--net-dns-min-ttl S] [--net-dns-max-ttl S]\n" WRD_CLUSTER_USAGE
+      "               [--net-dns-min-ttl S] [--net-dns-max-ttl S] [--vm-boot-timeout "
+      "S]\n" WRD_CLUSTER_USAGE
       "Runs the Warren node daemon in the foreground; all state lives under DIR.\n"
       "Default listener: unix:DIR/warrend.sock (owner-only).\n");
 }
@@ -148,6 +149,8 @@ main (int argc, char **argv)
     /* bounds of re-resolved names' TTLs (docs/network.md, "DNS") */
     { "net-dns-min-ttl", required_argument, NULL, 2702 },
     { "net-dns-max-ttl", required_argument, NULL, 2703 },
+    /* a VM guest that never starts its agent (sandbox.c, boot watchdog) */
+    { "vm-boot-timeout", required_argument, NULL, 2800 },
     { NULL, 0, NULL, 0 },
   };
   const char *fn_pools[64];
@@ -264,6 +267,18 @@ main (int argc, char **argv)
               return 2;
             }
           *(c == 2702 ? &d.net_dns_ttl_min : &d.net_dns_ttl_max) = (unsigned)v;
+          break;
+        }
+      case 2800:
+        {
+          char *end;
+          unsigned long v = strtoul (optarg, &end, 10);
+          if (*end || optarg[0] == '\0' || v < 1 || v > 86400)
+            {
+              wrd_log (WRD_LOG_ERROR, "--vm-boot-timeout wants seconds in [1, 86400]");
+              return 2;
+            }
+          d.vm_boot_timeout_s = (unsigned)v;
           break;
         }
       case 2000: /* SandboxFusion API */

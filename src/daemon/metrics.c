@@ -74,6 +74,11 @@ wrd_metrics_text (struct wrd *d)
            "warren_http_refused_total{reason=\"timeout\"} %llu\n",
            d->n_tcp_conns, (unsigned long long)d->m.http_unauthorized,
            (unsigned long long)d->m.http_busy, (unsigned long long)d->m.http_timeouts);
+  fprintf (f,
+           "# HELP warren_vm_boot_timeouts_total VM guests that never started their agent.\n"
+           "# TYPE warren_vm_boot_timeouts_total counter\n"
+           "warren_vm_boot_timeouts_total %llu\n",
+           (unsigned long long)d->m.vm_boot_timeouts);
   fprintf (f, "# HELP warren_exec_duration_seconds Exec round trip inside the daemon.\n"
               "# TYPE warren_exec_duration_seconds histogram\n");
   unsigned long long cum = 0;

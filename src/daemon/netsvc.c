@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -33,7 +34,9 @@
 
 #define MAX_RULES 256
 #define MAX_ADDRS 1024
-#define PENDING 32
+/* UDP questions out to the upstream at once, per sandbox (the oldest is
+ * given up for a new one: its client asks again) */
+#define PENDING 64
 /* DNS over TCP (a resolver's fallback for truncated answers): connections
  * per sandbox, the largest question taken, and how long a connection may
  * idle or wait for the upstream */
@@ -51,12 +54,17 @@ struct sbnet
   json_t *names; /* allowed name -> array of [lo, hi] port ranges */
   int dns_fd, up_fd;
   struct event *dns_ev, *up_ev;
+  /* each question goes up under an id of the daemon's own (next_id), so
+   * two clients' ids, or a client's A and AAAA questions, never share a
+   * slot; the answer goes back with the client's id */
   struct
   {
-    uint16_t id;
+    uint16_t up_id, client_id;
     bool used;
+    uint64_t sent;
     struct sockaddr_in from;
   } pend[PENDING];
+  uint16_t next_id;
   int tcp_fd; /* DNS over TCP: the listener on the gateway, its connections */
   struct event *tcp_ev;
   struct dns_tcp *tcp_conns;
@@ -1297,11 +1305,24 @@ dns_query_cb (evutil_socket_t fd, short what WR_UNUSED, void *arg)
     return;
   if (json_object_get (s->names, name) && s->up_fd >= 0)
     {
-      uint16_t id = (uint16_t)(m[0] << 8 | m[1]);
-      unsigned k = id % PENDING;
-      s->pend[k].id = id;
+      unsigned k = 0;
+      for (unsigned i = 0; i < PENDING; i++)
+        {
+          if (!s->pend[i].used)
+            {
+              k = i;
+              break;
+            }
+          if (s->pend[i].sent < s->pend[k].sent)
+            k = i;
+        }
+      s->pend[k].client_id = (uint16_t)(m[0] << 8 | m[1]);
+      s->pend[k].up_id = s->next_id++;
       s->pend[k].used = true;
+      s->pend[k].sent = wr_now_ms ();
       s->pend[k].from = from;
+      m[0] = (unsigned char)(s->pend[k].up_id >> 8);
+      m[1] = (unsigned char)(s->pend[k].up_id & 0xff);
       if (send (s->up_fd, m, (size_t)n, 0) < 0)
         s->pend[k].used = false;
       return;
@@ -1318,13 +1339,17 @@ dns_answer_cb (evutil_socket_t fd, short what WR_UNUSED, void *arg)
   if (n < 12)
     return;
   uint16_t id = (uint16_t)(m[0] << 8 | m[1]);
-  unsigned k = id % PENDING;
-  if (!s->pend[k].used || s->pend[k].id != id)
+  unsigned k = 0;
+  while (k < PENDING && !(s->pend[k].used && s->pend[k].up_id == id))
+    k++;
+  if (k == PENDING)
     return;
   s->pend[k].used = false;
   char name[256];
   if (dns_name (m, (size_t)n, 12, name, sizeof name) > 0)
     learn (s, name, m, (size_t)n);
+  m[0] = (unsigned char)(s->pend[k].client_id >> 8);
+  m[1] = (unsigned char)(s->pend[k].client_id & 0xff);
   sendto (s->dns_fd, m, (size_t)n, 0, (struct sockaddr *)&s->pend[k].from, sizeof s->pend[k].from);
 }
 
@@ -1557,6 +1582,9 @@ dns_start (struct wrd *d, struct sbnet *s)
                strerror (errno));
       return;
     }
+  /* the upstream's ids start anywhere: none to guess from the sandbox */
+  if (getrandom (&s->next_id, sizeof s->next_id, GRND_NONBLOCK) < 0)
+    s->next_id = (uint16_t)wr_now_ms ();
   s->up_fd = socket (AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (s->up_fd >= 0 && connect (s->up_fd, (struct sockaddr *)&upstream, sizeof upstream) < 0)
     {

@@ -369,6 +369,9 @@ sb_free (struct sandbox *sb)
     event_free (sb->reap_ev);
   if (sb->idle_ev)
     event_free (sb->idle_ev);
+  if (sb->boot_ev)
+    event_free (sb->boot_ev);
+  free (sb->dead_reason);
   agent_conn_free (sb->conn);
   for (size_t i = 0; i < sb->n_layers; i++)
     wr_layer_release (sb->d->store, sb->layers[i]);
@@ -408,6 +411,12 @@ arm_ttl (struct sandbox *sb)
   evtimer_add (sb->ttl_ev, &tv);
 }
 
+const char *
+wrd_sandbox_dead_reason (const struct sandbox *sb)
+{
+  return sb->dead_reason ? sb->dead_reason : "its agent exited";
+}
+
 static void
 agent_lost (void *ud)
 {
@@ -417,7 +426,8 @@ agent_lost (void *ud)
   sb->state = SB_DEAD;
   if (sb->pool)
     return; /* the pool refill notices and replaces it */
-  wrd_traj_lifecycle (sb->d, sb, "lost", json_pack ("{s:s}", "reason", "the agent exited"));
+  wrd_traj_lifecycle (sb->d, sb, "lost",
+                      json_pack ("{s:s}", "reason", wrd_sandbox_dead_reason (sb)));
   wr_err_t err;
   if (wrd_db_put (sb->d, sb, &err) < 0)
     wrd_log (WRD_LOG_ERROR, "%s\n", err.msg);
@@ -468,6 +478,88 @@ agent_conn_setup (struct sandbox *sb)
 {
   if (sb->conn && strcmp (sb->ops->name, "container") == 0)
     agent_conn_reconnectable (sb->conn, agent_reconnect, agent_probe);
+}
+
+/* ---- boot watchdog ----
+ * A VM's create returns once QEMU runs; its agent speaks when the guest
+ * has booted (or, for a restored clone, answers the restore ping). A
+ * guest that never gets there (a hung boot under TCG, a kernel that
+ * panics and reboots) would hold every request sent to it until its
+ * client gave up: after --vm-boot-timeout the sandbox is declared lost
+ * instead, its requests fail as the platform's failure with the end of
+ * the guest's console, and QEMU is killed. */
+
+static unsigned
+boot_timeout_s (const struct wrd *d)
+{
+  return d->vm_boot_timeout_s ? d->vm_boot_timeout_s : WRD_VM_BOOT_TIMEOUT_S;
+}
+
+/* The last bytes of the guest's console, printable, in out. */
+static void
+console_tail (struct sandbox *sb, char *out, size_t len)
+{
+  char path[1300];
+  state_dir (sb->d, sb->id, path, sizeof path);
+  strncat (path, "/console.log", sizeof path - strlen (path) - 1);
+  out[0] = '\0';
+  _cleanup_close_ int fd = open (path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0 || fstat (fd, &st) < 0 || len < 2)
+    return;
+  size_t want = len - 1;
+  off_t from = st.st_size > (off_t)want ? st.st_size - (off_t)want : 0;
+  ssize_t n = pread (fd, out, want, from);
+  if (n <= 0)
+    return;
+  out[n] = '\0';
+  for (ssize_t i = 0; i < n; i++)
+    if ((unsigned char)out[i] < 0x20 || (unsigned char)out[i] > 0x7e)
+      out[i] = out[i] == '\n' ? '|' : ' ';
+}
+
+static void
+boot_fired (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg)
+{
+  struct sandbox *sb = arg;
+  if (agent_conn_heard (sb->conn) || sb->state == SB_DEAD || sb->state == SB_DESTROYING)
+    return;
+  if (sb->state == SB_PAUSED)
+    {
+      /* stopped by its owner: the clock starts again at resume */
+      struct timeval tv = { boot_timeout_s (sb->d), 0 };
+      evtimer_add (sb->boot_ev, &tv);
+      return;
+    }
+  char tail[320], msg[512];
+  console_tail (sb, tail, sizeof tail);
+  snprintf (msg, sizeof msg,
+            "the %s guest did not start its agent within %u s (a platform failure; console: "
+            "%s)",
+            sb->ops->name, boot_timeout_s (sb->d), tail[0] ? tail : "empty");
+  wrd_log (WRD_LOG_ERROR, "sandbox %s: %s\n", sb->id, msg);
+  sb->d->m.vm_boot_timeouts++;
+  free (sb->dead_reason);
+  sb->dead_reason = strdup (msg);
+  agent_conn_fail (sb->conn, msg);
+  wr_err_t err;
+  if (wr_sandbox_kill (sb->d->rt, &sb->c, &err) < 0)
+    wrd_log (WRD_LOG_WARN, "kill %s: %s\n", sb->id, err.msg);
+}
+
+static void
+boot_watch (struct sandbox *sb)
+{
+  if (strcmp (sb->ops->name, "microvm") != 0 && strcmp (sb->ops->name, "vm") != 0)
+    return;
+  if (agent_conn_heard (sb->conn))
+    return;
+  if (sb->boot_ev == NULL && (sb->boot_ev = evtimer_new (sb->d->base, boot_fired, sb)) == NULL)
+    return;
+  /* the loop's cached time may be from before a long create */
+  event_base_update_cache_time (sb->d->base);
+  struct timeval tv = { boot_timeout_s (sb->d), 0 };
+  evtimer_add (sb->boot_ev, &tv);
 }
 
 /* The image's layers, then each extra image's (docs/images.md), at most
@@ -716,6 +808,7 @@ build_finish (struct build *b, struct sandbox **ret, wr_err_t *err)
   if (strcmp (sb->ops->name, "container") == 0)
     wr_container_drop_pidfd (&sb->c); /* idle: no daemon descriptor once its socket is shed */
   agent_conn_setup (sb);
+  boot_watch (sb);
   build_free (b);
   *ret = sb;
   return 0;
@@ -1601,7 +1694,8 @@ int
 wrd_sandbox_pause (struct wrd *d, struct sandbox *sb, bool pause, wr_err_t *err)
 {
   if (sb->state == SB_DEAD)
-    return wr_error (err, 0, WR_E_GONE, "sandbox %s is dead (its agent exited)", sb->id);
+    return wr_error (err, 0, WR_E_GONE, "sandbox %s is dead (%s)", sb->id,
+                     wrd_sandbox_dead_reason (sb));
   if ((pause && sb->state == SB_PAUSED) || (!pause && sb->state == SB_RUNNING))
     return 0;
   /* containers: freeze (and let swap in) here, reclaim on a worker;
@@ -1717,6 +1811,8 @@ wrd_sandbox_json (struct wrd *d, struct sandbox *sb, bool detail)
                        sb->expires_at > 0 ? json_real (sb->expires_at) : json_null ());
   json_object_set_new (j, "image_digest", json_string (sb->image_digest));
   json_object_set_new (j, "pooled", json_boolean (sb->from_pool));
+  if (sb->state == SB_DEAD)
+    json_object_set_new (j, "dead_reason", json_string (wrd_sandbox_dead_reason (sb)));
   json_t *qos = json_object_get (sb->spec, "qos");
   json_object_set_new (j, "qos", qos ? json_incref (qos) : json_string ("latency"));
   json_object_set_new (

@@ -94,6 +94,36 @@ def test_dns_answers_only_allowed_names(d, world):
         d.api.delete(sid)
 
 
+def udp_question(qid, name):
+    q = struct.pack(">HHHHHH", qid, 0x0100, 1, 0, 0, 0)
+    for label in name.split("."):
+        q += bytes([len(label)]) + label.encode()
+    return q + b"\0" + struct.pack(">HH", 1, 1)
+
+
+def test_dns_questions_in_flight_together(d):
+    """Questions out at once each get their own answer, whatever their ids:
+    two clients that chose the same id, and ids equal modulo the daemon's
+    table size (a resolver's A and AAAA questions left one of them
+    unanswered until the client's retry, 2.5 s later)."""
+    sid = create(d, "allow=mirror.test:8080")
+    try:
+        gw = inspect(d, sid)["net"]["gateway"]
+        socks = []
+        for qid in (0x1234, 0x1234, 5, 5 + 32, 5 + 64):
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.settimeout(2)
+            s.sendto(udp_question(qid, "mirror.test"), (gw, 53))
+            socks.append((qid, s))
+        for qid, s in socks:
+            m = s.recv(1500)
+            s.close()
+            assert struct.unpack(">H", m[:2])[0] == qid
+            assert m[3] & 15 == 0 and struct.unpack(">H", m[6:8])[0] >= 1, m
+    finally:
+        d.api.delete(sid)
+
+
 def test_dns_follows_changed_records(d, world):
     (world / "moving").write_text(MIRROR)
     sid = create(d, "allow=moving.test:8080")
