@@ -328,7 +328,14 @@ service_targets (struct wrd *d, const char *name, char *buf, size_t len)
 }
 
 /* One destination (HOST[:PORTS], IP[/N][:PORTS]); hostnames go to names,
- * addresses to allow. resolve=false only checks the syntax. */
+ * addresses to allow. How host names get their addresses: */
+enum names_from
+{
+  NAMES_SYNTAX, /* only the syntax is checked */
+  NAMES_LOOKUP, /* asked now, blocking (up to 2 s a name): off the loop only */
+  NAMES_CACHED, /* what the watch (below) knows; on the loop, never blocks */
+};
+
 struct compiled
 {
   struct wr_net_allow allow[MAX_ADDRS];
@@ -340,6 +347,7 @@ struct compiled
 };
 
 static int dns_resolve (const char *name, uint32_t *addrs, size_t max, size_t *ret_n);
+static size_t watch_cached (const char *name, uint32_t *addrs, size_t max);
 
 static void
 add_name (json_t *names, const char *name, uint16_t lo, uint16_t hi)
@@ -351,7 +359,7 @@ add_name (json_t *names, const char *name, uint16_t lo, uint16_t hi)
 }
 
 static int
-compile_target (const char *t, bool resolve, struct compiled *c, wr_err_t *err)
+compile_target (const char *t, enum names_from resolve, struct compiled *c, wr_err_t *err)
 {
   char host[300];
   const char *colon = strrchr (t, ':');
@@ -390,11 +398,14 @@ compile_target (const char *t, bool resolve, struct compiled *c, wr_err_t *err)
     *p = (char)tolower ((unsigned char)*p);
   if (c->names)
     add_name (c->names, host, lo, hi);
-  if (!resolve)
+  if (resolve == NAMES_SYNTAX)
     return 0;
   uint32_t addrs[64];
   size_t n = 0;
-  dns_resolve (host, addrs, 64, &n); /* a name without records yet is allowed */
+  if (resolve == NAMES_CACHED)
+    n = watch_cached (host, addrs, 64);
+  else
+    dns_resolve (host, addrs, 64, &n); /* a name without records yet is allowed */
   for (size_t i = 0; i < n && c->n < MAX_ADDRS; i++)
     c->allow[c->n++] = (struct wr_net_allow){ addrs[i], 32, lo, hi };
   if (c->seen && n && json_object_get (c->seen, host) == NULL)
@@ -410,7 +421,8 @@ compile_target (const char *t, bool resolve, struct compiled *c, wr_err_t *err)
 /* "allow=R1,R2" (or the bare list) into c; rules that are not a
  * destination name a service. */
 static int
-compile_rules (struct wrd *d, const char *list, bool resolve, struct compiled *c, wr_err_t *err)
+compile_rules (struct wrd *d, const char *list, enum names_from resolve, struct compiled *c,
+               wr_err_t *err)
 {
   char *dup = strdup (list), *save = NULL;
   if (dup == NULL)
@@ -526,7 +538,7 @@ wrd_net_parse (struct wrd *d, json_t *network, json_t *group, json_t **ret_netwo
   if (npool == NULL)
     npool_up ();
   struct compiled *c = calloc (1, sizeof *c);
-  int r = compile_rules (d, s + 6, false, c, err);
+  int r = compile_rules (d, s + 6, NAMES_SYNTAX, c, err);
   free (c);
   if (r < 0)
     return r;
@@ -608,14 +620,14 @@ wrd_net_parse_limits (struct wrd *d, json_t *limits, const char *network, json_t
 /* ---- applying ---- */
 
 static int
-apply (struct wrd *d, struct sbnet *s, const char *rules, wr_err_t *err)
+apply (struct wrd *d, struct sbnet *s, const char *rules, enum names_from resolve, wr_err_t *err)
 {
   struct compiled *c = calloc (1, sizeof *c);
   if (c == NULL)
     return wr_error (err, ENOMEM, WR_E_INTERNAL, "policy");
   c->names = json_object ();
   c->seen = json_object ();
-  int r = compile_rules (d, rules, true, c, err);
+  int r = compile_rules (d, rules, resolve, c, err);
   /* the sandbox's egress limits, in the policy's transaction */
   struct wr_net_limits lim;
   limits_of (s->sb->spec, &lim);
@@ -722,7 +734,7 @@ wrd_net_attach (struct wrd *d, struct sandbox *sb, wr_err_t *err)
   if (!prepared)
     r = wr_net_attach (knet, slot, wr_container_pidfd (&sb->c), err);
   if (r == 0)
-    r = apply (d, s, rules_of (sb->spec), err);
+    r = apply (d, s, rules_of (sb->spec), NAMES_LOOKUP, err);
   if (r < 0)
     {
       wr_net_detach (knet, slot, s->group[0] ? s->group : NULL);
@@ -751,7 +763,7 @@ wrd_net_attach_vm (struct wrd *d, struct sandbox *sb, struct wr_vm_net *ret, wr_
     return r;
   struct sbnet *s = sbnet_new (sb, slot);
   int tap = wr_net_attach_tap (knet, slot, err);
-  r = tap < 0 ? tap : apply (d, s, rules_of (sb->spec), err);
+  r = tap < 0 ? tap : apply (d, s, rules_of (sb->spec), NAMES_LOOKUP, err);
   if (r < 0)
     {
       if (tap >= 0)
@@ -938,6 +950,115 @@ watch_find (const char *name)
     if (strcmp (w->name, name) == 0)
       return w;
   return NULL;
+}
+
+/* the addresses the watch knows for name (NAMES_CACHED) */
+static size_t
+watch_cached (const char *name, uint32_t *addrs, size_t max)
+{
+  struct watch *w = watch_find (name);
+  size_t n = 0;
+  for (size_t k = 0; w && k < w->n && n < max; k++)
+    addrs[n++] = w->a[k].addr;
+  return n;
+}
+
+/* PATCHes that named a name the watch had no answer for yet: the reply
+ * waits (off the loop) until each such name's question is answered or
+ * given up, so that a sandbox may connect by address once it has its 200,
+ * as after a create. */
+struct patch_wait
+{
+  struct patch_wait *next;
+  struct wrd *d;
+  struct evhttp_request *req; /* NULL once the client went away */
+  struct evhttp_connection *evcon;
+  char id[WR_ID_MAX + 1];
+  json_t *names;
+};
+
+static struct patch_wait *patch_waits;
+
+static void
+patch_wait_closed (struct evhttp_connection *evcon WR_UNUSED, void *arg)
+{
+  ((struct patch_wait *)arg)->req = NULL;
+}
+
+static void
+patch_wait_finish (struct patch_wait *pw)
+{
+  if (pw->req)
+    {
+      evhttp_connection_set_closecb (pw->evcon, NULL, NULL);
+      struct sandbox *sb = wrd_sandbox_find (pw->d, pw->id);
+      if (sb && sb->state != SB_DESTROYING)
+        wrd_reply_json (pw->req, 200, wrd_sandbox_json (pw->d, sb, true));
+      else
+        wrd_reply_error_code (pw->req, WR_E_GONE, "the sandbox was destroyed");
+    }
+  json_decref (pw->names);
+  free (pw);
+}
+
+/* every PATCH whose names have no question out any more is answered */
+static void
+patch_waits_run (bool all)
+{
+  for (struct patch_wait **pp = &patch_waits; *pp;)
+    {
+      struct patch_wait *pw = *pp;
+      bool done = all;
+      size_t i;
+      json_t *n;
+      if (!done)
+        {
+          done = true;
+          json_array_foreach (pw->names, i, n)
+          {
+            struct watch *w = watch_find (json_string_value (n));
+            if (w && w->asked)
+              done = false;
+          }
+        }
+      if (!done)
+        {
+          pp = &pw->next;
+          continue;
+        }
+      *pp = pw->next;
+      patch_wait_finish (pw);
+    }
+}
+
+/* true if the reply to req was left to patch_waits_run */
+static bool
+patch_wait_add (struct wrd *d, struct evhttp_request *req, struct sandbox *sb, json_t *names)
+{
+  json_t *out = json_array ();
+  const char *name;
+  json_t *v;
+  json_object_foreach (names, name, v)
+  {
+    struct watch *w = watch_find (name);
+    if (w && w->asked)
+      json_array_append_new (out, json_string (name));
+  }
+  struct patch_wait *pw = json_array_size (out) ? calloc (1, sizeof *pw) : NULL;
+  if (pw == NULL)
+    {
+      json_decref (out);
+      return false;
+    }
+  pw->d = d;
+  pw->req = req;
+  pw->evcon = evhttp_request_get_connection (req);
+  snprintf (pw->id, sizeof pw->id, "%s", sb->id);
+  pw->names = out;
+  pw->next = patch_waits;
+  patch_waits = pw;
+  evhttp_connection_set_closecb (pw->evcon, patch_wait_closed, pw);
+  return true;
 }
 
 /* addresses seen in an answer for w: new ones join, known ones are back */
@@ -1162,6 +1283,7 @@ watch_tick (evutil_socket_t fd WR_UNUSED, short what WR_UNUSED, void *arg WR_UNU
 static void
 watch_schedule (void)
 {
+  patch_waits_run (false);
   if (watch.list == NULL)
     return;
   uint64_t next = UINT64_MAX, now = wr_now_ms ();
@@ -1240,6 +1362,7 @@ net_kept_forget (struct sbnet *s)
 static void
 watch_stop (void)
 {
+  patch_waits_run (true);
   while (watch.list)
     {
       struct watch *w = watch.list;
@@ -1630,7 +1753,7 @@ wrd_net_readopt (struct wrd *d, struct sandbox *sb, wr_err_t *err)
   struct sbnet *s = sbnet_new (sb, slot);
   r = wr_net_readopt (knet, slot, err);
   if (r == 0)
-    r = apply (d, s, rules_of (sb->spec), err);
+    r = apply (d, s, rules_of (sb->spec), NAMES_LOOKUP, err);
   s->next = sbnets;
   sbnets = s; /* even on failure: detach undoes it */
   if (r == 0)
@@ -1784,6 +1907,7 @@ wrd_http_net_patch (struct wrd *d, struct evhttp_request *req, struct sandbox *s
   const char *cur = rules_of (sb->spec);
   int r = 0;
   struct wr_net_limits lim;
+  bool wait = false;
   limits_of (sb->spec, &lim); /* the keys a PATCH leaves out stay */
   if (nv == NULL && lv == NULL)
     r = wr_error (&err, 0, WR_E_INVALID, "PATCH takes {\"network\": ..., \"net_limits\": ...}");
@@ -1841,18 +1965,21 @@ wrd_http_net_patch (struct wrd *d, struct evhttp_request *req, struct sandbox *s
     {
       json_t *norm = normalise (rules);
       struct compiled *c = calloc (1, sizeof *c);
-      r = compile_rules (d, json_string_value (norm) + 6, false, c, &err);
+      r = compile_rules (d, json_string_value (norm) + 6, NAMES_SYNTAX, c, &err);
       free (c);
       if (r == 0)
         {
           json_t *old = json_incref (json_object_get (sb->spec, "network"));
           json_object_set (sb->spec, "network", norm);
-          r = apply (d, s, json_string_value (norm) + 6, &err);
+          /* on the loop: the watch's addresses; a name it has none for
+           * yet is asked now, and the reply waits for its answer */
+          r = apply (d, s, json_string_value (norm) + 6, NAMES_CACHED, &err);
           if (r == 0)
             {
               watch_sync (s);
               net_kept_forget (s);
               r = wrd_db_put (d, sb, &err);
+              wait = r == 0;
             }
           else
             json_object_set (sb->spec, "network", old);
@@ -1877,7 +2004,7 @@ wrd_http_net_patch (struct wrd *d, struct evhttp_request *req, struct sandbox *s
   json_decref (body);
   if (r < 0)
     wrd_reply_error (req, &err);
-  else
+  else if (!wait || !patch_wait_add (d, req, sb, s->names))
     wrd_reply_json (req, 200, wrd_sandbox_json (d, sb, true));
 }
 
@@ -1940,7 +2067,7 @@ wrd_http_net_services (struct wrd *d, struct evhttp_request *req, const char *re
         if (r == 0 && (ts == NULL || strchr (ts, ',') || strchr (ts, ' ')))
           r = wr_error (&err, 0, WR_E_INVALID, "target %zu is not HOST[:PORT]", i);
         if (r == 0)
-          r = compile_target (ts, false, c, &err);
+          r = compile_target (ts, NAMES_SYNTAX, c, &err);
         if (r == 0)
           o += (size_t)snprintf (joined + o, sizeof joined - o, "%s%s", o ? " " : "", ts);
         free (c);

@@ -50,6 +50,8 @@ def answer(m, how):
         labels.append(m[i + 1:i + 1 + m[i]]); i += 1 + m[i]
     name, qtype = b".".join(labels).lower(), struct.unpack("!H", m[i + 1:i + 3])[0]
     log.write(how + name.decode() + "\n")
+    if name.startswith(b"silent."):
+        return None  # an upstream that never answers
     q = m[12:i + 5]
     if name in zone:
         try:
@@ -68,6 +70,8 @@ def tcp_conn(c):  # DNS over TCP: length-prefixed messages
         if len(l) < 2:
             break
         a = answer(f.read(struct.unpack("!H", l)[0]), "tcp:")
+        if a is None:
+            continue
         c.sendall(struct.pack("!H", len(a)) + a)
     c.close()
 serve_tcp(53, 16, tcp_conn)
@@ -75,7 +79,9 @@ s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.bind((sys.argv[1], 53))
 while True:
     m, peer = s.recvfrom(1500)
-    s.sendto(answer(m, ""), peer)
+    a = answer(m, "")
+    if a is not None:
+        s.sendto(a, peer)
 """
 
 # The mirror's other ports: 9000 takes TCP connections and holds them open

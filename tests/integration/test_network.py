@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import struct
+import threading
 import time
 
 import pytest
@@ -120,6 +121,38 @@ def test_dns_questions_in_flight_together(d):
             s.close()
             assert struct.unpack(">H", m[:2])[0] == qid
             assert m[3] & 15 == 0 and struct.unpack(">H", m[6:8])[0] >= 1, m
+    finally:
+        d.api.delete(sid)
+
+
+def test_patch_with_a_name_never_blocks_the_daemon(d):
+    """A PATCH naming a host the daemon has no answer for waits for the
+    upstream off the loop (it used to resolve on it, up to 2 s a name, with
+    every other request of the node waiting); its reply still comes once
+    the names it could learn are in the sandbox's set."""
+    sid = create(d, f"allow={MIRROR}:8080")
+    try:
+        out = {}
+
+        def do_patch():
+            t = time.monotonic()
+            out["r"] = patch(d, sid, "allow=silent.test:80,forbidden.test:8080")
+            out["took"] = time.monotonic() - t
+
+        th = threading.Thread(target=do_patch)
+        th.start()
+        time.sleep(0.3)
+        t = time.monotonic()
+        assert d.api.raw("GET", "/v1/sandboxes").status == 200
+        other = time.monotonic() - t
+        th.join()
+        assert out["r"].status == 200, out["r"]
+        assert other < 1.0, (other, out["took"])
+        assert out["took"] < 10, out["took"]
+        assert sorted(out["r"].json()["net"]["names"]) == ["forbidden.test", "silent.test"]
+        # by address at once: forbidden.test's answer came before the reply
+        assert can_reach(d, sid, FORBIDDEN, 8080)
+        assert not can_reach(d, sid, MIRROR, 8080)
     finally:
         d.api.delete(sid)
 
