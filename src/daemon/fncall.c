@@ -1202,7 +1202,15 @@ parse_call (struct wrd *d, json_t *req, struct fn_call *c, const char **ret_imag
                          MAX_TIMEOUT_S);
       timeout = json_number_value (v);
     }
-  if (get_uint (req, "cpu_s", (json_int_t)ceil (timeout) + 1, 1, 86400, &cpu_s, err) < 0)
+  /* RLIMIT_CPU counts every thread of a process: a wall-clock timeout T
+   * lets k threads use k x T of CPU. The default backstop never fires
+   * before the timeout (a multi-threaded build was killed by SIGXCPU and
+   * reported as its own failure, not as the time limit). */
+  long ncpu = sysconf (_SC_NPROCESSORS_ONLN);
+  double cpu_default = ceil (timeout * (double)(ncpu > 0 ? ncpu : 1)) + 1;
+  if (get_uint (req, "cpu_s", (json_int_t)(cpu_default < 86400 ? cpu_default : 86400), 1, 86400,
+                &cpu_s, err)
+      < 0)
     return -EINVAL;
   c->timeout_s = timeout;
   json_t *limits = json_pack ("{s:I,s:I,s:I,s:I,s:I}", "cpu_s", cpu_s, "as_bytes",

@@ -187,3 +187,24 @@ def test_cpp_pthread(client):
     r = client.run_code(language="cpp", code=PTHREAD, run_timeout=2)
     assert r["status"] == "Success", r
     assert r["run_result"]["status"] == "Finished"
+
+
+def test_cpp_threads_hit_the_wall_clock_limit(client):
+    """Warren's own: run_timeout is wall-clock time. Threads spinning on every
+    core use CPU time faster than that; the per-process CPU rlimit must not
+    end them first (it did at ceil(timeout)+1 s of CPU, and the run came back
+    Finished with SIGXCPU: a go_test time-limit case failed so in CI)."""
+    r = client.run_code(language="cpp", run_timeout=2, compile_timeout=30, code="""
+    #include <thread>
+    #include <vector>
+
+    int main() {
+        std::vector<std::thread> ts;
+        for (int i = 0; i < 4; i++)
+            ts.emplace_back([] { for (volatile unsigned long n = 0;; n++) {} });
+        for (auto &t : ts) t.join();
+    }
+    """)
+    assert r["status"] == "Failed", r
+    assert r["compile_result"]["status"] == "Finished", r
+    assert r["run_result"]["status"] == "TimeLimitExceeded", str(r["run_result"])

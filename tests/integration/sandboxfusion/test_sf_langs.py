@@ -304,7 +304,7 @@ def test_time_limit(sf_lang, lang):
     r = run(sf_lang, lang, PROGRAMS[lang][3], run_timeout=TLE_TIMEOUT)
     assert r["status"] == "Failed", r
     check_compiled(lang, r)
-    assert r["run_result"]["status"] == "TimeLimitExceeded", r
+    assert r["run_result"]["status"] == "TimeLimitExceeded", str(r["run_result"])
     assert r["run_result"]["return_code"] is None, r
 
 
