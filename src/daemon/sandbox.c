@@ -483,11 +483,11 @@ agent_conn_setup (struct sandbox *sb)
 /* ---- boot watchdog ----
  * A VM's create returns once QEMU runs; its agent speaks when the guest
  * has booted (or, for a restored clone, answers the restore ping). A
- * guest that never gets there (a hung boot under TCG, a kernel that
- * panics and reboots) would hold every request sent to it until its
- * client gave up: after --vm-boot-timeout the sandbox is declared lost
- * instead, its requests fail as the platform's failure with the end of
- * the guest's console, and QEMU is killed. */
+ * guest that never gets there (a boot hung under TCG; a panic ends QEMU,
+ * which runs -no-reboot, and is seen as the socket closing) would hold
+ * every request sent to it until its client gave up: after --vm-boot-timeout the sandbox is
+ * declared lost instead, its requests fail as the platform's failure with the end of the guest's
+ * console, and QEMU is killed. */
 
 static unsigned
 boot_timeout_s (const struct wrd *d)

@@ -5,11 +5,12 @@ client gives up (a TCG boot that hung in CI held an exec for 180 s)."""
 import os
 import shutil
 import signal
+import subprocess
 import time
 
 import pytest
 
-from conftest import start_daemon
+from conftest import BUILD, start_daemon
 from test_vm import guest_kit, qemu_pids, wait_gone
 
 BOOT_TIMEOUT = 4
@@ -61,3 +62,11 @@ def test_a_guest_that_never_boots_is_lost_not_hung(bd):
     r = bd.api.raw("DELETE", f"/v1/sandboxes/{sid}")
     assert r.status in (200, 204), r
     assert bd.api.raw("GET", "/v1/sandboxes").json()["sandboxes"] == []
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "x", "86401", ""])
+def test_bad_boot_timeout_refused(tmp_path, bad):
+    r = subprocess.run([os.path.join(BUILD, "bin", "warrend"), "--root", str(tmp_path / "root"),
+                        "--vm-boot-timeout", bad], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2, r
+    assert "--vm-boot-timeout wants seconds in [1, 86400]" in r.stderr, r.stderr
