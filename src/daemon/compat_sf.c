@@ -61,11 +61,21 @@
 
 /* The call's address-space limit (memory_mb) leaves G1's reservations and
  * the default 1 GB class space no room for a thread stack: a JVM did not
- * start; the serial collector and smaller reservations fit. SF_JVM_J
- * passes them through a launcher (javac, scalac, scala). */
-#define SF_JVM "-XX:+UseSerialGC -XX:CompressedClassSpaceSize=64m -XX:ReservedCodeCacheSize=64m"
+ * start; the serial collector and smaller reservations fit. Under an
+ * address-space limit the JVM sizes its heap at half of it, which left a
+ * Java run at 1 GB 8 MB of room (VmPeak 1016 of 1024 MB): one more glibc
+ * malloc arena (64 MB of address space each, up to 8 per core, created as
+ * threads contend) and the JVM died at start, "insufficient memory" (a
+ * JUnit run, 1 in 60 here, one in CI). So the heap is a third of the limit
+ * (the stage's shell sets $WR_SF_HEAP from memory_mb, see stage_start) and
+ * glibc keeps two arenas. SF_JVM_J passes the options through a launcher
+ * (javac, scalac, scala); SF_JVM_ENV goes before every JVM command. */
+#define SF_JVM_ENV "env MALLOC_ARENA_MAX=2 "
+#define SF_JVM                                                                                     \
+  "-XX:+UseSerialGC $WR_SF_HEAP -XX:CompressedClassSpaceSize=64m -XX:ReservedCodeCacheSize=64m"
 #define SF_JVM_J                                                                                   \
-  "-J-XX:+UseSerialGC -J-XX:CompressedClassSpaceSize=64m -J-XX:ReservedCodeCacheSize=64m"
+  "-J-XX:+UseSerialGC -J$WR_SF_HEAP -J-XX:CompressedClassSpaceSize=64m "                           \
+  "-J-XX:ReservedCodeCacheSize=64m"
 #define SF_JUNIT "/usr/share/java/junit-platform-console-standalone.jar"
 
 /* Per language: source file, compile command (NULL: interpreted), run
@@ -91,16 +101,17 @@ static const struct sf_lang langs[] = {
    * compile stage, into the run stage) for nothing */
   { "rust", "main.rs", "rustc -C strip=symbols main.rs -o test", "./test", "test", false },
   /* SF_JVM: see above */
-  { "java", "Main.java", "javac " SF_JVM_J " -J-XX:TieredStopAtLevel=1 Main.java",
-    "java " SF_JVM " -ea Main", "*.class", false },
+  { "java", "Main.java", SF_JVM_ENV "javac " SF_JVM_J " -J-XX:TieredStopAtLevel=1 Main.java",
+    SF_JVM_ENV "java " SF_JVM " -ea Main", "*.class", false },
   /* JUnit 5's console launcher (Debian's junit5); the source file is named
    * after its public class, as SandboxFusion does */
   { "junit", "Main.java",
     "n=$(sed -nE 's/.*\\bpublic\\s+(abstract\\s+|final\\s+)?class\\s+(\\w+).*/\\2/p' Main.java | "
     "head -n 1)\n"
-    "[ -z \"$n\" ] || [ \"$n\" = Main ] || mv Main.java \"$n.java\"\n"
-    "javac " SF_JVM_J " -J-XX:TieredStopAtLevel=1 -cp .:" SF_JUNIT " *.java",
-    "java " SF_JVM " -jar " SF_JUNIT " --class-path . --scan-class-path", "*.class", false },
+    "[ -z \"$n\" ] || [ \"$n\" = Main ] || mv Main.java \"$n.java\"\n" SF_JVM_ENV "javac " SF_JVM_J
+    " -J-XX:TieredStopAtLevel=1 -cp .:" SF_JUNIT " *.java",
+    SF_JVM_ENV "java " SF_JVM " -jar " SF_JUNIT " --class-path . --scan-class-path", "*.class",
+    false },
   { "php", "main.php", NULL, "php -f main.php", NULL, false },
   { "lua", "main.lua", NULL, "lua main.lua", NULL, false },
   { "ruby", "main.rb", NULL, "ruby main.rb", NULL, false },
@@ -130,18 +141,19 @@ static const struct sf_lang langs[] = {
    * core) took what the heap left of the limit: scalac failed to start */
   { "scala", "main.scala",
     "n=$(sed -nE 's/.*object\\s+(\\w+).*/\\1/p' main.scala | head -n 1)\n"
-    "[ -n \"$n\" ] || { echo 'Object name not found.' >&2; exit 1; }\n"
-    "env MALLOC_ARENA_MAX=2 scalac " SF_JVM_J " -J-XX:TieredStopAtLevel=1 -d main.jar "
+    "[ -n \"$n\" ] || { echo 'Object name not found.' >&2; exit 1; }\n" SF_JVM_ENV
+    "scalac " SF_JVM_J " -J-XX:TieredStopAtLevel=1 -d main.jar "
     "-Xmain-class \"$n\" main.scala",
-    "env MALLOC_ARENA_MAX=2 scala " SF_JVM_J " main.jar", "main.jar", false },
+    SF_JVM_ENV "scala " SF_JVM_J " main.jar", "main.jar", false },
   { "racket", "main.rkt", NULL, "racket main.rkt", NULL, false },
   /* Debian's Kotlin 1.3: `kotlin main.kts` is "not yet supported" there,
    * `kotlinc -script` runs a script; the JVM's limits as scala's, and a
-   * 256 MB heap: with the JVM's default the compiler's jar mappings found
-   * no room under the address-space limit ("Map failed") */
+   * 256 MB heap (after SF_JVM's: the last -Xmx wins): with the JVM's
+   * default the compiler's jar mappings found no room under the
+   * address-space limit ("Map failed") */
   { "kotlin_script", "main.kts", NULL,
-    "env MALLOC_ARENA_MAX=2 JAVA_OPTS='" SF_JVM " -XX:TieredStopAtLevel=1 -Xmx256m' "
-    "kotlinc -script main.kts",
+    SF_JVM_ENV "JAVA_OPTS=\"" SF_JVM " -XX:TieredStopAtLevel=1 -Xmx256m\" "
+               "kotlinc -script main.kts",
     NULL, false },
   /* ldc's dmd-compatible driver for SandboxFusion's dmd */
   { "D_ut", "main.d", "ldmd2 main.d -unittest -of=test", "./test", "test", false },
@@ -710,11 +722,14 @@ stage_start (struct sf_req *r, enum sf_stage stage)
   char script[2048];
   json_t *body;
   int rc = 0;
+  /* a shell variable, not exported: SF_JVM's heap, a third of the limit */
+  char heap[64];
+  snprintf (heap, sizeof heap, "WR_SF_HEAP=-Xmx%um\n", r->memory_mb / 3 < 8 ? 8 : r->memory_mb / 3);
   if (stage == STAGE_COMPILE)
     {
       body = call_body (r, r->compile_timeout);
       /* the compiler's stdout joins its stderr: stdout carries the artifacts */
-      snprintf (script, sizeof script, "tar xf - && { %s\n} 1>&2 && exec tar cf - %s",
+      snprintf (script, sizeof script, "%star xf - && { %s\n} 1>&2 && exec tar cf - %s", heap,
                 r->lang->compile, r->lang->artifacts);
       rc = set_stage_input (r, body, false);
     }
@@ -722,20 +737,21 @@ stage_start (struct sf_req *r, enum sf_stage stage)
     {
       body = call_body (r, r->run_timeout + SF_FETCH_SLACK_S);
       snprintf (script, sizeof script,
+                "%s"
                 "tar xf - && exec <.wr-sf-in && rm -f .wr-sf-in || exit 125\n"
                 "timeout -k 1 %.3f %s >.wr-sf-out 2>.wr-sf-err\n"
                 "echo $? >.wr-sf-rc\n"
                 "while IFS= read -r f; do [ -f \"$f\" ] && printf '%%s\\n' \"$f\"; done "
                 "<.wr-sf-fetch >.wr-sf-list\n"
                 "exec tar cf - .wr-sf-out .wr-sf-err .wr-sf-rc -T .wr-sf-list\n",
-                r->run_timeout < 0.001 ? 0.001 : r->run_timeout, r->lang->run);
+                heap, r->run_timeout < 0.001 ? 0.001 : r->run_timeout, r->lang->run);
       rc = set_stage_input (r, body, true);
     }
   else
     {
       body = call_body (r, r->run_timeout);
       snprintf (script, sizeof script,
-                "tar xf - && exec <.wr-sf-in && rm -f .wr-sf-in .wr-sf-fetch && exec %s",
+                "%star xf - && exec <.wr-sf-in && rm -f .wr-sf-in .wr-sf-fetch && exec %s", heap,
                 r->lang->run);
       rc = set_stage_input (r, body, true);
     }

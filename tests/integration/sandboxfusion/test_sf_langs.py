@@ -335,3 +335,27 @@ def test_suite_fails(sf_lang, lang):
     assert r["run_result"]["return_code"] != 0, r
     out = r["run_result"]["stdout"] + r["run_result"]["stderr"]
     assert SUITES[lang][1] in out, r
+
+
+# A JVM's address space at start, under the call's 1 GB default limit: its
+# peak and its heap, printed by the program itself
+JVM_PEAK = (
+    'import java.nio.file.*;\npublic class Main { public static void main(String[] a)'
+    ' throws Exception { for (String l : Files.readAllLines(Paths.get("/proc/self/status")))'
+    ' if (l.startsWith("VmPeak:")) System.out.println(l.split("\\\\s+")[1]);'
+    ' System.out.println(Runtime.getRuntime().maxMemory() >> 10); } }\n'
+)
+
+
+@pytest.mark.parametrize("lang", ["java"])
+def test_jvm_starts_with_room_to_spare(sf_lang, lang):
+    """The JVM sized its heap at half the address-space limit and peaked 8 MB
+    under it: one more malloc arena as its threads contended and it died at
+    start ("insufficient memory"; a JUnit run, 1 in 60). The heap is now a
+    third of the limit: at least 200 MB of the 1 GB stays free (about 240 here), and the heap
+    keeps more than 300 MB."""
+    r = run(sf_lang, lang, JVM_PEAK)
+    assert r["status"] == "Success", r
+    peak_kb, heap_kb = (int(x) for x in r["run_result"]["stdout"].split())
+    assert peak_kb < (1024 - 200) * 1024, r["run_result"]
+    assert heap_kb > 300 * 1024, r["run_result"]
